@@ -1,0 +1,1 @@
+"""deltarl.actor (see docs/architecture in DESIGN.md)."""

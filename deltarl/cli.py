@@ -1,0 +1,57 @@
+"""The ``deltarl`` command: argument parsing and wiring only.
+
+Each subcommand lives in ``deltarl.commands.<name>`` and exposes ``HELP: str``,
+``add_arguments(parser)`` and ``run(args) -> int``. Those modules import nothing heavy at module
+level (no torch, no transformers), so ``deltarl --help`` answers instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+COMMANDS: tuple[str, ...] = (
+    "demo",
+    "trainer",
+    "coordinator",
+    "relay",
+    "actor",
+    "replay",
+    "audit",
+    "inspect",
+    "gc",
+    "bench",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with every available subcommand."""
+    parser = argparse.ArgumentParser(prog="deltarl", description="deltarl: lossless sparse weight deltas for RL post-training across regions.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"deltarl.commands.{name}")
+        except ModuleNotFoundError as err:
+            if err.name == f"deltarl.commands.{name}":
+                continue  # command not built in this checkout
+            raise
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``deltarl`` console script."""
+    args = build_parser().parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args._module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

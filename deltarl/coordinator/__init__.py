@@ -1,0 +1,1 @@
+"""deltarl.coordinator (see docs/architecture in DESIGN.md)."""

@@ -1,0 +1,111 @@
+"""The exception hierarchy: one base, specific subclasses that also inherit the matching builtin."""
+
+from __future__ import annotations
+
+
+class DeltaRLError(Exception):
+    """Base class of every error deltarl raises on purpose."""
+
+
+# --- formats (pipeline) -------------------------------------------------------------------------
+
+
+class FormatError(DeltaRLError, ValueError):
+    """Bytes that do not parse as the documented format: bad magic, truncation, checksum, bounds."""
+
+
+class UnsupportedFormatVersion(FormatError):
+    """A record or segment carries a format version this build does not read."""
+
+
+class ChecksumMismatch(FormatError):
+    """Bytes whose checksum or sha256 differs from the one recorded for them."""
+
+
+class BaseMismatch(DeltaRLError, ValueError):
+    """A delta was built on a different base version than the state it is applied to."""
+
+
+class TensorMismatch(DeltaRLError, ValueError):
+    """A tensor's name, shape or dtype differs from what a delta or snapshot expects."""
+
+
+class StagingError(DeltaRLError, RuntimeError):
+    """A staged update was committed, rolled back or reused out of order."""
+
+
+# --- storage -------------------------------------------------------------------------------------
+
+
+class StoreError(DeltaRLError, OSError):
+    """An object-store operation failed (after retries, where retrying applies)."""
+
+
+class ObjectNotFound(StoreError, FileNotFoundError):
+    """The key does not exist in the store."""
+
+
+class ObjectExists(StoreError, FileExistsError):
+    """A conditional create found the key already present."""
+
+
+class PreconditionFailed(StoreError):
+    """A compare-and-swap found a different current value than the one expected."""
+
+
+class InvalidRange(StoreError, ValueError):
+    """A byte range lies outside the object or is empty/inverted."""
+
+
+class InvalidKey(StoreError, ValueError):
+    """A key is outside the namespace: absolute, contains '..', empty parts, or bad characters."""
+
+
+class TransientStoreError(StoreError):
+    """A failure worth retrying: throttling (503 SlowDown), dropped connection, timeout."""
+
+
+class RunError(DeltaRLError, RuntimeError):
+    """The run namespace is inconsistent: broken parent chain, second writer, missing keyframe."""
+
+
+class WriterConflict(RunError):
+    """Another publisher owns this run (or moved HEAD underneath us)."""
+
+
+class IntegrityError(DeltaRLError, ValueError):
+    """Stored bytes do not match the hash or digest that a manifest records for them."""
+
+
+# --- transfer / actors ---------------------------------------------------------------------------
+
+
+class TransferError(DeltaRLError, OSError):
+    """Every source (relays, then the origin) failed to deliver an object."""
+
+
+# --- coordinator ---------------------------------------------------------------------------------
+
+
+class CoordinatorError(DeltaRLError, RuntimeError):
+    """A coordinator request was refused or failed."""
+
+
+class AuthError(CoordinatorError, PermissionError):
+    """An unknown or missing token."""
+
+
+class LeaseError(CoordinatorError):
+    """A lease is unknown, expired, or held by another actor."""
+
+
+class AdmissionRejected(CoordinatorError):
+    """A result was not admitted; `reason` says why."""
+
+    def __init__(self, reason: str, message: str | None = None) -> None:
+        super().__init__(message or reason)
+        self.reason = reason
+
+
+class ConfigError(DeltaRLError, ValueError):
+    """A configuration file or flag is invalid."""

@@ -1,0 +1,1 @@
+"""deltarl.pipeline (see docs/architecture in DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""deltarl.storage (see docs/architecture in DESIGN.md)."""

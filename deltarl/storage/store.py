@@ -1,0 +1,92 @@
+"""The object-store interface every backend implements, and its small value types.
+
+Contract shared by all backends (memory, local directory, S3, relay client):
+
+* Keys are ``str`` with ``/`` separators, relative to the store's root (never a ``Path``).
+  A valid key is non-empty, has no leading ``/``, no empty, ``.`` or ``..`` parts and no
+  backslashes or NULs; anything else raises :class:`~deltarl.errors.InvalidKey`.
+* A missing key raises :class:`~deltarl.errors.ObjectNotFound` (also a ``FileNotFoundError``)
+  from ``get``, ``get_range``, ``head`` and ``cas``-with-an-etag; ``delete`` of a missing key is
+  a no-op; ``exists`` returns ``False``.
+* Writes are atomic: a reader sees either the whole old object, the whole new one, or none.
+* ``put_if_absent`` is a real conditional create (S3 ``If-None-Match: *``, ``O_EXCL`` or an atomic
+  link locally); if the key exists it raises :class:`~deltarl.errors.ObjectExists` and writes
+  nothing.
+* ``cas`` is compare-and-swap on the object's ETag: ``expected_etag=None`` means "create only if
+  absent"; otherwise the write happens only if the current ETag equals ``expected_etag``, else
+  :class:`~deltarl.errors.PreconditionFailed`. It returns the new ETag.
+* ``get_range(key, start, end)`` returns bytes ``[start, end)``: ``end`` is exclusive and is
+  clamped to the object's size; ``start`` beyond the size, or ``start > end``, raises
+  :class:`~deltarl.errors.InvalidRange`. ``end=None`` means "to the end".
+* ``list(prefix)`` yields every key that starts with ``prefix`` (a plain string prefix, not a
+  directory), sorted lexicographically.
+* Backends retry transient failures themselves (see :mod:`deltarl.storage.retry`); what escapes is
+  final.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """Metadata of one stored object."""
+
+    key: str
+    size: int
+    etag: str
+
+
+class ObjectStore(abc.ABC):
+    """A flat namespace of immutable-by-convention byte objects. Thread-safe."""
+
+    #: Human-readable location, e.g. ``s3://bucket/prefix`` or ``/data/runs``.
+    url: str
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes:
+        """Return the whole object. Missing key: ``ObjectNotFound``."""
+
+    @abc.abstractmethod
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
+        """Return bytes ``[start, end)`` (end exclusive, clamped to the size; ``None`` = to the end)."""
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectInfo:
+        """Return size and ETag. Missing key: ``ObjectNotFound``."""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes) -> str:
+        """Write (or overwrite) the object atomically; return its ETag."""
+
+    @abc.abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        """Create the object only if absent (real conditional write); else ``ObjectExists``."""
+
+    @abc.abstractmethod
+    def cas(self, key: str, data: bytes, expected_etag: str | None) -> str:
+        """Compare-and-swap on ETag (``None`` = must not exist); mismatch: ``PreconditionFailed``."""
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether the key exists."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Yield keys that start with ``prefix``, sorted."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object; a missing key is not an error."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, default does nothing
+        """Release connections or background resources."""
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""deltarl.trainer (see docs/architecture in DESIGN.md)."""

@@ -1,0 +1,9 @@
+"""Shared pytest configuration. Fixtures live in plugin modules under tests/fixtures/."""
+
+pytest_plugins = [
+    "tests.fixtures.servers",  # S3 servers: moto (ThreadedMotoServer) and SeaweedFS, port 0
+    "tests.fixtures.runs",  # small published runs in a store
+    "tests.fixtures.relays",  # relays on loopback
+    "tests.fixtures.coordinator",  # coordinator service on loopback
+    "tests.fixtures.models",  # tiny transformers models and tokenizer
+]
