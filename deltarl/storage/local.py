@@ -1,0 +1,239 @@
+"""Local-directory object store: one file per key, atomic writes by temp file + rename/link.
+
+Layout: the object ``a/b/c`` is the file ``<root>/a/b/c``, so a run directory can be browsed,
+copied or served as-is. Temp files and lock files live in ``<root>/.deltarl-tmp/`` (same file
+system as the objects, so renames are atomic); keys under that name are refused.
+
+Atomicity:
+
+* ``put`` writes a temp file, fsyncs it, and ``rename``\\ s it over the key (readers see old or new).
+* ``put_if_absent`` writes a temp file and ``link``\\ s it to the key: ``link`` fails with
+  ``EEXIST`` if the key exists, so creation is one atomic, conditional step and no partial
+  object is ever visible.
+* ``cas`` takes an ``fcntl.flock`` on the key's lock stripe, checks the current ETag, then
+  renames (or links, for ``expected_etag=None``). ``put`` and ``delete`` take the same lock, so
+  they linearise with ``cas``. The lock is an OS advisory lock: it holds across threads and
+  processes on one host (and on NFS only where ``flock`` is honoured).
+
+ETags are the MD5 hex of the content (what S3 gives a single-part PUT): stable across restarts,
+and a swap between two equal contents is harmless. A limit of the file system: a key cannot be
+both an object and a "directory" of other keys (``a`` and ``a/b``); such a write raises
+``StoreError``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import stat
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from deltarl.errors import InvalidKey, ObjectExists, ObjectNotFound, PreconditionFailed, StoreError
+from deltarl.storage.keys import clamp_range, etag_of, validate_key, validate_prefix
+from deltarl.storage.store import ObjectInfo, ObjectStore
+
+log = logging.getLogger(__name__)
+
+TMP_DIR = ".deltarl-tmp"
+_LOCK_STRIPES = 64
+_READ_CHUNK = 1 << 20
+
+
+class LocalStore(ObjectStore):
+    """Objects as files under ``root`` (created if missing)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.root = Path(root).expanduser().absolute()
+        self.url = str(self.root)
+        self.fsync = fsync
+        self._tmp = self.root / TMP_DIR
+        try:
+            (self._tmp / "locks").mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StoreError(f"cannot create local store at {self.root}: {err}") from err
+
+    # --- paths and helpers ------------------------------------------------------------------------
+
+    def _path(self, key: str) -> Path:
+        validate_key(key)
+        if key == TMP_DIR or key.startswith(TMP_DIR + "/"):
+            raise InvalidKey(f"{key!r} is reserved by the local store")
+        return self.root / key
+
+    @contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        stripe = zlib.crc32(key.encode()) % _LOCK_STRIPES
+        fd = os.open(self._tmp / "locks" / f"{stripe:02d}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def _write_temp(self, data: bytes) -> Path:
+        tmp = self._tmp / f"{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if self.fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        return tmp
+
+    def _install(self, key: str, data: bytes, how: Callable[[Path, Path], None]) -> None:
+        """Write ``data`` to a temp file and move it to ``key`` with ``how`` (rename or link).
+
+        ``FileExistsError`` from ``how`` (a ``link`` onto an existing key) propagates as is.
+        """
+        path = self._path(key)
+        tmp = self._write_temp(data)
+        try:
+            for attempt in range(3):
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except (FileExistsError, NotADirectoryError) as err:
+                    raise StoreError(f"{self.url}: {key!r} lies under an existing object") from err
+                try:
+                    how(tmp, path)
+                    break
+                except FileNotFoundError:
+                    # A concurrent delete pruned the empty parent between mkdir and install.
+                    if attempt == 2:
+                        raise
+            if self.fsync:
+                self._fsync_dir(path.parent)
+        except (FileExistsError, StoreError):
+            raise
+        except IsADirectoryError as err:
+            raise StoreError(f"{self.url}: {key!r} is a directory of other keys") from err
+        except OSError as err:
+            raise StoreError(f"{self.url}: cannot write {key!r}: {err}") from err
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @staticmethod
+    def _fsync_dir(path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _open(self, key: str) -> int:
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError) as err:
+            raise ObjectNotFound(f"{self.url}: no object {key!r}") from err
+        except OSError as err:
+            raise StoreError(f"{self.url}: cannot read {key!r}: {err}") from err
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ObjectNotFound(f"{self.url}: no object {key!r} (it is a directory of keys)")
+        return fd
+
+    def _current_etag(self, key: str) -> str | None:
+        try:
+            return self.head(key).etag
+        except ObjectNotFound:
+            return None
+
+    # --- ObjectStore ------------------------------------------------------------------------------
+
+    def get(self, key: str) -> bytes:
+        fd = self._open(key)
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
+        fd = self._open(key)
+        with os.fdopen(fd, "rb") as f:
+            lo, hi = clamp_range(key, start, end, os.fstat(f.fileno()).st_size)
+            f.seek(lo)
+            return f.read(hi - lo)
+
+    def head(self, key: str) -> ObjectInfo:
+        fd = self._open(key)
+        md5 = hashlib.md5(usedforsecurity=False)
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            while chunk := f.read(_READ_CHUNK):
+                md5.update(chunk)
+        return ObjectInfo(key=key, size=size, etag=md5.hexdigest())
+
+    def put(self, key: str, data: bytes) -> str:
+        self._path(key)
+        with self._locked(key):
+            self._install(key, data, os.replace)
+        return etag_of(data)
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        try:
+            self._install(key, data, os.link)
+        except FileExistsError as err:
+            raise ObjectExists(f"{self.url}: object {key!r} already exists") from err
+        return etag_of(data)
+
+    def cas(self, key: str, data: bytes, expected_etag: str | None) -> str:
+        self._path(key)
+        with self._locked(key):
+            if expected_etag is None:
+                try:
+                    self._install(key, data, os.link)
+                except FileExistsError as err:
+                    raise PreconditionFailed(f"{self.url}: {key!r} exists (expected absent)") from err
+                return etag_of(data)
+            current = self._current_etag(key)
+            if current is None:
+                raise ObjectNotFound(f"{self.url}: no object {key!r} to compare-and-swap")
+            if current != expected_etag:
+                raise PreconditionFailed(f"{self.url}: {key!r} has ETag {current}, expected {expected_etag}")
+            self._install(key, data, os.replace)
+        return etag_of(data)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        validate_prefix(prefix)
+        head, _, _ = prefix.rpartition("/")
+        base = self.root / head if head else self.root
+        keys: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+            rel = "" if rel == "." else rel + "/"
+            if not rel:
+                dirnames[:] = [d for d in dirnames if d != TMP_DIR]
+            dirnames[:] = [d for d in dirnames if (rel + d + "/").startswith(prefix) or prefix.startswith(rel + d + "/")]
+            keys.extend(rel + name for name in filenames if (rel + name).startswith(prefix))
+        yield from sorted(keys)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with self._locked(key):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return
+            except IsADirectoryError:
+                return
+            except OSError as err:
+                raise StoreError(f"{self.url}: cannot delete {key!r}: {err}") from err
+        self._prune(path.parent)
+
+    def _prune(self, directory: Path) -> None:
+        """Remove now-empty parent directories up to the root (best effort, racing writers retry)."""
+        while directory != self.root and self.root in directory.parents:
+            try:
+                directory.rmdir()
+            except OSError as err:
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                    log.debug("not pruning %s: %s", directory, err)
+                return
+            directory = directory.parent

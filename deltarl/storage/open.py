@@ -1,0 +1,75 @@
+"""``open_store(url)``: the one factory that turns a store URL into an :class:`ObjectStore`.
+
+Accepted URLs:
+
+* a plain path (``runs/``, ``/data/runs``, ``~/runs``) or ``file:///abs/path`` → :class:`LocalStore`;
+* ``memory://`` or ``memory://name`` → a **fresh, empty** :class:`MemoryStore` on every call (the
+  name is only a label; there is no process-wide registry, so pass the store object around to
+  share it);
+* ``s3://bucket`` or ``s3://bucket/prefix`` → :class:`S3Store`; the endpoint comes from the
+  ``endpoint_url=`` option, else ``DELTARL_S3_ENDPOINT``, ``AWS_ENDPOINT_URL_S3`` or
+  ``AWS_ENDPOINT_URL``; credentials and region from the usual AWS settings or options.
+
+Extra keyword options go to the backend's constructor; an unknown option or a malformed URL
+raises :class:`~deltarl.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from deltarl.errors import ConfigError
+from deltarl.storage.store import ObjectStore
+
+
+def open_store(url: str | os.PathLike[str], **options: Any) -> ObjectStore:
+    """Open the store that ``url`` names (see the module docstring for the forms)."""
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"store URL must be a non-empty string, got {url!r}")
+    if "://" not in url:
+        return _build("local", (url,), options)
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if parts.query or parts.fragment:
+        raise ConfigError(f"store URL must not carry a query or fragment: {url!r}")
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise ConfigError(f"file:// URL must be file:///absolute/path, got {url!r}")
+        if not parts.path:
+            raise ConfigError(f"file:// URL has no path: {url!r}")
+        return _build("local", (unquote(parts.path),), options)
+    if scheme == "memory":
+        name = (parts.netloc + parts.path).strip("/") or None
+        return _build("memory", (name,), options)
+    if scheme == "s3":
+        bucket = parts.netloc
+        if not bucket:
+            raise ConfigError(f"s3:// URL has no bucket: {url!r}")
+        return _build("s3", (bucket, unquote(parts.path).strip("/")), options)
+    raise ConfigError(f"unsupported store URL scheme {scheme!r} in {url!r} (path, file://, memory://, s3://)")
+
+
+def _build(kind: str, args: tuple[Any, ...], options: dict[str, Any]) -> ObjectStore:
+    cls: type[ObjectStore]
+    if kind == "local":
+        from deltarl.storage.local import LocalStore
+
+        cls = LocalStore
+    elif kind == "memory":
+        from deltarl.storage.memory import MemoryStore
+
+        cls = MemoryStore
+    else:
+        from deltarl.storage.s3 import S3Store
+
+        cls = S3Store
+    try:
+        inspect.signature(cls).bind(*args, **options)
+    except TypeError as err:
+        raise ConfigError(f"bad option for a {kind} store: {err}") from err
+    return cls(*args, **options)

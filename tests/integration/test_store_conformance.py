@@ -1,0 +1,144 @@
+"""The ObjectStore contract, run identically against every backend (the ``store`` fixture)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from deltarl.errors import (
+    InvalidKey,
+    InvalidRange,
+    ObjectExists,
+    ObjectNotFound,
+    PreconditionFailed,
+    StoreError,
+)
+from deltarl.storage import ObjectStore
+
+
+def test_put_get_overwrite_head(store: ObjectStore) -> None:
+    etag1 = store.put("run/a.bin", b"hello")
+    assert store.get("run/a.bin") == b"hello"
+    info = store.head("run/a.bin")
+    assert (info.key, info.size, info.etag) == ("run/a.bin", 5, etag1)
+    etag2 = store.put("run/a.bin", b"world!")
+    assert etag2 != etag1
+    assert store.get("run/a.bin") == b"world!"
+    assert store.head("run/a.bin").size == 6
+    assert store.exists("run/a.bin")
+    assert not store.exists("run/b.bin")
+
+
+def test_empty_object(store: ObjectStore) -> None:
+    store.put("empty", b"")
+    assert store.get("empty") == b""
+    assert store.head("empty").size == 0
+    assert store.get_range("empty", 0) == b""
+    assert store.get_range("empty", 0, 10) == b""
+    with pytest.raises(InvalidRange):
+        store.get_range("empty", 1)
+
+
+def test_missing_key_errors(store: ObjectStore) -> None:
+    for call in (
+        lambda: store.get("nope"),
+        lambda: store.get_range("nope", 0, 1),
+        lambda: store.get_range("nope", 5, 5),
+        lambda: store.head("nope"),
+        lambda: store.cas("nope", b"x", "0123456789abcdef0123456789abcdef"),
+    ):
+        with pytest.raises(ObjectNotFound) as info:
+            call()
+        assert isinstance(info.value, FileNotFoundError)
+        assert isinstance(info.value, StoreError)
+        assert "nope" in str(info.value)
+
+
+def test_ranges(store: ObjectStore) -> None:
+    data = bytes(range(256)) * 4
+    store.put("r", data)
+    assert store.get_range("r", 0, 10) == data[:10]
+    assert store.get_range("r", 10, 20) == data[10:20]  # end is exclusive
+    assert store.get_range("r", 1000) == data[1000:]
+    assert store.get_range("r", 1000, 5000) == data[1000:]  # end clamped to the size
+    assert store.get_range("r", 7, 7) == b""  # zero-length
+    assert store.get_range("r", len(data)) == b""  # start == size: empty, not an error
+    assert store.get_range("r", len(data), len(data) + 5) == b""
+    for start, end in ((len(data) + 1, None), (len(data) + 1, len(data) + 9), (5, 4), (-1, 3)):
+        with pytest.raises(InvalidRange):
+            store.get_range("r", start, end)
+
+
+def test_put_if_absent(store: ObjectStore) -> None:
+    etag = store.put_if_absent("once", b"first")
+    assert store.head("once").etag == etag
+    with pytest.raises(ObjectExists) as info:
+        store.put_if_absent("once", b"second")
+    assert isinstance(info.value, FileExistsError)
+    assert store.get("once") == b"first"
+
+
+def test_cas(store: ObjectStore) -> None:
+    etag0 = store.cas("HEAD", b"0", None)
+    with pytest.raises(PreconditionFailed):
+        store.cas("HEAD", b"x", None)  # must not exist
+    etag1 = store.cas("HEAD", b"1", etag0)
+    assert store.get("HEAD") == b"1"
+    assert store.head("HEAD").etag == etag1
+    with pytest.raises(PreconditionFailed):
+        store.cas("HEAD", b"stale", etag0)
+    assert store.get("HEAD") == b"1"
+    etag2 = store.cas("HEAD", b"2", etag1)
+    assert store.get("HEAD") == b"2"
+    assert etag2 == store.head("HEAD").etag
+
+
+def test_list_sorted_by_prefix(store: ObjectStore) -> None:
+    keys = ["b/2", "a/1", "a/10", "a/2", "ab", "a/sub/x", "c"]
+    for k in keys:
+        store.put(k, k.encode())
+    assert list(store.list()) == sorted(keys)
+    assert list(store.list("a/")) == ["a/1", "a/10", "a/2", "a/sub/x"]
+    assert list(store.list("a")) == ["a/1", "a/10", "a/2", "a/sub/x", "ab"]
+    assert list(store.list("a/1")) == ["a/1", "a/10"]
+    assert list(store.list("a/sub/")) == ["a/sub/x"]
+    assert list(store.list("zzz")) == []
+    assert list(store.list("nodir/")) == []
+
+
+def test_delete_idempotent(store: ObjectStore) -> None:
+    store.put("d/x", b"1")
+    store.delete("d/x")
+    assert not store.exists("d/x")
+    store.delete("d/x")
+    store.delete("never/was")
+    with pytest.raises(ObjectNotFound):
+        store.get("d/x")
+    assert list(store.list("d/")) == []
+    store.put_if_absent("d/x", b"again")  # a deleted key can be created again
+    assert store.get("d/x") == b"again"
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "..", "a//b", "a/", "./a", "a\\b", "a\x00b"])
+def test_invalid_keys(store: ObjectStore, key: str) -> None:
+    for call in (
+        lambda: store.get(key),
+        lambda: store.put(key, b"x"),
+        lambda: store.put_if_absent(key, b"x"),
+        lambda: store.cas(key, b"x", None),
+        lambda: store.exists(key),
+        lambda: store.delete(key),
+        lambda: store.head(key),
+        lambda: store.get_range(key, 0),
+    ):
+        with pytest.raises(InvalidKey):
+            call()
+
+
+def test_large_object_round_trip(store: ObjectStore) -> None:
+    data = os.urandom(20 << 20)
+    store.put_if_absent("big/seg-00000.bin", data)
+    assert store.head("big/seg-00000.bin").size == len(data)
+    assert store.get("big/seg-00000.bin") == data
+    assert store.get_range("big/seg-00000.bin", 5 << 20, (5 << 20) + 123) == data[5 << 20 : (5 << 20) + 123]

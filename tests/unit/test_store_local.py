@@ -1,0 +1,54 @@
+"""LocalStore specifics: on-disk layout, no partial objects, temp files hidden, ETags stable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deltarl.errors import InvalidKey, ObjectNotFound, StoreError
+from deltarl.storage import LocalStore
+from deltarl.storage.local import TMP_DIR
+
+
+def test_layout_is_plain_files(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put_if_absent("run/versions/000000000001/manifest.json", b"{}")
+    assert (tmp_path / "run/versions/000000000001/manifest.json").read_bytes() == b"{}"
+    assert list(store.list()) == ["run/versions/000000000001/manifest.json"]
+    assert not list((tmp_path / TMP_DIR).glob("*.tmp"))  # temp files cleaned up
+
+
+def test_reserved_tmp_dir(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    with pytest.raises(InvalidKey):
+        store.put(f"{TMP_DIR}/x", b"1")
+
+
+def test_etag_stable_across_instances(tmp_path: Path) -> None:
+    etag = LocalStore(tmp_path).put("HEAD", b"42")
+    assert LocalStore(tmp_path).head("HEAD").etag == etag
+    LocalStore(tmp_path).cas("HEAD", b"43", etag)
+    assert LocalStore(tmp_path).get("HEAD") == b"43"
+
+
+def test_file_directory_clash(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path, fsync=False)
+    store.put("a", b"1")
+    with pytest.raises(StoreError, match="a/b"):
+        store.put("a/b", b"2")
+    store.put("d/x", b"1")
+    with pytest.raises(StoreError):
+        store.put("d", b"2")
+    with pytest.raises(ObjectNotFound):
+        store.get("d")  # a directory of keys is not an object
+    assert not store.exists("d")
+
+
+def test_delete_prunes_empty_dirs(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path, fsync=False)
+    store.put("r/v/1/seg", b"1")
+    store.put("r/keep", b"1")
+    store.delete("r/v/1/seg")
+    assert not (tmp_path / "r/v").exists()
+    assert (tmp_path / "r/keep").exists()

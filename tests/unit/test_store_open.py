@@ -1,0 +1,50 @@
+"""open_store: URL forms and errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deltarl.errors import ConfigError
+from deltarl.storage import LocalStore, MemoryStore, open_store
+
+
+def test_plain_path_and_file_url(tmp_path: Path) -> None:
+    a = open_store(str(tmp_path / "a"))
+    assert isinstance(a, LocalStore)
+    assert a.root == tmp_path / "a"
+    b = open_store(f"file://{tmp_path}/b")
+    assert isinstance(b, LocalStore)
+    assert b.root == tmp_path / "b"
+    c = open_store(tmp_path / "c", fsync=False)
+    assert isinstance(c, LocalStore)
+    assert not c.fsync
+    a.put("k", b"v")
+    assert open_store(str(tmp_path / "a")).get("k") == b"v"
+
+
+def test_memory_url_is_fresh_each_call() -> None:
+    a = open_store("memory://x")
+    b = open_store("memory://x")
+    assert isinstance(a, MemoryStore)
+    assert a.url == "memory://x"
+    a.put("k", b"v")
+    assert not b.exists("k")
+    assert isinstance(open_store("memory://"), MemoryStore)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["", "ftp://host/x", "file://otherhost/x", "file://", "s3://", "s3:///prefix", "memory://x?y=1", "s3://b/p#frag"],
+)
+def test_bad_urls(url: str) -> None:
+    with pytest.raises(ConfigError):
+        open_store(url)
+
+
+def test_unknown_option(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="option"):
+        open_store(str(tmp_path), colour="blue")
+    with pytest.raises(ConfigError, match="option"):
+        open_store("memory://", fsync=True)
