@@ -1,0 +1,187 @@
+"""Chunk codecs: how the changed elements of one (tensor, element range) become bytes and back.
+
+Every codec maps ``(old bits, new bits, changed positions)`` of one chunk to a payload, and a
+payload plus the old bits back to ``(positions, new bits)``. Positions are relative to the chunk
+start, sorted, unique. Differences are taken on the unsigned bit patterns modulo 2**bits, zigzag
+mapped, so they are exact for every value (NaN payloads, -0.0, inf, subnormals, sign flips).
+
+Codec ids (the byte in the chunk table) and payload layouts are specified in docs/FORMAT.md.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import zstandard
+
+from deltarl.errors import FormatError
+from deltarl.pipeline import bitio
+
+CODEC_IDS: dict[str, int] = {"none": 0, "aurora": 1, "rice": 2, "dense": 3}
+CODEC_NAMES: dict[int, str] = {v: k for k, v in CODEC_IDS.items()}
+ESCAPE_BYTE = 255
+ZSTD_LEVEL = 3
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """The changed elements of one chunk: positions relative to the chunk start, and new bit patterns."""
+
+    positions: np.ndarray  # int64, sorted, unique
+    values: np.ndarray  # uint16 / uint32
+
+
+def zigzag(diff: np.ndarray) -> np.ndarray:
+    """Map wrapped unsigned differences to zigzag codes of the same width (small |d| -> small code)."""
+    top = diff.dtype.itemsize * 8 - 1
+    neg = (diff >> top) * diff.dtype.type(np.iinfo(diff.dtype).max)
+    return (diff << 1) ^ neg
+
+
+def unzigzag(code: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`zigzag`."""
+    neg = (code & 1) * code.dtype.type(np.iinfo(code.dtype).max)
+    return (code >> 1) ^ neg
+
+
+def _pack(params: bytes, streams: list[bytes]) -> bytes:
+    head = params + struct.pack(f"<{len(streams)}I", *(len(s) for s in streams))
+    return head + b"".join(streams)
+
+
+def _unpack(payload: memoryview, params_fmt: str, nstreams: int) -> tuple[tuple[int, ...], list[memoryview]]:
+    fixed = struct.calcsize(params_fmt)
+    head = fixed + 4 * nstreams
+    if len(payload) < head:
+        raise FormatError(f"chunk payload of {len(payload)} bytes is shorter than its {head}-byte header")
+    params = struct.unpack_from(params_fmt, payload, 0)
+    lengths = struct.unpack_from(f"<{nstreams}I", payload, fixed)
+    if head + sum(lengths) != len(payload):
+        raise FormatError("chunk stream lengths do not add up to the payload length")
+    streams, off = [], head
+    for n in lengths:
+        streams.append(payload[off : off + n])
+        off += n
+    return params, streams
+
+
+def _zstd(data: bytes) -> bytes:
+    return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(data)
+
+
+def _unzstd(data: memoryview, size: int) -> bytes:
+    try:
+        declared = zstandard.frame_content_size(data)
+        if declared != size:
+            raise FormatError(f"zstd frame declares {declared} bytes, expected {size}")
+        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+    except zstandard.ZstdError as err:
+        raise FormatError(f"corrupt zstd stream: {err}") from err
+    if len(out) != size:
+        raise FormatError(f"zstd stream decoded to {len(out)} bytes, expected {size}")
+    return out
+
+
+def _raw_values(data: memoryview, count: int, udt: np.dtype) -> np.ndarray:
+    if len(data) != count * udt.itemsize:
+        raise FormatError(f"raw value stream has {len(data)} bytes, expected {count * udt.itemsize}")
+    return np.frombuffer(data, dtype=udt.newbyteorder("<")).astype(udt)
+
+
+def _check_positions(pos: np.ndarray, count: int) -> np.ndarray:
+    if pos.size and (int(pos[-1]) >= count):
+        raise FormatError(f"changed position {int(pos[-1])} outside a chunk of {count} elements")
+    return pos.astype(np.int64)
+
+
+# --- aurora: LEB128 gaps + raw values -----------------------------------------------------------
+
+
+def encode_aurora(old: np.ndarray, new: np.ndarray, pos: np.ndarray) -> bytes:
+    """AuroraRL reference: gaps (first position, then differences) as LEB128, new values raw LE."""
+    gaps = np.diff(pos, prepend=0)
+    return _pack(b"", [bitio.leb128_encode(gaps), new[pos].astype(new.dtype.newbyteorder("<")).tobytes()])
+
+
+def decode_aurora(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
+    _, (gaps_b, vals_b) = _unpack(payload, "<", 2)
+    gaps = bitio.leb128_decode(gaps_b, changed)
+    if changed > 1 and int(gaps[1:].min()) == 0:
+        raise FormatError("aurora gaps must be positive after the first")
+    if gaps.size and int(gaps.max()) >= old.size:
+        raise FormatError("aurora gap outside the chunk")
+    pos = _check_positions(np.cumsum(gaps.astype(np.int64)), old.size)
+    return Decoded(pos, _raw_values(vals_b, changed, old.dtype))
+
+
+# --- rice: Rice-coded gaps + zstd'd zigzag difference bytes with escapes -------------------------
+
+
+def encode_rice(old: np.ndarray, new: np.ndarray, pos: np.ndarray) -> bytes:
+    """Rice gaps (p_i - p_{i-1} - 1) + zigzag(new - old) bytes (255 = escape to raw new value), zstd."""
+    gaps = np.diff(pos, prepend=-1) - 1
+    k = bitio.rice_param(gaps)
+    unary, rem, pos_esc = bitio.rice_encode(gaps, k)
+    o, n = old[pos], new[pos]
+    z = zigzag(n - o)
+    esc = z >= ESCAPE_BYTE
+    small = np.where(esc, ESCAPE_BYTE, z).astype(np.uint8)
+    streams = [
+        unary,
+        rem,
+        pos_esc.astype("<u8").tobytes(),
+        _zstd(small.tobytes()),
+        n[esc].astype(n.dtype.newbyteorder("<")).tobytes(),
+    ]
+    return _pack(struct.pack("<B", k), streams)
+
+
+def decode_rice(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
+    (k,), (unary, rem, pos_esc_b, vals_z, esc_b) = _unpack(payload, "<B", 5)
+    if k > 32:
+        raise FormatError(f"rice parameter {k} > 32")
+    if len(pos_esc_b) % 8:
+        raise FormatError("position escape stream is not a whole number of u64")
+    pos_esc = np.frombuffer(pos_esc_b, dtype="<u8")
+    gaps = bitio.rice_decode(unary, rem, pos_esc, changed, k)
+    if gaps.size and int(gaps.max()) >= old.size:
+        raise FormatError("rice gap outside the chunk")
+    pos = np.cumsum(gaps.astype(np.int64) + 1) - 1
+    pos = _check_positions(pos, old.size)
+    small = np.frombuffer(_unzstd(vals_z, changed), dtype=np.uint8)
+    esc = small == ESCAPE_BYTE
+    esc_vals = _raw_values(esc_b, int(esc.sum()), old.dtype)
+    o = old[pos]
+    vals = o + unzigzag(small.astype(old.dtype))
+    vals[esc] = esc_vals
+    if bool((vals == o).any()):
+        raise FormatError("a changed element decodes to its old value")
+    return Decoded(pos, vals)
+
+
+# --- dense: every element's zigzag difference, byte planes, zstd ---------------------------------
+
+
+def encode_dense(old: np.ndarray, new: np.ndarray, pos: np.ndarray) -> bytes:
+    """Zigzag(new - old) of every element of the chunk, split into byte planes (low first), zstd."""
+    z = zigzag(new - old).astype(old.dtype.newbyteorder("<"))
+    planes = z.view(np.uint8).reshape(-1, old.dtype.itemsize).T.tobytes()
+    return _pack(b"", [_zstd(planes)])
+
+
+def decode_dense(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
+    _, (planes_z,) = _unpack(payload, "<", 1)
+    isz = old.dtype.itemsize
+    planes = np.frombuffer(_unzstd(planes_z, old.size * isz), dtype=np.uint8)
+    z = np.ascontiguousarray(planes.reshape(isz, -1).T).view(old.dtype.newbyteorder("<")).reshape(-1)
+    z = z.astype(old.dtype)
+    pos = np.flatnonzero(z)
+    if pos.size != changed:
+        raise FormatError(f"dense chunk changes {pos.size} elements, header says {changed}")
+    return Decoded(pos.astype(np.int64), old[pos] + unzigzag(z[pos]))
+
+
+ENCODERS = {"aurora": encode_aurora, "rice": encode_rice, "dense": encode_dense}
+DECODERS = {1: decode_aurora, 2: decode_rice, 3: decode_dense}

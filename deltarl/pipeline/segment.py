@@ -1,0 +1,198 @@
+"""The segment container: magic, version, checksummed header (base, tensor and chunk tables), payloads.
+
+Byte layout (little-endian; docs/FORMAT.md is the specification)::
+
+    0   4  magic b"DRLS"
+    4   2  format version (1)
+    6   2  flags (0)
+    8   4  header length H (<= MAX_HEADER_BYTES)
+    12  4  crc32 of the header body
+    16  H  header body: base, tensor table, chunk table
+    ..  P  chunk payloads, concatenated in chunk-table order
+    end 4  crc32 of every byte before it
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from deltarl.errors import ChecksumMismatch, FormatError, UnsupportedFormatVersion
+from deltarl.pipeline.codecs import CODEC_IDS, CODEC_NAMES
+from deltarl.pipeline.tensors import DTYPE_BY_CODE, DTYPES, TensorSpec
+
+MAGIC = b"DRLS"
+FORMAT_VERSION = 1
+MAX_HEADER_BYTES = 16 << 20
+MAX_BASE_BYTES = 1024
+MAX_NAME_BYTES = 4096
+MAX_NDIM = 32
+_PREFIX = struct.Struct("<4sHHII")
+_CHUNK = struct.Struct("<IBBHQQQQ")  # tensor index, codec, 0, 0, start, count, changed, nbytes
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """One chunk: ``count`` elements of ``tensor`` from flat index ``start``; ``changed`` of them differ."""
+
+    tensor: str
+    start: int
+    count: int
+    changed: int
+    codec: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class SegmentHeader:
+    """The parsed, validated header of one segment."""
+
+    format_version: int
+    base: str
+    tensors: tuple[TensorSpec, ...]
+    chunks: tuple[ChunkInfo, ...]
+    payload_offset: int
+
+
+@dataclass(frozen=True)
+class DeltaStats:
+    """Totals over the segments of one delta."""
+
+    changed_elements: int
+    total_elements: int
+    encoded_bytes: int
+
+
+def pack_segment(
+    base: str, tensors: list[TensorSpec], chunks: list[ChunkInfo], payloads: list[bytes]
+) -> bytes:
+    """Build one segment; ``chunks[i]`` describes ``payloads[i]``."""
+    index = {spec.name: i for i, spec in enumerate(tensors)}
+    raw_base = base.encode()
+    parts = [struct.pack("<H", len(raw_base)), raw_base, struct.pack("<I", len(tensors))]
+    for spec in tensors:
+        name = spec.name.encode()
+        parts.append(struct.pack("<H", len(name)) + name)
+        parts.append(struct.pack("<BB", DTYPES[spec.dtype][0], len(spec.shape)))
+        parts.append(struct.pack(f"<{len(spec.shape)}Q", *spec.shape))
+    parts.append(struct.pack("<I", len(chunks)))
+    for c in chunks:
+        parts.append(
+            _CHUNK.pack(index[c.tensor], CODEC_IDS[c.codec], 0, 0, c.start, c.count, c.changed, c.nbytes)
+        )
+    body = b"".join(parts)
+    if len(body) > MAX_HEADER_BYTES:
+        raise FormatError(f"segment header of {len(body)} bytes exceeds the {MAX_HEADER_BYTES}-byte cap")
+    out = bytearray(_PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(body), zlib.crc32(body)))
+    out += body
+    for p in payloads:
+        out += p
+    out += struct.pack("<I", zlib.crc32(out))
+    return bytes(out)
+
+
+class _Reader:
+    def __init__(self, body: memoryview) -> None:
+        self.body, self.off = body, 0
+
+    def take(self, fmt: str) -> tuple[int, ...]:
+        size = struct.calcsize(fmt)
+        if self.off + size > len(self.body):
+            raise FormatError("segment header is truncated")
+        vals = struct.unpack_from(fmt, self.body, self.off)
+        self.off += size
+        return vals
+
+    def text(self, n: int, what: str) -> str:
+        if self.off + n > len(self.body):
+            raise FormatError("segment header is truncated")
+        try:
+            s = bytes(self.body[self.off : self.off + n]).decode()
+        except UnicodeDecodeError as err:
+            raise FormatError(f"{what} is not valid utf-8") from err
+        self.off += n
+        return s
+
+
+def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
+    """Parse and validate a whole segment's framing, checksums and header; raises FormatError."""
+    mv = memoryview(data).cast("B")
+    if len(mv) < _PREFIX.size + 4:
+        raise FormatError(f"segment of {len(mv)} bytes is too short")
+    magic, version, flags, hlen, hcrc = _PREFIX.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise FormatError(f"bad segment magic {bytes(magic)!r}")
+    if version != FORMAT_VERSION:
+        raise UnsupportedFormatVersion(f"segment format version {version}; this build reads {FORMAT_VERSION}")
+    if flags != 0:
+        raise FormatError(f"unknown segment flags {flags:#x}")
+    if hlen > MAX_HEADER_BYTES or _PREFIX.size + hlen + 4 > len(mv):
+        raise FormatError(f"segment header length {hlen} is out of bounds")
+    (crc,) = struct.unpack_from("<I", mv, len(mv) - 4)
+    if zlib.crc32(mv[:-4]) != crc:
+        raise ChecksumMismatch("segment crc32 does not match its bytes")
+    body = mv[_PREFIX.size : _PREFIX.size + hlen]
+    if zlib.crc32(body) != hcrc:
+        raise ChecksumMismatch("segment header crc32 does not match")
+    r = _Reader(body)
+    (blen,) = r.take("<H")
+    if not 0 < blen <= MAX_BASE_BYTES:
+        raise FormatError(f"base id length {blen} out of bounds")
+    base = r.text(blen, "base id")
+    (ntensors,) = r.take("<I")
+    tensors: list[TensorSpec] = []
+    for _ in range(ntensors):
+        (nlen,) = r.take("<H")
+        if not 0 < nlen <= MAX_NAME_BYTES:
+            raise FormatError(f"tensor name length {nlen} out of bounds")
+        name = r.text(nlen, "tensor name")
+        code, ndim = r.take("<BB")
+        if code not in DTYPE_BY_CODE:
+            raise FormatError(f"tensor {name!r}: unknown dtype code {code}")
+        if ndim > MAX_NDIM:
+            raise FormatError(f"tensor {name!r}: {ndim} dimensions")
+        shape = r.take(f"<{ndim}Q")
+        tensors.append(TensorSpec(name, DTYPE_BY_CODE[code], tuple(shape)))
+    if len({t.name for t in tensors}) != len(tensors):
+        raise FormatError("duplicate tensor name in segment")
+    (nchunks,) = r.take("<I")
+    chunks: list[ChunkInfo] = []
+    total = 0
+    for _ in range(nchunks):
+        ti, codec, z1, z2, start, count, changed, nbytes = r.take(_CHUNK.format)
+        if ti >= len(tensors):
+            raise FormatError(f"chunk names tensor index {ti} of {len(tensors)}")
+        if codec not in CODEC_NAMES or z1 or z2:
+            raise FormatError(f"unknown chunk codec {codec}")
+        spec = tensors[ti]
+        if count == 0 or start + count > spec.numel:
+            raise FormatError(
+                f"chunk [{start}, {start + count}) outside tensor {spec.name!r} of {spec.numel}"
+            )
+        if changed > count or (codec == 0) != (changed == 0) or (codec == 0 and nbytes):
+            raise FormatError(f"chunk of {spec.name!r}: inconsistent changed={changed} codec={codec}")
+        total += nbytes
+        chunks.append(ChunkInfo(spec.name, start, count, changed, CODEC_NAMES[codec], nbytes))
+    if r.off != len(body):
+        raise FormatError("segment header has trailing bytes")
+    if _PREFIX.size + hlen + total + 4 != len(mv):
+        raise FormatError("chunk payload lengths do not add up to the segment length")
+    spans = sorted((c.tensor, c.start, c.start + c.count) for c in chunks)
+    for (t0, _, e0), (t1, s1, _) in itertools.pairwise(spans):
+        if t0 == t1 and s1 < e0:
+            raise FormatError(f"chunks of {t0!r} overlap at element {s1}")
+    return SegmentHeader(version, base, tuple(tensors), tuple(chunks), _PREFIX.size + hlen)
+
+
+def delta_stats(segments: Iterable[bytes]) -> DeltaStats:
+    """Changed and covered element counts and encoded size of a delta (validates every segment)."""
+    changed = total = size = 0
+    for seg in segments:
+        h = read_segment_header(seg)
+        changed += sum(c.changed for c in h.chunks)
+        total += sum(c.count for c in h.chunks)
+        size += len(seg)
+    return DeltaStats(changed, total, size)

@@ -1,0 +1,147 @@
+"""Staged, transactional apply of deltas: round trips, idempotence, rollback, every refusal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from deltarl.errors import BaseMismatch, FormatError, StagingError, TensorMismatch
+from deltarl.pipeline import (
+    BF16,
+    Stager,
+    apply_delta,
+    delta_stats,
+    encode_delta,
+    iter_encode_delta,
+    stage_delta,
+    state_digest,
+    tensor_table,
+)
+
+
+def _pair(seed: int = 0, n: int = 50_000, frac: float = 0.02) -> tuple[dict, dict]:
+    rng = np.random.default_rng(seed)
+    old = {
+        "a.weight": rng.standard_normal((n // 100, 100)).astype(np.float32),
+        "b.bias": rng.standard_normal(n // 10).astype(np.float16),
+        "c": BF16(rng.integers(0, 1 << 16, n, dtype=np.uint16)),
+    }
+    new = {}
+    for name, v in old.items():
+        bits = (v.bits if isinstance(v, BF16) else v).copy()
+        flat = bits.reshape(-1).view(np.uint16 if bits.dtype.itemsize == 2 else np.uint32)
+        idx = rng.choice(flat.size, int(frac * flat.size), replace=False)
+        flat[idx] += rng.integers(1, 5, idx.size).astype(flat.dtype)
+        new[name] = BF16(bits) if isinstance(v, BF16) else bits
+    return old, new
+
+
+def _copy(state: dict) -> dict:
+    return {k: BF16(v.bits.copy()) if isinstance(v, BF16) else v.copy() for k, v in state.items()}
+
+
+@pytest.mark.parametrize("codec", ["auto", "aurora", "rice", "dense"])
+def test_apply_round_trip_small_segments(codec: str) -> None:
+    old, new = _pair()
+    segs = encode_delta(old, new, base="v1", segment_bytes=512, codec=codec)
+    assert len(segs) > 1
+    state = _copy(old)
+    apply_delta(state, reversed(segs), base="v1")
+    assert state_digest(state) == state_digest(new)
+    stats = delta_stats(segs)
+    assert stats.total_elements == sum(s.numel for s in tensor_table(old))
+    assert stats.encoded_bytes == sum(map(len, segs))
+
+
+def test_commit_twice_and_rollback() -> None:
+    old, new = _pair(1)
+    state = _copy(old)
+    upd = stage_delta(state, encode_delta(old, new, base="b"), base="b")
+    assert state_digest(state) == state_digest(old)  # staging writes nothing
+    upd.commit()
+    upd.commit()
+    assert state_digest(state) == state_digest(new)
+    upd.rollback()
+    assert state_digest(state) == state_digest(old)
+    assert upd.base == "b"
+    assert upd.tensors == ("a.weight", "b.bias", "c")
+
+
+def test_commit_refuses_a_state_that_moved_on() -> None:
+    old, new = _pair(2)
+    state = _copy(old)
+    upd = stage_delta(state, encode_delta(old, new, base="b"), base="b")
+    before = state_digest(state)
+    w = state["b.bias"].view(np.uint16)
+    pos = np.flatnonzero(old["b.bias"].view(np.uint16) != new["b.bias"].view(np.uint16))[0]
+    w[pos] ^= 0x8000
+    before = state_digest(state)
+    with pytest.raises(StagingError, match="changed since"):
+        upd.commit()
+    assert state_digest(state) == before  # nothing half-applied
+
+
+def test_wrong_base_and_mismatches() -> None:
+    old, new = _pair(3)
+    segs = encode_delta(old, new, base="v7")
+    state = _copy(old)
+    with pytest.raises(BaseMismatch):
+        apply_delta(state, segs, base="v8")
+    bad = _copy(old)
+    bad["b.bias"] = bad["b.bias"].astype(np.float32)
+    with pytest.raises(TensorMismatch, match=r"b\.bias"):
+        apply_delta(bad, segs, base="v7")
+    bad = _copy(old)
+    bad["a.weight"] = bad["a.weight"].reshape(100, -1)
+    with pytest.raises(TensorMismatch, match=r"a\.weight"):
+        apply_delta(bad, segs, base="v7")
+    bad = _copy(old)
+    del bad["c"]
+    with pytest.raises(TensorMismatch, match="'c'"):
+        apply_delta(bad, segs, base="v7")
+    assert state_digest(state) == state_digest(old)
+
+
+def test_stager_rejects_duplicates_missing_and_reuse() -> None:
+    old, new = _pair(4)
+    segs = encode_delta(old, new, base="b", segment_bytes=512)
+    state = _copy(old)
+    st = Stager(state, base="b")
+    st.add_segment(segs[0])
+    with pytest.raises(FormatError, match="already staged"):
+        st.add_segment(segs[0])
+    with pytest.raises(FormatError):
+        st.add_segment(segs[1][:-1])
+    for s in segs[1:-1]:
+        st.add_segment(s)
+    with pytest.raises(StagingError, match="incomplete"):
+        st.finish()
+    st.add_segment(segs[-1])  # the failed calls left the stager usable
+    upd = st.finish()
+    with pytest.raises(StagingError):
+        st.add_segment(segs[0])
+    with pytest.raises(StagingError):
+        st.finish()
+    upd.commit()
+    assert state_digest(state) == state_digest(new)
+
+
+def test_iter_encode_yields_incrementally() -> None:
+    old, new = _pair(5)
+    it = iter_encode_delta(old, new, base="b", segment_bytes=512)
+    first = next(it)
+    assert first[:4] == b"DRLS"
+    assert len(list(it)) >= 1
+
+
+def test_uint16_numpy_is_not_guessed_as_bf16() -> None:
+    with pytest.raises(TensorMismatch, match="BF16"):
+        tensor_table({"x": np.zeros(3, dtype=np.uint16)})
+
+
+def test_import_is_light() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, deltarl.pipeline; assert 'torch' not in sys.modules and 'numba' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
