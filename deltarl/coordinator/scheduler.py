@@ -1,0 +1,507 @@
+"""The coordinator's scheduling state machine: pure (no I/O), driven by an injectable clock.
+
+It tracks actors (registration, heartbeats, death by silence, rejoin), an EMA of each actor's
+measured tokens/s, the open steps' prompt pools, and leases with deadlines. Every prompt of a step
+is always in exactly one of three places: the pool, one active lease, or admitted.
+
+Assignment: an actor asking for work gets a slice of the remaining work sized so that every live
+actor finishes together: with total remaining work ``W`` (pool plus everyone's outstanding leases)
+and speeds ``s_i``, actor ``i``'s target is ``s_i * W / sum(s) - outstanding_i``; a lease is
+``1/chunks`` of that target (guided self-scheduling, so the tail is cut fine), capped by
+``max_lease_seconds``. An unmeasured actor gets a small probe lease and the prior speed (the median
+of measured actors, else ``prior_tokens_per_second``); its first result replaces the prior.
+
+Admission is two-phase so results are durable before they are acknowledged:
+:meth:`Scheduler.begin_admission` validates (lease, actor, step, version, prompts) and pins the lease;
+the caller writes the record to the store, then calls :meth:`Scheduler.complete_admission` (or
+:meth:`Scheduler.abort_admission` if the write failed). A pinned lease does not expire.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import statistics
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from deltarl.coordinator.config import SchedulerConfig
+from deltarl.coordinator.records import ActorRecord, AdmittedRecord, LeaseRecord, RolloutResult, StepSpec
+from deltarl.errors import CoordinatorError
+
+log = logging.getLogger(__name__)
+
+
+class UnknownActor(CoordinatorError, LookupError):
+    """A request named an actor id the coordinator never registered (register again)."""
+
+
+class Reason(str, enum.Enum):
+    """Why a result was not admitted."""
+
+    UNKNOWN_LEASE = "unknown_lease"
+    WRONG_ACTOR = "wrong_actor"
+    WRONG_STEP = "wrong_step"
+    LEASE_EXPIRED = "lease_expired"
+    LEASE_REVOKED = "lease_revoked"
+    VERSION_NOT_ACCEPTED = "version_not_accepted"
+    PROMPT_MISMATCH = "prompt_mismatch"
+    ALREADY_ADMITTED = "already_admitted"
+    IN_PROGRESS = "in_progress"
+
+
+class LeaseStatus(str, enum.Enum):
+    ACTIVE = "active"
+    COMMITTING = "committing"
+    ADMITTED = "admitted"
+    EXPIRED = "expired"
+    REVOKED = "revoked"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Outcome of :meth:`Scheduler.begin_admission`."""
+
+    kind: Literal["admit", "duplicate", "reject"]
+    lease: LeaseRecord | None = None
+    reason: Reason | None = None
+    message: str = ""
+    key: str | None = None
+
+
+@dataclass
+class _Actor:
+    record: ActorRecord
+    last_seen: float
+    alive: bool = True
+    rate: float = 0.0
+    measured: bool = False
+    last_admit_at: float = float("-inf")
+    leases: set[str] = field(default_factory=set)
+    admitted_prompts: int = 0
+    admitted_tokens: int = 0
+
+
+@dataclass
+class _Lease:
+    record: LeaseRecord
+    status: LeaseStatus = LeaseStatus.ACTIVE
+    digest: str | None = None
+    key: str | None = None
+
+
+@dataclass
+class _Step:
+    spec: StepSpec
+    group: dict[str, int]
+    pool: deque[str]
+    leased: dict[str, str] = field(default_factory=dict)
+    admitted: dict[str, str] = field(default_factory=dict)
+    lease_ids: list[str] = field(default_factory=list)
+    closed: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return len(self.admitted) == len(self.group)
+
+
+def proportional_split(total: int, weights: dict[str, float]) -> dict[str, int]:
+    """Split ``total`` items in proportion to ``weights`` (largest remainder; ties by key order)."""
+    wsum = sum(max(w, 0.0) for w in weights.values())
+    if total <= 0 or wsum <= 0:
+        return dict.fromkeys(weights, 0)
+    exact = {k: total * max(w, 0.0) / wsum for k, w in weights.items()}
+    out = {k: int(v) for k, v in exact.items()}
+    rest = total - sum(out.values())
+    for k in sorted(exact, key=lambda k: (out[k] - exact[k], k))[:rest]:
+        out[k] += 1
+    return out
+
+
+class Scheduler:
+    """The coordinator's state. Not thread-safe: call it from one thread (the event loop)."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        clock: Callable[[], float] = time.time,
+        new_id: Callable[[str], str] | None = None,
+    ) -> None:
+        self.config = config or SchedulerConfig()
+        self._clock = clock
+        self._new_id = new_id or (lambda prefix: f"{prefix}-{uuid.uuid4().hex}")
+        self.actors: dict[str, _Actor] = {}
+        self.leases: dict[str, _Lease] = {}
+        self.steps: dict[int, _Step] = {}
+        self._active: set[str] = set()  # ACTIVE or COMMITTING lease ids
+        self.tokens_per_sample = self.config.prior_tokens_per_sample
+        self._tps_measured = False
+        self.rejections: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter()
+
+    def now(self) -> float:
+        return self._clock()
+
+    # --- actors -----------------------------------------------------------------------------------
+
+    def register(self, region: str = "", backend: str = "", capabilities: dict[str, Any] | None = None) -> ActorRecord:
+        """Create a new actor (alive, unmeasured) and return its record."""
+        record = ActorRecord(
+            actor_id=self._new_id("actor"), region=region, backend=backend,
+            capabilities=capabilities or {}, registered_at=self.now(),
+        )
+        self.restore_actor(record)
+        return record
+
+    def restore_actor(self, record: ActorRecord) -> None:
+        """Add a registered actor (also used by recovery, which counts it as just seen)."""
+        if record.actor_id not in self.actors:
+            self.actors[record.actor_id] = _Actor(record=record, last_seen=self.now())
+            self.counters["actors_registered"] += 1
+
+    def heartbeat(self, actor_id: str) -> None:
+        """Mark the actor seen now; a dead actor that speaks again rejoins."""
+        self._touch(self._actor(actor_id), self.now())
+
+    def _actor(self, actor_id: str) -> _Actor:
+        try:
+            return self.actors[actor_id]
+        except KeyError:
+            raise UnknownActor(f"unknown actor {actor_id!r}") from None
+
+    def _touch(self, actor: _Actor, now: float) -> None:
+        actor.last_seen = max(actor.last_seen, now)
+        if not actor.alive:
+            actor.alive = True
+            self.counters["actors_rejoined"] += 1
+            log.info("actor %s rejoined", actor.record.actor_id)
+
+    def rate_of(self, actor_id: str) -> float:
+        """The actor's EMA tokens/s, or the prior if it has not been measured yet."""
+        actor = self._actor(actor_id)
+        return actor.rate if actor.measured else self._prior_rate()
+
+    def _prior_rate(self) -> float:
+        measured = [a.rate for a in self.actors.values() if a.alive and a.measured]
+        return statistics.median(measured) if measured else self.config.prior_tokens_per_second
+
+    # --- steps ------------------------------------------------------------------------------------
+
+    def open_step(self, spec: StepSpec) -> bool:
+        """Open a step; returns False if the same spec was already open (an idempotent retry)."""
+        existing = self.steps.get(spec.step)
+        if existing is not None:
+            if existing.spec.same_request(spec):
+                return False
+            raise CoordinatorError(f"step {spec.step} is already open with other prompts or versions")
+        if len(spec.accepted_versions) > self.config.max_staleness + 1:
+            raise CoordinatorError(
+                f"step {spec.step} accepts {len(spec.accepted_versions)} versions; "
+                f"max_staleness={self.config.max_staleness} allows {self.config.max_staleness + 1}"
+            )
+        group = {p.prompt_id: p.group_size for p in spec.prompts}
+        self.steps[spec.step] = _Step(spec=spec, group=group, pool=deque(group))
+        self.counters["steps_opened"] += 1
+        return True
+
+    def close_step(self, step: int) -> None:
+        """Mark a complete step closed (its manifest is written)."""
+        st = self.steps[step]
+        if not st.complete:
+            raise CoordinatorError(f"step {step} is not complete")
+        st.closed = True
+
+    def open_steps(self) -> list[int]:
+        return sorted(n for n, st in self.steps.items() if not st.closed)
+
+    # --- leases -----------------------------------------------------------------------------------
+
+    def _outstanding(self, actor: _Actor, now: float) -> float:
+        """Estimated tokens still to generate on the actor's active leases."""
+        if not actor.leases:
+            return 0.0
+        recs = [self.leases[i].record for i in actor.leases]
+        start = max(min(r.granted_at for r in recs), actor.last_admit_at)
+        done = self.rate_of(actor.record.actor_id) * max(0.0, now - start)
+        return max(0.0, sum(r.expected_tokens for r in recs) - done)
+
+    def _pool_tokens(self) -> float:
+        samples = sum(st.group[p] for st in self.steps.values() if not st.closed for p in st.pool)
+        return samples * self.tokens_per_sample
+
+    def _targets(self, now: float) -> dict[str, float]:
+        """Each live actor's fair share of all remaining work, minus what it already holds (tokens)."""
+        live = [a for a in self.actors.values() if a.alive]
+        if not live:
+            return {}
+        outstanding = {a.record.actor_id: self._outstanding(a, now) for a in live}
+        if self.config.policy == "equal":
+            weights = dict.fromkeys(outstanding, 1.0)
+        else:
+            weights = {aid: self.rate_of(aid) for aid in outstanding}
+        total = self._pool_tokens() + sum(outstanding.values())
+        wsum = sum(weights.values())
+        return {aid: total * weights[aid] / wsum - outstanding[aid] for aid in outstanding}
+
+    def shares(self) -> dict[str, int]:
+        """Planned prompts of the remaining pool per live actor (for the fleet view and tests)."""
+        targets = {k: max(v, 0.0) for k, v in self._targets(self.now()).items()}
+        pool = sum(len(st.pool) for st in self.steps.values() if not st.closed)
+        return proportional_split(pool, targets)
+
+    def request_lease(self, actor_id: str, max_prompts: int | None = None) -> LeaseRecord | None:
+        """Grant the actor its next slice of work, or ``None`` if there is none for it now."""
+        now = self.now()
+        actor = self._actor(actor_id)
+        self._touch(actor, now)
+        self.tick()
+        step = next((self.steps[n] for n in self.open_steps() if self.steps[n].pool), None)
+        if step is None:
+            return None
+        cfg = self.config
+        rate = self.rate_of(actor_id)
+        target = self._targets(now).get(actor_id, 0.0)
+        if target <= 0.0 and actor.leases:
+            return None  # it holds its fair share already
+        budget = min(target / cfg.chunks, rate * cfg.max_lease_seconds)
+        limit = max_prompts if max_prompts is not None else len(step.pool)
+        if not actor.measured:  # a probe: a few prompts, whatever the budget, to measure it quickly
+            limit = min(limit, cfg.probe_prompts)
+            budget = float("inf")
+        chosen: list[str] = []
+        work = 0.0
+        while step.pool and len(chosen) < limit:
+            cost = step.group[step.pool[0]] * self.tokens_per_sample
+            if chosen and work + cost > budget:
+                break
+            chosen.append(step.pool.popleft())
+            work += cost
+        if not chosen:
+            return None
+        expected = work / rate
+        record = LeaseRecord(
+            lease_id=self._new_id("lease"), step=step.spec.step, actor_id=actor_id, prompt_ids=chosen,
+            granted_at=now, deadline=now + expected * cfg.lease_slack + cfg.lease_margin_s, expected_tokens=work,
+        )
+        self._add_lease(record)
+        self.counters["leases_granted"] += 1
+        return record
+
+    def _add_lease(self, record: LeaseRecord) -> None:
+        st = self.steps[record.step]
+        for pid in record.prompt_ids:
+            st.leased[pid] = record.lease_id
+        st.lease_ids.append(record.lease_id)
+        self.leases[record.lease_id] = _Lease(record=record)
+        self._active.add(record.lease_id)
+        self._actor(record.actor_id).leases.add(record.lease_id)
+
+    def _release(self, lease: _Lease, status: LeaseStatus) -> None:
+        """End an ACTIVE lease without admission: its prompts go back to the front of the pool."""
+        lease.status = status
+        rec = lease.record
+        self._active.discard(rec.lease_id)
+        self.actors[rec.actor_id].leases.discard(rec.lease_id)
+        st = self.steps[rec.step]
+        back = [pid for pid in rec.prompt_ids if st.leased.get(pid) == rec.lease_id]
+        for pid in back:
+            del st.leased[pid]
+        st.pool.extendleft(reversed(back))
+        self.counters[f"leases_{status.value}"] += 1
+
+    def tick(self) -> list[str]:
+        """Declare silent actors dead (revoking their leases) and expire overdue leases.
+
+        Returns a line per event, for logging.
+        """
+        now = self.now()
+        events: list[str] = []
+        for actor in self.actors.values():
+            if actor.alive and now - actor.last_seen > self.config.heartbeat_timeout_s:
+                actor.alive = False
+                self.counters["actors_died"] += 1
+                events.append(f"actor {actor.record.actor_id} dead (silent {now - actor.last_seen:.1f}s)")
+                for lid in sorted(actor.leases):
+                    lease = self.leases[lid]
+                    if lease.status is LeaseStatus.ACTIVE:
+                        self._release(lease, LeaseStatus.REVOKED)
+                        events.append(f"lease {lid} revoked")
+        for lid in sorted(self._active):
+            lease = self.leases[lid]
+            if lease.status is LeaseStatus.ACTIVE and now > lease.record.deadline:
+                self._release(lease, LeaseStatus.EXPIRED)
+                events.append(f"lease {lid} expired")
+        for line in events:
+            log.info("%s", line)
+        return events
+
+    # --- admission --------------------------------------------------------------------------------
+
+    def _reject(self, reason: Reason, message: str) -> Decision:
+        self.rejections[reason.value] += 1
+        return Decision(kind="reject", reason=reason, message=message)
+
+    def begin_admission(self, result: RolloutResult, digest: str) -> Decision:
+        """Validate a result; on ``admit`` the lease is pinned until complete/abort_admission."""
+        now = self.now()
+        lease = self.leases.get(result.lease_id)
+        if lease is None:
+            return self._reject(Reason.UNKNOWN_LEASE, f"no lease {result.lease_id!r}")
+        rec = lease.record
+        if rec.actor_id != result.actor_id:
+            return self._reject(Reason.WRONG_ACTOR, f"lease {rec.lease_id} is held by another actor")
+        self._touch(self.actors[rec.actor_id], now)
+        if rec.step != result.step:
+            return self._reject(Reason.WRONG_STEP, f"lease {rec.lease_id} is for step {rec.step}, not {result.step}")
+        if lease.status is LeaseStatus.ADMITTED:
+            if lease.digest == digest:
+                self.counters["duplicates"] += 1
+                return Decision(kind="duplicate", lease=rec, key=lease.key)
+            return self._reject(Reason.ALREADY_ADMITTED, f"lease {rec.lease_id} was admitted with other content")
+        if lease.status is LeaseStatus.COMMITTING:
+            return self._reject(Reason.IN_PROGRESS, f"lease {rec.lease_id} is being admitted")
+        if lease.status is LeaseStatus.ACTIVE and now > rec.deadline:
+            self._release(lease, LeaseStatus.EXPIRED)
+        if lease.status is LeaseStatus.EXPIRED:
+            return self._reject(Reason.LEASE_EXPIRED, f"lease {rec.lease_id} expired at {rec.deadline:.3f}")
+        if lease.status is LeaseStatus.REVOKED:
+            return self._reject(Reason.LEASE_REVOKED, f"lease {rec.lease_id} was revoked (actor declared dead)")
+        st = self.steps[rec.step]
+        if result.version_id not in st.spec.accepted_versions:
+            return self._reject(
+                Reason.VERSION_NOT_ACCEPTED, f"step {rec.step} does not accept version {result.version_id!r}"
+            )
+        wanted = {pid: st.group[pid] for pid in rec.prompt_ids}
+        if result.prompt_counts() != wanted:
+            return self._reject(Reason.PROMPT_MISMATCH, "samples do not cover the leased prompts x group sizes")
+        lease.status = LeaseStatus.COMMITTING
+        return Decision(kind="admit", lease=rec)
+
+    def abort_admission(self, lease_id: str) -> None:
+        """The record could not be written: the lease is active again (and may now expire)."""
+        lease = self.leases[lease_id]
+        if lease.status is LeaseStatus.COMMITTING:
+            lease.status = LeaseStatus.ACTIVE
+
+    def complete_admission(self, record: AdmittedRecord, key: str) -> bool:
+        """The record is durable: admit its prompts and measure the actor. Returns step complete."""
+        lease = self.leases[record.lease.lease_id]
+        if lease.status is not LeaseStatus.COMMITTING:
+            raise CoordinatorError(f"lease {lease.record.lease_id} is {lease.status.value}, not committing")
+        self._admit(lease, record, key)
+        return self.steps[record.step].complete
+
+    def _admit(self, lease: _Lease, record: AdmittedRecord, key: str) -> None:
+        rec = lease.record
+        lease.status, lease.digest, lease.key = LeaseStatus.ADMITTED, record.result_sha256, key
+        self._active.discard(rec.lease_id)
+        st = self.steps[rec.step]
+        for pid in rec.prompt_ids:
+            st.leased.pop(pid, None)
+            st.admitted[pid] = rec.lease_id
+        actor = self.actors[rec.actor_id]
+        actor.leases.discard(rec.lease_id)
+        tokens, samples = record.result.tokens, len(record.result.samples)
+        elapsed = record.admitted_at - max(rec.granted_at, actor.last_admit_at)
+        if elapsed > 0 and tokens > 0:
+            sample = tokens / elapsed
+            a = self.config.ema_alpha
+            actor.rate = sample if not actor.measured else a * sample + (1 - a) * actor.rate
+            actor.measured = True
+        actor.last_admit_at = max(actor.last_admit_at, record.admitted_at)
+        actor.admitted_prompts += len(rec.prompt_ids)
+        actor.admitted_tokens += tokens
+        if samples:
+            per = tokens / samples
+            if self._tps_measured:
+                self.tokens_per_sample = 0.8 * self.tokens_per_sample + 0.2 * per
+            else:
+                self.tokens_per_sample, self._tps_measured = per, True
+        self.counters["results_admitted"] += 1
+
+    # --- recovery ---------------------------------------------------------------------------------
+
+    def restore_lease(self, record: LeaseRecord) -> None:
+        """Re-add a persisted lease (call in grant order). A later grant of the same prompts proves
+        the earlier lease was revoked or expired; it is marked so."""
+        if record.lease_id in self.leases or record.step not in self.steps:
+            return
+        if record.actor_id not in self.actors:
+            self.restore_actor(ActorRecord(actor_id=record.actor_id, registered_at=record.granted_at))
+        st = self.steps[record.step]
+        for pid in record.prompt_ids:
+            prior = st.leased.get(pid)
+            if prior is not None:
+                self._release(self.leases[prior], LeaseStatus.REVOKED)
+        for pid in record.prompt_ids:
+            if pid in st.pool:
+                st.pool.remove(pid)
+        self._add_lease(record)
+
+    def restore_admission(self, record: AdmittedRecord, key: str) -> None:
+        """Re-apply an admitted record found in the store (call in admission order)."""
+        if record.step not in self.steps:
+            return
+        lease = self.leases.get(record.lease.lease_id)
+        if lease is None:
+            self.restore_lease(record.lease)
+            lease = self.leases[record.lease.lease_id]
+        if lease.status is LeaseStatus.ADMITTED:
+            return
+        if lease.status is not LeaseStatus.ACTIVE:  # released after restore: take its prompts back
+            st = self.steps[record.step]
+            for pid in lease.record.prompt_ids:
+                holder = st.leased.get(pid)
+                if holder is not None and holder != lease.record.lease_id:
+                    self._release(self.leases[holder], LeaseStatus.REVOKED)
+                if pid in st.pool:
+                    st.pool.remove(pid)
+        self._admit(lease, record, key)
+
+    # --- views ------------------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if a prompt is lost, duplicated, or double-admitted (for tests)."""
+        for n, st in self.steps.items():
+            pool, leased, admitted = list(st.pool), set(st.leased), set(st.admitted)
+            assert len(pool) == len(set(pool)), f"step {n}: prompt twice in the pool"
+            assert not (set(pool) & leased), f"step {n}: prompt pooled and leased"
+            assert not (set(pool) | leased) & admitted, f"step {n}: admitted prompt pooled or leased"
+            assert set(pool) | leased | admitted == set(st.group), f"step {n}: prompt lost"
+            for pid, lid in st.leased.items():
+                assert self.leases[lid].status in (LeaseStatus.ACTIVE, LeaseStatus.COMMITTING), (n, pid)
+            for pid, lid in st.admitted.items():
+                assert self.leases[lid].status is LeaseStatus.ADMITTED, (n, pid)
+
+    def status(self) -> dict[str, Any]:
+        """The fleet view: actors, speeds, shares, leases, steps and counters (JSON-ready)."""
+        now = self.now()
+        shares = self.shares()
+        actors = [
+            {
+                "actor_id": aid, "region": a.record.region, "backend": a.record.backend, "alive": a.alive,
+                "tokens_per_second": round(self.rate_of(aid), 3), "measured": a.measured,
+                "share": shares.get(aid, 0), "leases": sorted(a.leases),
+                "leased_prompts": sum(len(self.leases[i].record.prompt_ids) for i in a.leases),
+                "admitted_prompts": a.admitted_prompts, "admitted_tokens": a.admitted_tokens,
+                "last_seen_s": round(now - a.last_seen, 3),
+            }
+            for aid, a in sorted(self.actors.items())
+        ]
+        steps = [
+            {
+                "step": n, "prompts": len(st.group), "pool": len(st.pool), "leased": len(st.leased),
+                "admitted": len(st.admitted), "complete": st.complete, "closed": st.closed,
+                "accepted_versions": list(st.spec.accepted_versions),
+            }
+            for n, st in sorted(self.steps.items())
+            if not st.closed
+        ]
+        return {
+            "now": now, "actors": actors, "steps": steps, "tokens_per_sample": round(self.tokens_per_sample, 3),
+            "counters": dict(self.counters), "rejections": dict(self.rejections),
+        }
