@@ -1,0 +1,324 @@
+"""S3 object store on boto3 (AWS, MinIO, SeaweedFS, moto: anything that speaks S3 at an endpoint URL).
+
+Why boto3, synchronous: it is the reference S3 client, its client object is thread-safe and keeps a
+connection pool (``max_pool_connections``), and conditional writes (``IfNoneMatch``/``IfMatch`` on
+``PutObject``) are first-class parameters. Parallel uploads use threads (the publisher's pipeline,
+``ThreadPoolExecutor``); the async relay calls the store through ``asyncio.to_thread``. aiobotocore
+(s3fs) would add an event-loop-bound client and a version lock-step with botocore for no gain here.
+
+Semantics (see :mod:`deltarl.storage.store` for the contract):
+
+* ``put_if_absent`` is ``PutObject`` with ``If-None-Match: *``; 412 (or a 409
+  ``ConditionalRequestConflict`` that outlives the retries) → ``ObjectExists``.
+* ``cas`` is ``PutObject`` with ``If-Match: "<etag>"`` (or ``If-None-Match: *`` for ``None``);
+  412 → ``PreconditionFailed``; a missing key → ``ObjectNotFound`` (AWS and moto answer 404,
+  SeaweedFS 412, so a 412 is followed by a ``HEAD`` to tell the two apart).
+* A conditional write retried after a dropped connection is ambiguous: the first attempt may have
+  landed. If the retry then hits the precondition, the store reads the object back and, if it
+  holds exactly our bytes, reports success.
+* Ranged reads send ``Range: bytes=a-(b-1)``; S3 answers 416 for a start at or past the end,
+  which the contract allows when ``start == size`` (empty result), so a 416 is followed by ``HEAD``.
+* ETags are returned without quotes.
+* Retries: boto3's own are off (``total_max_attempts=1``); :class:`~deltarl.storage.retry.RetryPolicy`
+  is the only policy. Payload checksums are sent only when an operation requires them, so
+  S3-compatible servers without the newer checksum trailers work.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from deltarl.errors import (
+    ConfigError,
+    InvalidRange,
+    ObjectExists,
+    ObjectNotFound,
+    PreconditionFailed,
+    StoreError,
+    TransientStoreError,
+)
+from deltarl.storage.keys import check_range_args, validate_key, validate_prefix
+from deltarl.storage.retry import RetryPolicy, is_transient
+from deltarl.storage.store import ObjectInfo, ObjectStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Environment variables consulted, in order, when no ``endpoint_url`` is given.
+ENDPOINT_ENV_VARS = ("DELTARL_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_PRECONDITION_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
+_RANGE_CODES = frozenset({"InvalidRange", "416"})
+
+
+def _code(err: botocore.exceptions.ClientError) -> str:
+    return str(err.response.get("Error", {}).get("Code", ""))
+
+
+def _strip(etag: str) -> str:
+    return etag.strip('"')
+
+
+class S3Store(ObjectStore):
+    """Objects under ``s3://bucket/prefix``; keys are relative to the prefix.
+
+    ``endpoint_url`` defaults to the first of ``DELTARL_S3_ENDPOINT``, ``AWS_ENDPOINT_URL_S3``,
+    ``AWS_ENDPOINT_URL`` that is set (else AWS). Credentials come from the arguments or boto3's
+    usual chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles).
+    With a custom endpoint, path-style addressing is used (MinIO, SeaweedFS).
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        profile: str | None = None,
+        addressing_style: str | None = None,
+        max_pool_connections: int = 64,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        list_page_size: int = 1000,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        if not bucket or "/" in bucket:
+            raise ConfigError(f"bad S3 bucket name {bucket!r}")
+        prefix = prefix.strip("/")
+        if prefix:
+            validate_key(prefix)
+        if not 1 <= list_page_size <= 1000:
+            raise ConfigError(f"list_page_size must be in [1, 1000], got {list_page_size}")
+        self.bucket = bucket
+        self.prefix = prefix
+        self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.list_page_size = list_page_size
+        if endpoint_url is None:
+            endpoint_url = next((os.environ[v] for v in ENDPOINT_ENV_VARS if os.environ.get(v)), None)
+        self.endpoint_url = endpoint_url
+        config = botocore.config.Config(
+            max_pool_connections=max_pool_connections,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"total_max_attempts": 1},
+            s3={"addressing_style": addressing_style or ("path" if endpoint_url else "auto")},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        try:
+            session = boto3.session.Session(profile_name=profile)
+            self._client: Any = session.client(
+                "s3",
+                endpoint_url=endpoint_url,
+                region_name=region or session.region_name or "us-east-1",
+                aws_access_key_id=access_key_id,
+                aws_secret_access_key=secret_access_key,
+                aws_session_token=session_token,
+                config=config,
+            )
+        except (botocore.exceptions.BotoCoreError, ValueError) as err:
+            raise ConfigError(f"cannot configure S3 client for {self.url}: {err}") from err
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.url!r}, endpoint_url={self.endpoint_url!r})"
+
+    # --- plumbing ---------------------------------------------------------------------------------
+
+    def _full(self, key: str) -> str:
+        validate_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _translate(self, err: Exception, key: str, op: str) -> StoreError:
+        """Map a boto/urllib3 error to our hierarchy (called once retries are exhausted)."""
+        where = f"{self.url}: {op} {key!r}"
+        if isinstance(err, botocore.exceptions.ClientError):
+            code = _code(err)
+            if code in _NOT_FOUND_CODES:
+                return ObjectNotFound(f"{where}: no such object")
+            if code == "NoSuchBucket":
+                return StoreError(f"{where}: bucket {self.bucket!r} does not exist")
+            if code in _RANGE_CODES:
+                return InvalidRange(f"{where}: range not satisfiable")
+            if is_transient(err):
+                return TransientStoreError(f"{where}: gave up after retries ({code})")
+            return StoreError(f"{where}: {code or 'error'}: {err}")
+        if isinstance(err, botocore.exceptions.NoCredentialsError):
+            return StoreError(f"{where}: no AWS credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
+        if is_transient(err):
+            return TransientStoreError(f"{where}: gave up after retries ({type(err).__name__}: {err})")
+        return StoreError(f"{where}: {type(err).__name__}: {err}")
+
+    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        try:
+            return self.retry.call(fn, f"S3 {op} {self.url}/{key}")
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
+            raise self._translate(err, key, op) from err
+        except OSError as err:  # urllib3/builtin connection errors that botocore did not wrap
+            if isinstance(err, StoreError):
+                raise
+            raise self._translate(err, key, op) from err
+
+    def _conditional_put(self, key: str, data: bytes, op: str, **condition: str) -> tuple[str | None, bool]:
+        """PUT with a condition. Return (etag, retried); etag is None if the precondition failed."""
+        full = self._full(key)
+        attempts = 0
+
+        def put() -> Any:
+            nonlocal attempts
+            attempts += 1
+            return self._client.put_object(Bucket=self.bucket, Key=full, Body=data, **condition)
+
+        try:
+            return _strip(self._call(op, key, put)["ETag"]), attempts > 1
+        except StoreError as err:
+            cause = err.__cause__
+            if isinstance(cause, botocore.exceptions.ClientError) and _code(cause) in _PRECONDITION_CODES:
+                return None, attempts > 1
+            raise
+
+    def _holds(self, key: str, data: bytes) -> str | None:
+        """The object's ETag if it exists and holds exactly ``data``, else None."""
+        full = self._full(key)
+
+        def read() -> tuple[bytes, str]:
+            resp = self._client.get_object(Bucket=self.bucket, Key=full)
+            return resp["Body"].read(), _strip(resp["ETag"])
+
+        try:
+            body, etag = self._call("get", key, read)
+        except ObjectNotFound:
+            return None
+        return etag if body == data else None
+
+    # --- ObjectStore ------------------------------------------------------------------------------
+
+    def get(self, key: str) -> bytes:
+        full = self._full(key)
+
+        def read() -> bytes:
+            resp = self._client.get_object(Bucket=self.bucket, Key=full)
+            body: bytes = resp["Body"].read()
+            return body
+
+        return self._call("get", key, read)
+
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
+        full = self._full(key)
+        check_range_args(key, start, end)
+        if end == start:
+            size = self.head(key).size
+            if start > size:
+                raise InvalidRange(f"{self.url}: {key!r}: range start {start} beyond size {size}")
+            return b""
+        header = f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
+
+        def read() -> bytes:
+            resp = self._client.get_object(Bucket=self.bucket, Key=full, Range=header)
+            body: bytes = resp["Body"].read()
+            if "ContentRange" not in resp:  # a server that ignored Range sent the whole object
+                return body[start:end]
+            return body
+
+        try:
+            return self._call("get_range", key, read)
+        except InvalidRange:
+            size = self.head(key).size
+            if start == size:
+                return b""
+            raise InvalidRange(f"{self.url}: {key!r}: range start {start} beyond size {size}") from None
+
+    def head(self, key: str) -> ObjectInfo:
+        full = self._full(key)
+        resp = self._call("head", key, lambda: self._client.head_object(Bucket=self.bucket, Key=full))
+        return ObjectInfo(key=key, size=int(resp["ContentLength"]), etag=_strip(resp["ETag"]))
+
+    def put(self, key: str, data: bytes) -> str:
+        full = self._full(key)
+        resp = self._call("put", key, lambda: self._client.put_object(Bucket=self.bucket, Key=full, Body=data))
+        return _strip(resp["ETag"])
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        etag, retried = self._conditional_put(key, data, "put_if_absent", IfNoneMatch="*")
+        if etag is None and retried:
+            etag = self._holds(key, data)  # our earlier, unacknowledged attempt may have landed
+            if etag is not None:
+                log.info("%s/%s: conditional create landed on an earlier attempt", self.url, key)
+        if etag is None:
+            raise ObjectExists(f"{self.url}: object {key!r} already exists")
+        return etag
+
+    def cas(self, key: str, data: bytes, expected_etag: str | None) -> str:
+        if expected_etag is None:
+            etag, retried = self._conditional_put(key, data, "cas", IfNoneMatch="*")
+        else:
+            etag, retried = self._conditional_put(key, data, "cas", IfMatch=f'"{_strip(expected_etag)}"')
+        if etag is not None:
+            return etag
+        if retried:
+            etag = self._holds(key, data)
+            if etag is not None:
+                log.info("%s/%s: compare-and-swap landed on an earlier attempt", self.url, key)
+                return etag
+        if expected_etag is not None and not self.exists(key):
+            raise ObjectNotFound(f"{self.url}: no object {key!r} to compare-and-swap")
+        want = "absent" if expected_etag is None else f"ETag {expected_etag}"
+        raise PreconditionFailed(f"{self.url}: {key!r} changed (expected {want})")
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.head(key)
+        except ObjectNotFound:
+            return False
+        return True
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        validate_prefix(prefix)
+        root = f"{self.prefix}/" if self.prefix else ""
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": root + prefix, "MaxKeys": self.list_page_size}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page: dict[str, Any] = self._call("list", prefix, functools.partial(self._client.list_objects_v2, **kwargs))
+            for obj in page.get("Contents", ()):
+                yield obj["Key"][len(root) :]
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    def delete(self, key: str) -> None:
+        full = self._full(key)
+        self._call("delete", key, lambda: self._client.delete_object(Bucket=self.bucket, Key=full))
+
+    def close(self) -> None:
+        self._client.close()
+
+    # --- administration (tests, setup scripts) ----------------------------------------------------
+
+    def create_bucket(self) -> None:
+        """Create the bucket if it does not exist (for tests and first-time setup)."""
+        try:
+            self._call("create_bucket", "", lambda: self._client.create_bucket(Bucket=self.bucket))
+        except StoreError as err:
+            cause = err.__cause__
+            if isinstance(cause, botocore.exceptions.ClientError) and _code(cause) in (
+                "BucketAlreadyOwnedByYou",
+                "BucketAlreadyExists",
+            ):
+                return
+            raise
