@@ -1,0 +1,184 @@
+"""The relay's bounded on-disk cache: whole immutable objects, least-recently-used eviction.
+
+Each object is two files named by the sha256 of its key: ``<h>.data`` (the bytes) and
+``<h>.json`` (key, size, ETag, sha256 of the bytes, whether the sha256 matched the manifest).
+Both are written to a temporary name and renamed, data first, so a crash leaves either a whole
+entry or an orphan that the next start removes. On start the directory is scanned and the
+entries are ordered by modification time (touched on every hit), so LRU order survives restarts.
+
+Readers open the data file before an eviction can unlink it; on POSIX the open descriptor keeps
+the bytes readable, so eviction never tears a response in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One cached object."""
+
+    key: str
+    size: int
+    etag: str
+    sha256: str
+    verified: bool
+    path: str
+
+
+class DiskCache:
+    """Bounded LRU cache of whole objects in one directory. Use from one event-loop thread."""
+
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int, *, on_evict: Callable[[CacheEntry], None] | None = None) -> None:
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+        self._on_evict = on_evict
+        self._entries: OrderedDict[str, CacheEntry] = OrderedDict()
+        self.bytes = 0
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._load()
+
+    # --- startup ------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        found: list[tuple[float, CacheEntry]] = []
+        for path in self.directory.iterdir():
+            if path.name.startswith(".tmp-"):
+                path.unlink(missing_ok=True)  # a write interrupted by a crash
+                continue
+            if path.suffix != ".json":
+                continue
+            data_path = path.with_suffix(".data")
+            try:
+                meta = json.loads(path.read_text())
+                entry = CacheEntry(
+                    key=str(meta["key"]), size=int(meta["size"]), etag=str(meta["etag"]),
+                    sha256=str(meta["sha256"]), verified=bool(meta["verified"]), path=str(data_path),
+                )
+                st = data_path.stat()
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                log.warning("dropping unreadable cache entry %s: %s", path, err)
+                path.unlink(missing_ok=True)
+                data_path.unlink(missing_ok=True)
+                continue
+            if st.st_size != entry.size or path.stem != _name(entry.key):
+                log.warning("dropping inconsistent cache entry %s", path)
+                path.unlink(missing_ok=True)
+                data_path.unlink(missing_ok=True)
+                continue
+            found.append((st.st_mtime, entry))
+        for path in self.directory.glob("*.data"):
+            if not path.with_suffix(".json").exists():
+                path.unlink(missing_ok=True)  # data renamed but meta never written
+        for _, entry in sorted(found, key=lambda t: t[0]):
+            self._entries[entry.key] = entry
+            self.bytes += entry.size
+        self._evict_to_fit(0)
+        log.info("relay cache %s: %d objects, %d bytes", self.directory, len(self._entries), self.bytes)
+
+    # --- lookups ------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def get(self, key: str) -> CacheEntry | None:
+        """The entry for ``key`` (marked most recently used), or ``None``."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            with contextlib.suppress(OSError):  # best effort: only the LRU order after a restart uses it
+                os.utime(entry.path)
+        return entry
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    # --- writes -------------------------------------------------------------------------------
+
+    def temp_path(self) -> str:
+        """A fresh temporary file in the cache directory (the caller writes it, then commits)."""
+        fd, path = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+        os.close(fd)
+        return path
+
+    def fits(self, size: int) -> bool:
+        return size <= self.max_bytes
+
+    def commit(self, key: str, tmp_path: str, *, size: int, etag: str, sha256: str, verified: bool) -> CacheEntry | None:
+        """Move a fully written temporary file into the cache; ``None`` if it cannot fit."""
+        if not self.fits(size):
+            os.unlink(tmp_path)
+            return None
+        self.remove(key)
+        self._evict_to_fit(size)
+        name = _name(key)
+        data_path = self.directory / f"{name}.data"
+        os.replace(tmp_path, data_path)
+        entry = CacheEntry(key=key, size=size, etag=etag, sha256=sha256, verified=verified, path=str(data_path))
+        self._write_meta(entry)
+        self._entries[key] = entry
+        self.bytes += size
+        return entry
+
+    def mark_verified(self, key: str) -> None:
+        entry = self._entries.get(key)
+        if entry is not None and not entry.verified:
+            entry = replace(entry, verified=True)
+            self._entries[key] = entry
+            self._write_meta(entry)
+
+    def remove(self, key: str) -> bool:
+        """Drop ``key`` from the cache; whether it was there."""
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return False
+        self.bytes -= entry.size
+        meta = Path(entry.path).with_suffix(".json")
+        meta.unlink(missing_ok=True)
+        Path(entry.path).unlink(missing_ok=True)
+        return True
+
+    def _write_meta(self, entry: CacheEntry) -> None:
+        meta = {"key": entry.key, "size": entry.size, "etag": entry.etag, "sha256": entry.sha256, "verified": entry.verified}
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+        with os.fdopen(fd, "w") as f:
+            json.dump(meta, f)
+        os.replace(tmp, Path(entry.path).with_suffix(".json"))
+
+    def _evict_to_fit(self, incoming: int) -> None:
+        while self._entries and self.bytes + incoming > self.max_bytes:
+            key, entry = next(iter(self._entries.items()))
+            self.remove(key)
+            log.debug("evicted %s (%d bytes)", key, entry.size)
+            if self._on_evict is not None:
+                self._on_evict(entry)
+
+
+def _name(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def file_sha256(path: str, chunk: int = 4 << 20) -> str:
+    """sha256 of a whole file (blocking: call it in a thread)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+

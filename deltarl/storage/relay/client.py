@@ -1,0 +1,215 @@
+"""Async HTTP client of the relay API (aiohttp): used by chained relays and by actors' fetchers.
+
+Every object lives at ``<base_url>/<key>``. Status codes map to the store errors: 404
+``ObjectNotFound``, 412 ``PreconditionFailed``, 416 ``InvalidRange``, 400 ``InvalidKey``, 5xx and
+dropped or truncated connections ``TransientStoreError``. ``wait=`` asks the relay to hold the
+request until an object that does not exist yet lands (long-poll).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import NoReturn
+from urllib.parse import quote
+
+import aiohttp
+from yarl import URL
+
+from deltarl.errors import (
+    InvalidKey,
+    InvalidRange,
+    ObjectExists,
+    ObjectNotFound,
+    PreconditionFailed,
+    StoreError,
+    TransientStoreError,
+)
+from deltarl.storage.keys import validate_key
+from deltarl.storage.store import ObjectInfo
+
+#: Errors of aiohttp and the loop that mean "this connection or server failed; try again/elsewhere".
+NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+def object_url(base_url: str, key: str, **query: str) -> URL:
+    """The URL of ``key`` under ``base_url`` (key parts percent-encoded, ``/`` kept)."""
+    validate_key(key)
+    url = URL(base_url.rstrip("/") + "/" + quote(key, safe="/-_.~"), encoded=True)
+    return url.with_query(query) if query else url
+
+
+def strip_etag(value: str | None) -> str:
+    """An ETag header without its quotes or weak prefix."""
+    if not value:
+        return ""
+    if value.startswith("W/"):
+        value = value[2:]
+    return value.strip('"')
+
+
+def raise_for_status(status: int, what: str, body: str = "") -> NoReturn:
+    """Raise the store error that an HTTP status means (never returns)."""
+    detail = f"{what}: HTTP {status}" + (f" ({body[:200]})" if body else "")
+    if status == 404:
+        raise ObjectNotFound(detail)
+    if status == 412:
+        raise PreconditionFailed(detail)
+    if status == 416:
+        raise InvalidRange(detail)
+    if status == 400:
+        raise InvalidKey(detail)
+    if status == 409:
+        raise ObjectExists(detail)
+    if status >= 500 or status == 429:
+        raise TransientStoreError(detail)
+    raise StoreError(detail)
+
+
+class RelayClient:
+    """Async client of one relay (or any HTTP server that serves objects at their keys)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        connections: int = 8,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 60.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self._connections = connections
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The pooled session (``connections`` persistent connections), created on first use."""
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._connections, limit_per_host=self._connections)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, auto_decompress=False)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> RelayClient:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def _url(self, key: str, wait: float | None = None) -> URL:
+        return object_url(self.base_url, key, **({"wait": f"{wait:.3f}"} if wait else {}))
+
+    # --- reads --------------------------------------------------------------------------------
+
+    async def head(self, key: str, *, wait: float | None = None) -> ObjectInfo:
+        """Size and ETag of ``key``; with ``wait``, held until it exists (else ``ObjectNotFound``)."""
+        try:
+            async with self.session.head(self._url(key, wait)) as resp:
+                if resp.status != 200:
+                    raise_for_status(resp.status, f"HEAD {self.base_url}/{key}")
+                size = int(resp.headers.get("Content-Length", "0"))
+                return ObjectInfo(key=key, size=size, etag=strip_etag(resp.headers.get("ETag")))
+        except NETWORK_ERRORS as err:
+            raise TransientStoreError(f"HEAD {self.base_url}/{key}: {err!r}") from err
+
+    async def get_range(self, key: str, start: int = 0, end: int | None = None, *, wait: float | None = None) -> bytes:
+        """Bytes ``[start, end)`` of ``key``; a short or dropped response is ``TransientStoreError``."""
+        chunks = [c async for c in self.stream(key, start, end, wait=wait)]
+        return b"".join(chunks)
+
+    async def get(self, key: str, *, wait: float | None = None) -> bytes:
+        return await self.get_range(key, 0, None, wait=wait)
+
+    async def stream(
+        self, key: str, start: int = 0, end: int | None = None, *, wait: float | None = None, chunk_bytes: int = 256 << 10
+    ) -> AsyncIterator[bytes]:
+        """Yield the bytes of ``[start, end)`` as they arrive; raise if the response ends short."""
+        what = f"GET {self.base_url}/{key} [{start}, {end})"
+        headers = self._auth()
+        if start or end is not None:
+            if end is not None and end <= start:
+                raise InvalidRange(f"{what}: empty or inverted range")
+            headers["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))
+        try:
+            async with self.session.get(self._url(key, wait), headers=headers) as resp:
+                if resp.status not in (200, 206):
+                    raise_for_status(resp.status, what, await resp.text(errors="replace"))
+                expected = resp.content_length
+                skip = start if resp.status == 200 else 0  # server ignored the range
+                limit = None if end is None else end - start
+                got = 0
+                async for chunk in resp.content.iter_chunked(chunk_bytes):
+                    if skip:
+                        drop = min(skip, len(chunk))
+                        chunk, skip = chunk[drop:], skip - drop
+                    if limit is not None:
+                        chunk = chunk[: max(0, limit - got)]
+                    if chunk:
+                        got += len(chunk)
+                        yield chunk
+                if expected is not None and resp.status == 206 and got != expected:
+                    raise TransientStoreError(f"{what}: truncated response ({got} of {expected} bytes)")
+        except NETWORK_ERRORS as err:
+            raise TransientStoreError(f"{what}: {err!r}") from err
+
+    async def get_mutable(self, key: str, *, etag: str | None = None, wait: float | None = None) -> tuple[bytes, str] | None:
+        """Read a mutable object (HEAD) with its ETag; ``None`` if still ``etag`` after ``wait``."""
+        headers = self._auth()
+        if etag:
+            headers["If-None-Match"] = f'"{etag}"'
+        try:
+            async with self.session.get(self._url(key, wait), headers=headers) as resp:
+                if resp.status == 304:
+                    return None
+                if resp.status != 200:
+                    raise_for_status(resp.status, f"GET {self.base_url}/{key}")
+                return await resp.read(), strip_etag(resp.headers.get("ETag"))
+        except NETWORK_ERRORS as err:
+            raise TransientStoreError(f"GET {self.base_url}/{key}: {err!r}") from err
+
+    async def list(self, prefix: str = "") -> list[str]:
+        url = URL(self.base_url + "/", encoded=True).with_query({"prefix": prefix})
+        try:
+            async with self.session.get(url, headers=self._auth()) as resp:
+                if resp.status != 200:
+                    raise_for_status(resp.status, f"LIST {self.base_url} {prefix!r}")
+                return [str(k) for k in json.loads(await resp.read())["keys"]]
+        except NETWORK_ERRORS as err:
+            raise TransientStoreError(f"LIST {self.base_url}: {err!r}") from err
+
+    # --- writes -------------------------------------------------------------------------------
+
+    async def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+        """PUT (optionally conditional); returns the new ETag. 412 is ``PreconditionFailed``."""
+        headers = self._auth()
+        if if_none_match:
+            headers["If-None-Match"] = "*"
+        if if_match is not None:
+            headers["If-Match"] = f'"{if_match}"'
+        try:
+            async with self.session.put(self._url(key), data=data, headers=headers) as resp:
+                if resp.status not in (200, 201):
+                    raise_for_status(resp.status, f"PUT {self.base_url}/{key}", await resp.text(errors="replace"))
+                return strip_etag(resp.headers.get("ETag"))
+        except NETWORK_ERRORS as err:
+            raise TransientStoreError(f"PUT {self.base_url}/{key}: {err!r}") from err
+
+    async def delete(self, key: str) -> None:
+        try:
+            async with self.session.delete(self._url(key), headers=self._auth()) as resp:
+                if resp.status not in (200, 204, 404):
+                    raise_for_status(resp.status, f"DELETE {self.base_url}/{key}")
+        except NETWORK_ERRORS as err:
+            raise TransientStoreError(f"DELETE {self.base_url}/{key}: {err!r}") from err

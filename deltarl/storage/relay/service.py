@@ -1,0 +1,370 @@
+"""The relay's object logic, independent of HTTP: cache lookups, shared upstream pulls,
+long-poll waits, coalesced reads of mutable objects, integrity checks against manifests."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from deltarl.errors import IntegrityError, ObjectNotFound, StoreError, TransientStoreError
+from deltarl.storage.relay.bodies import CachedBody, PullBody
+from deltarl.storage.relay.cache import CacheEntry, DiskCache, file_sha256
+from deltarl.storage.relay.config import RelayConfig
+from deltarl.storage.relay.metrics import RelayMetrics
+from deltarl.storage.relay.pull import Pull
+from deltarl.storage.relay.upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+_SEGMENT = re.compile(r"^(?P<run>[^/]+)/versions/(?P<v>\d+)/seg-\d+\.bin$")
+_KEYFRAME = re.compile(r"^(?P<run>[^/]+)/keyframes/(?P<v>\d+)\.safetensors$")
+_PIECE_ATTEMPTS = 4
+
+
+def manifest_key_for(key: str) -> str | None:
+    """The manifest that records ``key``'s sha256 (segments and keyframes), else ``None``."""
+    m = _SEGMENT.match(key) or _KEYFRAME.match(key)
+    return f"{m['run']}/versions/{m['v']}/manifest.json" if m else None
+
+
+def refs_in_manifest(data: bytes) -> dict[str, str]:
+    """``{key: sha256}`` of every object a manifest names (lenient: only the ref fields are read)."""
+    obj = json.loads(data)
+    refs = list(obj.get("segments") or [])
+    if obj.get("keyframe"):
+        refs.append(obj["keyframe"])
+    return {str(r["key"]): str(r["sha256"]) for r in refs if isinstance(r, dict) and "key" in r and "sha256" in r}
+
+
+@dataclass
+class Mutable:
+    data: bytes | None  # None: the object does not exist (yet)
+    etag: str
+    fetched_at: float
+
+
+class _Wait:
+    """One shared long-poll for a missing key; its future resolves when the key lands."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.found: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task[None] | None = None
+
+
+class ObjectService:
+    """Everything a relay does per key. Lives in one event loop; ``close()`` it."""
+
+    def __init__(self, upstream: Upstream, config: RelayConfig, metrics: RelayMetrics) -> None:
+        self.upstream = upstream
+        self.config = config
+        self.metrics = metrics
+        self.cache = DiskCache(config.cache_dir, config.cache_bytes, on_evict=lambda e: metrics.evictions.inc())
+        metrics.cache_bytes.set(self.cache.bytes)
+        self._pulls: dict[str, Pull] = {}
+        self._waits: dict[str, _Wait] = {}
+        self._mutable: dict[str, Mutable] = {}
+        self._mutable_inflight: dict[str, asyncio.Future[Mutable]] = {}
+        self._manifests: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self._manifest_misses: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def close(self) -> None:
+        tasks = list(self._tasks) + [w.task for w in self._waits.values() if w.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.upstream.close()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- immutable objects ----------------------------------------------------------------------
+
+    async def open(self, key: str, *, wait: float = 0.0) -> CachedBody | PullBody:
+        """A readable body for ``key``: from the cache, a pull in flight, or a new pull.
+
+        With ``wait`` > 0 a missing object is waited for (long-poll) before ``ObjectNotFound``.
+        """
+        deadline = time.monotonic() + min(wait, self.config.max_wait_s)
+        while True:
+            entry = self.cache.get(key)
+            if entry is not None and self.config.verify and not entry.verified:
+                entry = await self._check_cached(entry)
+            if entry is not None:
+                self.metrics.cache_hits.inc()
+                return CachedBody(entry, self._evict_corrupt)
+            pull = self._pulls.get(key)
+            if pull is None:
+                self.metrics.cache_misses.inc()
+                pull = self._pulls[key] = Pull(key)
+                self._spawn(self._run_pull(pull))
+            else:
+                self.metrics.shared_pulls.inc()
+            await pull.wait_ready()
+            if pull.size is not None and pull.tmp_path is not None and not pull.error:
+                if pull.done:
+                    continue  # committed between our wake-up and now: read the cache entry
+                return PullBody(pull, cut_through=self.config.cut_through)
+            if not isinstance(pull.error, ObjectNotFound):
+                raise StoreError(f"upstream {self.upstream.url}: {key}: {pull.error}") from pull.error
+            left = deadline - time.monotonic()
+            if left <= 0 or not await self.wait_for(key, left):
+                raise ObjectNotFound(f"{key} is not in {self.upstream.url}")
+
+    async def stat(self, key: str, *, wait: float = 0.0) -> tuple[int, str]:
+        """Size and ETag without starting a pull (HEAD requests)."""
+        entry = self.cache.get(key)
+        if entry is not None:
+            return entry.size, entry.etag
+        pull = self._pulls.get(key)
+        if pull is not None and pull.size is not None and pull.error is None:
+            return pull.size, pull.etag
+        try:
+            self.metrics.upstream_requests.labels("head").inc()
+            info = await self.upstream.head(key)
+        except ObjectNotFound:
+            if wait <= 0 or not await self.wait_for(key, min(wait, self.config.max_wait_s)):
+                raise
+            self.metrics.upstream_requests.labels("head").inc()
+            info = await self.upstream.head(key)
+        return info.size, info.etag
+
+    async def _run_pull(self, pull: Pull) -> None:
+        key = pull.key
+        try:
+            self.metrics.upstream_requests.labels("head").inc()
+            info = await self.upstream.head(key)
+        except Exception as err:
+            self._pulls.pop(key, None)
+            pull.fail(err)
+            return
+        self.metrics.upstream_pulls.inc()
+        size = pull.size = info.size
+        pull.etag = info.etag
+        pull.tmp_path = self.cache.temp_path()
+        fd = os.open(pull.tmp_path, os.O_WRONLY)
+        hasher = hashlib.sha256()
+        try:
+            piece = self.config.piece_bytes
+            offsets = list(range(0, size, piece))
+            inflight: list[tuple[int, asyncio.Task[bytes]]] = []
+            nxt = 0
+            pull.notify()
+            while pull.prefix < size:
+                while len(inflight) < self.config.pull_streams and nxt < len(offsets):
+                    o = offsets[nxt]
+                    nxt += 1
+                    inflight.append((o, asyncio.ensure_future(self._piece(key, o, min(o + piece, size)))))
+                o, task = inflight.pop(0)
+                try:
+                    data = await task
+                except BaseException:
+                    for _, t in inflight:
+                        t.cancel()
+                    await asyncio.gather(*(t for _, t in inflight), return_exceptions=True)
+                    raise
+                os.pwrite(fd, data, o)
+                hasher.update(data)
+                pull.prefix += len(data)
+                self.metrics.bytes_in.inc(len(data))
+                pull.notify()
+            sha = hasher.hexdigest()
+            expected = await self._expected_sha256(key) if self.config.verify else None
+            if expected is not None and expected != sha:
+                self.metrics.integrity_failures.inc()
+                raise IntegrityError(f"{key} from {self.upstream.url} has sha256 {sha}, its manifest says {expected}")
+        except BaseException as err:
+            os.close(fd)
+            self._pulls.pop(key, None)
+            pull.fail(err)
+            if not isinstance(err, Exception):
+                raise
+            log.warning("pull of %s failed: %s", key, err)
+            return
+        os.close(fd)
+        self._pulls.pop(key, None)
+        self.cache.commit(key, pull.tmp_path, size=size, etag=pull.etag, sha256=sha, verified=expected is not None)
+        self.metrics.cache_bytes.set(self.cache.bytes)
+        pull.sha256 = sha
+        pull.done = True
+        pull.notify()
+
+    async def _piece(self, key: str, start: int, end: int) -> bytes:
+        for attempt in range(_PIECE_ATTEMPTS):
+            try:
+                self.metrics.upstream_requests.labels("get_range").inc()
+                data = await self.upstream.get_range(key, start, end)
+                if len(data) != end - start:
+                    raise TransientStoreError(f"{key}: upstream returned {len(data)} of {end - start} bytes")
+                return data
+            except TransientStoreError as err:
+                if attempt == _PIECE_ATTEMPTS - 1:
+                    raise
+                log.info("retrying piece [%d, %d) of %s: %s", start, end, key, err)
+                await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    def _evict_corrupt(self, entry: CacheEntry) -> None:
+        log.error("cached %s is corrupt; evicting it", entry.key)
+        self.metrics.integrity_failures.inc()
+        self.cache.remove(entry.key)
+        self.metrics.cache_bytes.set(self.cache.bytes)
+
+    async def _check_cached(self, entry: CacheEntry) -> CacheEntry | None:
+        """Verify an entry cached before its manifest was known (or before a restart)."""
+        expected = await self._expected_sha256(entry.key)
+        if expected is None:
+            return entry  # nothing to check against yet; readers check the sha256 themselves
+        actual = await asyncio.to_thread(file_sha256, entry.path)
+        if actual != expected:
+            self._evict_corrupt(entry)
+            return None
+        self.cache.mark_verified(entry.key)
+        return self.cache.get(entry.key)
+
+    async def _expected_sha256(self, key: str) -> str | None:
+        mkey = manifest_key_for(key)
+        if mkey is None:
+            return None
+        refs = self._manifests.get(mkey)
+        if refs is None:
+            missed = self._manifest_misses.get(mkey)
+            if missed is not None and time.monotonic() - missed < self.config.poll_interval_s:
+                return None
+            try:
+                entry = self.cache.get(mkey)
+                if entry is not None:
+                    data = await asyncio.to_thread(_read_file, entry.path)
+                else:
+                    self.metrics.upstream_requests.labels("get").inc()
+                    data, _ = await self.upstream.get_with_etag(mkey)
+                refs = refs_in_manifest(data)
+            except ObjectNotFound:
+                self._manifest_misses[mkey] = time.monotonic()
+                return None
+            except (ValueError, TypeError, AttributeError) as err:
+                log.warning("cannot read refs from %s: %s", mkey, err)
+                return None
+            self._manifest_misses.pop(mkey, None)
+            self._manifests[mkey] = refs
+            while len(self._manifests) > 1024:
+                self._manifests.popitem(last=False)
+        return refs.get(key)
+
+    # --- long-poll for objects that do not exist yet --------------------------------------------
+
+    async def wait_for(self, key: str, timeout: float) -> bool:
+        """Hold until ``key`` exists upstream (or is pushed here); ``False`` after ``timeout``."""
+        now = time.monotonic()
+        w = self._waits.get(key)
+        if w is None or w.found.done():
+            w = self._waits[key] = _Wait(now + timeout)
+            w.task = asyncio.ensure_future(self._poll(key, w))
+        w.deadline = max(w.deadline, now + timeout)
+        self.metrics.waiters.inc()
+        try:
+            await asyncio.wait_for(asyncio.shield(w.found), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self.metrics.waiters.dec()
+
+    async def _poll(self, key: str, w: _Wait) -> None:
+        try:
+            while not w.found.done():
+                left = w.deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    self.metrics.upstream_requests.labels("wait_head").inc()
+                    await self.upstream.wait_head(key, left)
+                except ObjectNotFound:
+                    continue
+                except TransientStoreError as err:
+                    log.info("long-poll of %s upstream failed (%s); retrying", key, err)
+                    await asyncio.sleep(self.config.poll_interval_s)
+                    continue
+                if not w.found.done():
+                    w.found.set_result(None)
+        finally:
+            if self._waits.get(key) is w:
+                del self._waits[key]
+            if not w.found.done():
+                w.found.cancel()
+
+    def landed(self, key: str) -> None:
+        """A push wrote ``key``: wake its long-polls now and forget stale copies."""
+        self.cache.remove(key)
+        self._mutable.pop(key, None)
+        w = self._waits.get(key)
+        if w is not None and not w.found.done():
+            w.found.set_result(None)
+
+    # --- mutable objects (HEAD): coalesced reads ------------------------------------------------
+
+    async def get_mutable(self, key: str, *, max_age: float | None = None) -> Mutable:
+        """The current value, shared by every caller within ``head_ttl_s`` (one upstream read)."""
+        ttl = self.config.head_ttl_s if max_age is None else max_age
+        cur = self._mutable.get(key)
+        if cur is not None and time.monotonic() - cur.fetched_at < ttl:
+            self.metrics.head_coalesced.inc()
+            return cur
+        fut = self._mutable_inflight.get(key)
+        if fut is not None:
+            self.metrics.head_coalesced.inc()
+            return await asyncio.shield(fut)
+        fut = self._mutable_inflight[key] = asyncio.get_running_loop().create_future()
+        try:
+            self.metrics.upstream_requests.labels("get").inc()
+            try:
+                data, etag = await self.upstream.get_with_etag(key)
+                value = Mutable(data, etag, time.monotonic())
+            except ObjectNotFound:
+                value = Mutable(None, "", time.monotonic())
+            self._mutable[key] = value
+            fut.set_result(value)
+            return value
+        except BaseException as err:
+            if isinstance(err, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(err)
+                fut.exception()  # mark retrieved: callers that shared it re-raise it themselves
+            raise
+        finally:
+            del self._mutable_inflight[key]
+
+    async def wait_mutable(self, key: str, *, etag: str | None, wait: float) -> Mutable:
+        """The value once its ETag differs from ``etag`` (or once it exists), or the same after ``wait``."""
+        deadline = time.monotonic() + min(wait, self.config.max_wait_s)
+        while True:
+            value = await self.get_mutable(key)
+            changed = value.data is not None and (etag is None or value.etag != etag)
+            left = deadline - time.monotonic()
+            if changed or left <= 0:
+                return value
+            self.metrics.waiters.inc()
+            try:
+                next_at = value.fetched_at + max(self.config.head_ttl_s, self.config.poll_interval_s)
+                await asyncio.sleep(max(0.001, min(left, next_at - time.monotonic())))
+            finally:
+                self.metrics.waiters.dec()
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
