@@ -9,6 +9,7 @@ request until an object that does not exist yet lands (long-poll).
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -199,7 +200,8 @@ class RelayClient:
         if if_match is not None:
             headers["If-Match"] = f'"{if_match}"'
         try:
-            async with self.session.put(self._url(key), data=data, headers=headers) as resp:
+            body = io.BytesIO(data) if len(data) > (1 << 20) else bytes(data)  # aiohttp warns on big raw bytes
+            async with self.session.put(self._url(key), data=body, headers=headers) as resp:
                 if resp.status not in (200, 201):
                     raise_for_status(resp.status, f"PUT {self.base_url}/{key}", await resp.text(errors="replace"))
                 return strip_etag(resp.headers.get("ETag"))

@@ -20,6 +20,8 @@ class RelayConfig:
     token: str | None = None
     #: Accept pushes without a token (never on a public interface).
     allow_anonymous_push: bool = False
+    #: Bearer token this relay presents when it forwards pushes to an upstream relay.
+    upstream_token: str | None = None
     #: Size of the ranged pieces an object is pulled from upstream in; the cut-through grain.
     piece_bytes: int = 1 << 20
     #: Pieces of one object in flight from upstream at once (several TCP streams over a WAN).

@@ -21,9 +21,8 @@ from deltarl.storage.store import ObjectStore
 class RelayServer:
     """A relay listening on ``host:port`` (port 0 picks a free one) in the running loop."""
 
-    def __init__(self, upstream: str | ObjectStore | Upstream, config: RelayConfig, *, host: str = "127.0.0.1", port: int = 0,
-                 upstream_token: str | None = None) -> None:
-        self.app = create_app(upstream, config, upstream_token=upstream_token)
+    def __init__(self, upstream: str | ObjectStore | Upstream, config: RelayConfig, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app = create_app(upstream, config)
         self.host = host
         self.port = port
         self._runner: web.AppRunner | None = None

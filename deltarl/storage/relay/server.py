@@ -253,9 +253,9 @@ async def _count(request: web.Request, handler: Callable[[web.Request], Awaitabl
     return resp
 
 
-def create_app(upstream: str | ObjectStore | Upstream, config: RelayConfig, *, upstream_token: str | None = None) -> web.Application:
+def create_app(upstream: str | ObjectStore | Upstream, config: RelayConfig) -> web.Application:
     """A relay application over ``upstream`` (a store, a store URL, or another relay's URL)."""
-    up = upstream if isinstance(upstream, Upstream) else make_upstream(upstream, token=upstream_token, poll_interval_s=config.poll_interval_s)
+    up = upstream if isinstance(upstream, Upstream) else make_upstream(upstream, token=config.upstream_token, poll_interval_s=config.poll_interval_s)
     metrics = RelayMetrics()
     app = web.Application(middlewares=[_count], client_max_size=1 << 40)
     app[CONFIG] = config
