@@ -1,0 +1,1 @@
+"""Generation backends behind one small interface (:mod:`deltarl.actor.backends.base`)."""

@@ -1,0 +1,209 @@
+"""The trainer's outer loop: open a step, wait for admitted rollouts, train, export BF16, publish.
+
+Wiring is by parameters, so the demo runs it in-process and ``deltarl trainer`` over HTTP:
+
+* ``coordinator`` has ``open_step(spec: StepSpec)`` and ``wait_results(step, *, timeout)`` returning
+  the step's admitted ``RolloutResult`` s once the step is complete (:class:`StepCoordinator`);
+* ``publisher`` has ``publish(state_dict, step) -> VersionInfo`` (``deltarl.storage.Publisher``).
+
+Version 0 is the initial model, published by :meth:`TrainerLoop.start` together with
+``<run>/model.json`` (model, tokenizer and task specs; immutable). Step ``s`` (1-based) is generated
+with version ``s - 1`` (or up to ``max_staleness`` older) and its training publishes version ``s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from deltarl.errors import ObjectExists, RunError
+from deltarl.trainer.config import TrainerConfig
+from deltarl.trainer.grpo import GRPOTrainer, TrainStats
+from deltarl.trainer.model import build_model, model_record, parse_model_record
+from deltarl.trainer.tasks import build_task
+from deltarl.trainer.tokenizer import encode_prompt, load_tokenizer
+
+if TYPE_CHECKING:
+    from deltarl.coordinator.records import RolloutResult, StepSpec
+    from deltarl.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+class StepCoordinator(Protocol):
+    """The two coordinator calls the trainer makes."""
+
+    def open_step(self, spec: StepSpec) -> Any:
+        """Open a step (idempotent for the same spec)."""
+        ...
+
+    def wait_results(self, step: int, *, timeout: float) -> Sequence[RolloutResult]:
+        """Block until ``step`` is complete; return its admitted results."""
+        ...
+
+
+class VersionPublisher(Protocol):
+    """What the loop needs of ``deltarl.storage.Publisher``."""
+
+    def publish(self, state_dict: Any, step: int) -> Any: ...
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One training step as the demo's live view shows it."""
+
+    step: int
+    version: int
+    version_id: str
+    stats: TrainStats
+    accepted_versions: tuple[str, ...]
+    stale_samples: int
+    wait_s: float
+    publish_s: float
+    publish: Any  # the publisher's VersionInfo (changed elements, bytes, timings)
+
+
+def model_json_key(run: str) -> str:
+    return f"{run}/model.json"
+
+
+def write_model_json(store: ObjectStore, run: str, data: bytes) -> None:
+    """Create ``<run>/model.json`` once; an existing one must hold the same bytes (else ``RunError``)."""
+    key = model_json_key(run)
+    try:
+        store.put_if_absent(key, data)
+    except ObjectExists:
+        if store.get(key) != data:
+            raise RunError(f"{key} exists with a different model/tokenizer/task spec") from None
+
+
+def read_model_json(store: ObjectStore, run: str) -> tuple[Any, Any, Any]:
+    """``(ModelSpec, TokenizerSpec, task dict or None)`` of a run."""
+    return parse_model_record(store.get(model_json_key(run)))
+
+
+class TrainerLoop:
+    """GRPO against a coordinator, publishing every version. Not thread-safe."""
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        *,
+        coordinator: StepCoordinator,
+        publisher: VersionPublisher,
+        store: ObjectStore,
+        on_step: Callable[[StepReport], None] | None = None,
+    ) -> None:
+        import torch
+
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        self.config = config
+        self.coordinator = coordinator
+        self.publisher = publisher
+        self.store = store
+        self.on_step = on_step
+        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.task = build_task(config.task)
+        model = build_model(config.model, dtype=torch.float32, device=config.device)
+        ref = None
+        if config.reference_kl:
+            ref = build_model(config.model, dtype=torch.float32, device=config.device)
+            ref.load_state_dict(model.state_dict())
+            ref.requires_grad_(False)
+        self._answers: dict[str, str] = {}
+        self.trainer = GRPOTrainer(
+            model, config.grpo, pad_token_id=self.tokenizer.pad_token_id, ref_model=ref, reward_fn=self._reward
+        )
+        self.version_ids: list[str] = []
+        self.reports: list[StepReport] = []
+
+    def _reward(self, sample: Any) -> float:
+        if not self.config.recompute_rewards:
+            if sample.reward is None:
+                raise RunError(f"sample of {sample.prompt_id!r} carries no reward and recompute_rewards is off")
+            return float(sample.reward)
+        text = self.tokenizer.decode(list(sample.completion_token_ids))
+        return self.task.score(self._answers[sample.prompt_id], text, sample.finish_reason)
+
+    def start(self) -> Any:
+        """Write ``model.json`` and publish version 0 (the initial weights); return its VersionInfo."""
+        cfg = self.config
+        write_model_json(
+            self.store, cfg.run, model_record(cfg.model, cfg.tokenizer, cfg.task.model_dump(mode="json"))
+        )
+        if self.version_ids:
+            raise RunError("start() was already called")
+        info = self.publisher.publish(self.trainer.export_bf16(), 0)
+        if info.version != 0:
+            raise RunError(f"run {cfg.run!r} already has versions (published {info.version}); use a new run name")
+        self.version_ids.append(info.version_id)
+        log.info("run %s: version 0 published (%s)", cfg.run, info.version_id[:16])
+        return info
+
+    def step_spec(self, step: int) -> StepSpec:
+        """The prompts of ``step`` and the versions it accepts (newest first)."""
+        from deltarl.coordinator.records import PromptItem, StepSpec
+
+        cfg = self.config
+        prompts = []
+        for i, tp in enumerate(self.task.prompts(step, cfg.prompts_per_step)):
+            pid = f"{i:05d}-{tp.prompt_id}"
+            self._answers[pid] = tp.answer
+            ids = encode_prompt(self.tokenizer, tp.text, chat_template=cfg.tokenizer.chat_template)
+            prompts.append(PromptItem(prompt_id=pid, text=tp.text, token_ids=ids, answer=tp.answer, group_size=cfg.group_size))
+        accepted = list(reversed(self.version_ids[-(cfg.max_staleness + 1) :]))
+        return StepSpec(step=step, prompts=prompts, accepted_versions=accepted, opened_at=time.time())
+
+    def run_step(self, step: int) -> StepReport:
+        """One step: open, wait, train, publish. Returns its report (also passed to ``on_step``)."""
+        cfg = self.config
+        if not self.version_ids:
+            self.start()
+        self._answers.clear()
+        spec = self.step_spec(step)
+        t0 = time.perf_counter()
+        self.coordinator.open_step(spec)
+        results = list(self.coordinator.wait_results(step, timeout=cfg.result_timeout_s))
+        wait_s = time.perf_counter() - t0
+        accepted = set(spec.accepted_versions)
+        for r in results:
+            if r.version_id not in accepted:
+                raise RunError(f"step {step}: result {r.lease_id} from version {r.version_id[:16]} was not accepted")
+        stale = sum(len(r.samples) for r in results if r.version_id != spec.accepted_versions[0])
+        stats = self.trainer.train_step(results)
+        t1 = time.perf_counter()
+        info = self.publisher.publish(self.trainer.export_bf16(), step)
+        publish_s = time.perf_counter() - t1
+        self.version_ids.append(info.version_id)
+        report = StepReport(
+            step=step,
+            version=info.version,
+            version_id=info.version_id,
+            stats=stats,
+            accepted_versions=tuple(spec.accepted_versions),
+            stale_samples=stale,
+            wait_s=wait_s,
+            publish_s=publish_s,
+            publish=info,
+        )
+        self.reports.append(report)
+        log.info(
+            "step %d: reward %.3f, version %d published in %.2fs (waited %.2fs for %d samples)",
+            step, stats.reward_mean, info.version, publish_s, wait_s, stats.samples,
+        )
+        if self.on_step is not None:
+            self.on_step(report)
+        return report
+
+    def run(self, steps: int | None = None) -> list[StepReport]:
+        """Start (if needed) and run ``steps`` (default ``config.steps``) training steps."""
+        if not self.version_ids:
+            self.start()
+        first = len(self.version_ids)
+        for step in range(first, first + (steps or self.config.steps)):
+            self.run_step(step)
+        return self.reports
