@@ -1,0 +1,25 @@
+"""Shared ``--store`` option of the run commands (replay, inspect, gc)."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_STORE = "./deltarl-runs"
+
+
+def add_store_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", help="run name (the prefix of the run in the store)")
+    parser.add_argument(
+        "--store",
+        default=DEFAULT_STORE,
+        metavar="URL",
+        help=f"store URL: a path, file://…, memory://…, s3://bucket/prefix (default: {DEFAULT_STORE})",
+    )
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

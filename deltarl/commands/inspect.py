@@ -1,0 +1,63 @@
+"""``deltarl inspect``: a table of a run's versions (changed fraction, bytes, ratio, keyframes, digests)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from deltarl.commands._store import add_store_argument, human_bytes
+
+HELP = "show a run's versions: changed fraction, delta bytes, ratio vs full weights, keyframes, digests"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_store_argument(parser)
+    parser.add_argument("--version", type=int, default=None, metavar="N", help="show only version N")
+    parser.add_argument("--last", type=int, default=50, metavar="N", help="show the last N versions (default 50)")
+    parser.add_argument("--all", action="store_true", help="show every version still stored")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from deltarl.errors import DeltaRLError
+    from deltarl.storage import inspect_run, open_store
+
+    store = open_store(args.store)
+    try:
+        summary = inspect_run(store, args.run, version=args.version, last=None if args.all else args.last)
+    except DeltaRLError as err:
+        print(f"deltarl inspect: {err}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    if args.json:
+        rows = [dict(r.__dict__, changed_fraction=r.changed_fraction, ratio=r.ratio) for r in summary.rows]
+        print(json.dumps({"run": args.run, "head": None if summary.head is None else summary.head.version, "versions": rows}, indent=1))
+        return 0
+    info, head = summary.info, summary.head
+    full = sum(t.numel for t in info.tensors)
+    title = (f"run {info.run}: {len(info.tensors)} tensors, {full:,} elements, codec {info.codec}, keyframe every "
+             f"{info.keyframe_interval}, digest every {info.digest_interval}; HEAD "
+             f"{'none' if head is None else f'{head.version} ({head.version_id[:12]})'}")  # fmt: skip
+    table = Table(title=title, title_justify="left")
+    for col in ("version", "step", "kind", "segs", "changed", "delta", "ratio vs full", "keyframe", "digest", "id"):
+        table.add_column(col, justify="right" if col not in ("kind", "digest", "id") else "left")
+    for r in summary.rows:
+        table.add_row(
+            str(r.version),
+            str(r.step),
+            r.kind,
+            str(r.segments),
+            f"{100 * r.changed_fraction:.3f}%",
+            human_bytes(r.encoded_bytes),
+            f"{100 * r.ratio:.3f}%",
+            "" if r.keyframe_bytes is None else human_bytes(r.keyframe_bytes),
+            "" if r.state_digest is None else r.state_digest[:12],
+            r.version_id[:12],
+        )
+    Console().print(table)
+    return 0

@@ -1,0 +1,42 @@
+"""``deltarl replay``: rebuild one version of a run from the store into a safetensors file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from deltarl.commands._store import add_store_argument
+
+HELP = "rebuild a version of a run bit for bit (keyframe + deltas, every hash checked) into a safetensors file"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_store_argument(parser)
+    parser.add_argument("--version", type=int, default=None, metavar="N", help="version to rebuild (default: HEAD)")
+    parser.add_argument("--out", required=True, metavar="FILE", help="output .safetensors file")
+    parser.add_argument(
+        "--verify", action="store_true", help="also check the state digest wherever one is recorded (sha256 and the parent chain are always checked)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from safetensors.torch import save_file
+
+    from deltarl.errors import DeltaRLError
+    from deltarl.storage import RunReader, open_store, replay
+
+    store = open_store(args.store)
+    try:
+        state = replay(store, args.run, args.version, verify=args.verify, progress=not args.no_progress and sys.stderr.isatty())
+        reader = RunReader(store, args.run)
+        version = args.version if args.version is not None else reader.head().version
+        _, vid = reader.manifest(version)
+    except DeltaRLError as err:
+        print(f"deltarl replay: {err}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    save_file(state, args.out, metadata={"run": args.run, "version": str(version), "version_id": vid})
+    print(f"{args.run} version {version} ({vid[:16]}…) -> {args.out}")
+    return 0
