@@ -1,0 +1,200 @@
+"""S3Store specifics against moto over HTTP: dropped connections, ambiguous conditional writes,
+pagination past 1000 keys, and open_store with endpoints from options or the environment."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+import pytest
+
+from deltarl.errors import ObjectExists, PreconditionFailed, TransientStoreError
+from deltarl.storage import RetryPolicy, open_store
+from deltarl.storage.s3 import S3Store
+from tests.fixtures.servers import S3Location
+
+pytestmark = pytest.mark.s3
+log = logging.getLogger(__name__)
+
+
+class DroppingProxy:
+    """A loopback TCP proxy that misbehaves on its first connections.
+
+    The first ``refuse`` connections are closed as soon as they are accepted (the request is lost);
+    the next ``drop_responses`` are forwarded upstream but cut the moment the response starts (the
+    request took effect, the client never hears so; an interim ``100 Continue`` still passes). Later connections are relayed faithfully.
+    """
+
+    def __init__(self, upstream: str, *, refuse: int = 0, drop_responses: int = 0) -> None:
+        parts = urlsplit(upstream)
+        self._upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.refuse, self.drop_responses = refuse, drop_responses
+        self.connections = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __enter__(self) -> DroppingProxy:
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop
+        ).result()
+        return self
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        async def shutdown() -> None:
+            assert self._server is not None
+            self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        n, self.connections = self.connections, self.connections + 1
+        try:
+            if n < self.refuse:
+                return
+            up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+            try:
+                drop = n < self.refuse + self.drop_responses
+                await asyncio.gather(self._pipe(reader, up_writer, cut=False), self._pipe(up_reader, writer, cut=drop))
+            finally:
+                up_writer.close()
+        except ConnectionError as err:
+            log.debug("proxy connection %d ended: %s", n, err)  # the cut, or a peer going away
+        finally:
+            writer.transport.abort()
+            self._tasks.discard(task)
+
+    @staticmethod
+    async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, cut: bool) -> None:
+        while data := await src.read(1 << 16):
+            # boto sends "Expect: 100-continue": an interim 100 passes so the body still flows.
+            interim = data.startswith(b"HTTP/1.1 100 ") and data.endswith(b"\r\n\r\n")
+            if cut and not interim:
+                raise ConnectionResetError("proxy cut the response")
+            dst.write(data)
+            await dst.drain()
+        dst.close()
+
+
+def fast_retry(attempts: int = 5) -> RetryPolicy:
+    return RetryPolicy(attempts=attempts, base_delay=0.0, max_delay=0.0, rng=random.Random(0))
+
+
+@pytest.fixture
+def bucket(moto_s3: S3Location) -> S3Location:
+    return moto_s3
+
+
+def test_dropped_connections_are_retried(bucket: S3Location) -> None:
+    bucket.open().put("k", b"value")
+    with DroppingProxy(bucket.endpoint_url, refuse=3) as proxy:
+        store = S3Store(bucket.bucket, endpoint_url=proxy.url, retry=fast_retry())
+        assert store.get("k") == b"value"
+        assert proxy.connections == 4  # three refused, the fourth served
+        store.close()
+
+
+def test_gives_up_with_transient_error(bucket: S3Location) -> None:
+    with DroppingProxy(bucket.endpoint_url, refuse=100) as proxy:
+        store = S3Store(bucket.bucket, endpoint_url=proxy.url, retry=fast_retry(attempts=3))
+        with pytest.raises(TransientStoreError, match="gave up"):
+            store.get("k")
+        assert proxy.connections == 3
+        store.close()
+
+
+def test_put_if_absent_whose_response_was_lost(bucket: S3Location, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="deltarl.storage")
+    direct = bucket.open()
+    with DroppingProxy(bucket.endpoint_url, drop_responses=1) as proxy:
+        store = S3Store(bucket.bucket, endpoint_url=proxy.url, retry=fast_retry())
+        etag = store.put_if_absent("seg", b"our bytes")  # landed; the retry sees 412 and reads back
+        assert direct.get("seg") == b"our bytes"
+        assert direct.head("seg").etag == etag
+        assert "landed on an earlier attempt" in caplog.text
+        with pytest.raises(ObjectExists):
+            store.put_if_absent("seg", b"other bytes")
+        store.close()
+
+
+def test_put_if_absent_lost_response_but_someone_else_won(bucket: S3Location) -> None:
+    direct = bucket.open()
+    direct.put_if_absent("seg", b"theirs")
+    with DroppingProxy(bucket.endpoint_url, refuse=1) as proxy:
+        store = S3Store(bucket.bucket, endpoint_url=proxy.url, retry=fast_retry())
+        with pytest.raises(ObjectExists):
+            store.put_if_absent("seg", b"ours")
+        assert direct.get("seg") == b"theirs"
+        store.close()
+
+
+def test_cas_whose_response_was_lost(bucket: S3Location, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="deltarl.storage")
+    direct = bucket.open()
+    etag0 = direct.cas("HEAD", b"0", None)
+    with DroppingProxy(bucket.endpoint_url, drop_responses=1) as proxy:
+        store = S3Store(bucket.bucket, endpoint_url=proxy.url, retry=fast_retry())
+        etag1 = store.cas("HEAD", b"1", etag0)
+        assert direct.get("HEAD") == b"1"
+        assert direct.head("HEAD").etag == etag1
+        assert "landed on an earlier attempt" in caplog.text
+        with pytest.raises(PreconditionFailed):
+            store.cas("HEAD", b"2", etag0)
+        store.close()
+
+
+@pytest.mark.slow
+def test_list_paginates_past_1000_keys(bucket: S3Location) -> None:
+    store = bucket.open()  # default page size: 1000
+    keys = [f"run/versions/{i:012d}/manifest.json" for i in range(1100)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: store.put(k, b"{}"), keys))
+    store.put("other/x", b"")
+    assert list(store.list("run/")) == keys
+    assert len(list(store.list())) == 1101
+
+
+def test_prefix_scopes_keys(bucket: S3Location) -> None:
+    a = S3Store(bucket.bucket, "team/a", endpoint_url=bucket.endpoint_url)
+    b = S3Store(bucket.bucket, "team/b", endpoint_url=bucket.endpoint_url)
+    a.put("HEAD", b"a")
+    b.put("HEAD", b"b")
+    assert a.url == f"s3://{bucket.bucket}/team/a"
+    assert a.get("HEAD") == b"a"
+    assert list(a.list()) == ["HEAD"]
+    assert sorted(bucket.open().list()) == ["team/a/HEAD", "team/b/HEAD"]
+
+
+def test_open_store_s3_endpoint_from_option_and_env(bucket: S3Location, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store(f"{bucket.url}/runs", **bucket.options)
+    assert isinstance(store, S3Store)
+    store.put("x", b"1")
+    monkeypatch.setenv("DELTARL_S3_ENDPOINT", bucket.endpoint_url)
+    again = open_store(f"{bucket.url}/runs")
+    assert isinstance(again, S3Store)
+    assert again.endpoint_url == bucket.endpoint_url
+    assert again.get("x") == b"1"
+    monkeypatch.delenv("DELTARL_S3_ENDPOINT")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", bucket.endpoint_url)
+    assert open_store(f"{bucket.url}/runs").get("x") == b"1"
