@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from deltarl.errors import FormatError, UnsupportedFormatVersion
 
-FORMAT_VERSION = 1
+FORMAT_VERSION: Literal[1] = 1
 
 RecordT = TypeVar("RecordT", bound="Record")
 
@@ -208,3 +208,48 @@ def decode(cls: type[RecordT], data: bytes | str | dict[str, Any]) -> RecordT:
         return cls.model_validate(obj)
     except ValidationError as err:
         raise FormatError(f"{cls.__name__}: {err}") from err
+
+
+# --- request/response bodies of the HTTP API --------------------------------------------------------
+
+
+class RegisterRequest(Record):
+    region: str = ""
+    backend: str = ""
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+
+
+class Registered(Record):
+    actor_id: str
+    heartbeat_interval_s: float
+
+
+class LeaseRequest(Record):
+    actor_id: str
+    max_prompts: int | None = Field(default=None, ge=1)
+
+
+class LeaseResponse(Record):
+    """A grant, or none with a hint of when to ask again."""
+
+    grant: LeaseGrant | None = None
+    retry_after_s: float = 0.0
+
+
+class HeartbeatRequest(Record):
+    actor_id: str
+
+
+class StepOpened(Record):
+    step: int
+    created: bool = Field(description="False when the same step was already open (an idempotent retry)")
+    closed: bool = False
+
+
+class StepResults(Record):
+    """The admitted results of a step so far; ``complete`` once every prompt has one."""
+
+    step: int
+    complete: bool
+    results: list[AdmittedRecord]
+    manifest: StepManifest | None = None

@@ -148,16 +148,20 @@ class Scheduler:
 
     # --- actors -----------------------------------------------------------------------------------
 
-    def register(self, region: str = "", backend: str = "", capabilities: dict[str, Any] | None = None) -> ActorRecord:
-        """Create a new actor (alive, unmeasured) and return its record."""
-        record = ActorRecord(
+    def new_actor(self, region: str = "", backend: str = "", capabilities: dict[str, Any] | None = None) -> ActorRecord:
+        """A fresh actor record (not yet added: persist it, then :meth:`add_actor`)."""
+        return ActorRecord(
             actor_id=self._new_id("actor"), region=region, backend=backend,
             capabilities=capabilities or {}, registered_at=self.now(),
         )
-        self.restore_actor(record)
+
+    def register(self, region: str = "", backend: str = "", capabilities: dict[str, Any] | None = None) -> ActorRecord:
+        """Create and add a new actor (alive, unmeasured) and return its record."""
+        record = self.new_actor(region, backend, capabilities)
+        self.add_actor(record)
         return record
 
-    def restore_actor(self, record: ActorRecord) -> None:
+    def add_actor(self, record: ActorRecord) -> None:
         """Add a registered actor (also used by recovery, which counts it as just seen)."""
         if record.actor_id not in self.actors:
             self.actors[record.actor_id] = _Actor(record=record, last_seen=self.now())
@@ -198,15 +202,19 @@ class Scheduler:
             if existing.spec.same_request(spec):
                 return False
             raise CoordinatorError(f"step {spec.step} is already open with other prompts or versions")
+        self.check_spec(spec)
+        group = {p.prompt_id: p.group_size for p in spec.prompts}
+        self.steps[spec.step] = _Step(spec=spec, group=group, pool=deque(group))
+        self.counters["steps_opened"] += 1
+        return True
+
+    def check_spec(self, spec: StepSpec) -> None:
+        """Refuse a step that accepts more versions than the staleness bound allows."""
         if len(spec.accepted_versions) > self.config.max_staleness + 1:
             raise CoordinatorError(
                 f"step {spec.step} accepts {len(spec.accepted_versions)} versions; "
                 f"max_staleness={self.config.max_staleness} allows {self.config.max_staleness + 1}"
             )
-        group = {p.prompt_id: p.group_size for p in spec.prompts}
-        self.steps[spec.step] = _Step(spec=spec, group=group, pool=deque(group))
-        self.counters["steps_opened"] += 1
-        return True
 
     def close_step(self, step: int) -> None:
         """Mark a complete step closed (its manifest is written)."""
@@ -214,6 +222,16 @@ class Scheduler:
         if not st.complete:
             raise CoordinatorError(f"step {step} is not complete")
         st.closed = True
+
+    def forget_step(self, step: int) -> None:
+        """Drop a closed step and its leases from memory (its records stay in the store)."""
+        st = self.steps.get(step)
+        if st is None or not st.closed:
+            return
+        for lid in st.lease_ids:
+            self.leases.pop(lid, None)
+            self._active.discard(lid)
+        del self.steps[step]
 
     def open_steps(self) -> list[int]:
         return sorted(n for n, st in self.steps.items() if not st.closed)
@@ -299,6 +317,12 @@ class Scheduler:
         self.leases[record.lease_id] = _Lease(record=record)
         self._active.add(record.lease_id)
         self._actor(record.actor_id).leases.add(record.lease_id)
+
+    def cancel_lease(self, lease_id: str) -> None:
+        """Withdraw a lease the actor never received (its record could not be persisted)."""
+        lease = self.leases[lease_id]
+        if lease.status is LeaseStatus.ACTIVE:
+            self._release(lease, LeaseStatus.REVOKED)
 
     def _release(self, lease: _Lease, status: LeaseStatus) -> None:
         """End an ACTIVE lease without admission: its prompts go back to the front of the pool."""
@@ -431,7 +455,7 @@ class Scheduler:
         if record.lease_id in self.leases or record.step not in self.steps:
             return
         if record.actor_id not in self.actors:
-            self.restore_actor(ActorRecord(actor_id=record.actor_id, registered_at=record.granted_at))
+            self.add_actor(ActorRecord(actor_id=record.actor_id, registered_at=record.granted_at))
         st = self.steps[record.step]
         for pid in record.prompt_ids:
             prior = st.leased.get(pid)

@@ -10,24 +10,14 @@ from deltarl.coordinator.config import SchedulerConfig
 from deltarl.coordinator.records import (
     AdmittedRecord,
     LeaseRecord,
-    PromptItem,
     RolloutResult,
     Sample,
-    StepSpec,
     sha256_of,
 )
 from deltarl.coordinator.scheduler import Reason, Scheduler, UnknownActor, proportional_split
 from deltarl.errors import CoordinatorError
-
-
-class Clock:
-    """A settable clock (the scheduler's time source in tests)."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.fixtures.coordinator import Clock
+from tests.fixtures.coordinator import make_spec as spec
 
 
 def make_scheduler(**cfg: object) -> tuple[Scheduler, Clock]:
@@ -35,11 +25,6 @@ def make_scheduler(**cfg: object) -> tuple[Scheduler, Clock]:
     counter = itertools.count()
     sched = Scheduler(SchedulerConfig(**cfg), clock=clock, new_id=lambda p: f"{p}-{next(counter)}")  # type: ignore[arg-type]
     return sched, clock
-
-
-def spec(step: int, n: int, versions: tuple[str, ...] = ("v1", "v0"), group: int = 1) -> StepSpec:
-    prompts = [PromptItem(prompt_id=f"p{i}", text=f"prompt {i}", group_size=group) for i in range(n)]
-    return StepSpec(step=step, prompts=prompts, accepted_versions=list(versions))
 
 
 def result_for(lease: LeaseRecord, version: str = "v1", tokens_each: int = 10, group: int = 1) -> RolloutResult:

@@ -15,7 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from deltarl.coordinator.config import SchedulerConfig
 from deltarl.coordinator.records import AdmittedRecord, LeaseRecord, RolloutResult, Sample, sha256_of
 from deltarl.coordinator.scheduler import Scheduler
-from tests.unit.test_scheduler import Clock, spec
+from tests.fixtures.coordinator import Clock
+from tests.fixtures.coordinator import make_spec as spec
 
 TIMEOUT = 10.0
 

@@ -1,0 +1,89 @@
+"""``deltarl coordinator``: serve the rollout coordinator (leases, version-gated admission) for one run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+HELP = "serve the rollout coordinator: EMA-proportional leases, version-gated admission, results in the store"
+
+TOKEN_ENV = "DELTARL_COORDINATOR_TOKEN"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", required=True, metavar="URL", help="store URL: a path, file://…, memory://…, s3://…")
+    parser.add_argument("--run", required=True, metavar="RUN", help="run name (its prefix in the store)")
+    parser.add_argument("--listen", default=None, metavar="HOST:PORT",
+                        help="address to bind (default from --config, else 127.0.0.1:8470; port 0 picks one)")
+    parser.add_argument("--config", default=None, metavar="FILE", help="YAML/JSON CoordinatorConfig; flags override it")
+    parser.add_argument("--token", action="append", default=[], metavar="TOKEN",
+                        help=f"bearer token valid for actors and the trainer (repeatable; also ${TOKEN_ENV})")
+    parser.add_argument("--actor-token", action="append", default=[], metavar="TOKEN", help="actor-only token")
+    parser.add_argument("--trainer-token", action="append", default=[], metavar="TOKEN", help="trainer-only token")
+
+
+def _parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--listen wants HOST:PORT, got {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from deltarl.coordinator.config import CoordinatorConfig
+    from deltarl.errors import DeltaRLError
+    from deltarl.storage.open import open_store
+
+    try:
+        config = CoordinatorConfig.load(args.config) if args.config else CoordinatorConfig()
+        svc = config.service
+        host, port = _parse_listen(args.listen) if args.listen else (svc.host, svc.port)
+        shared = list(args.token) + ([os.environ[TOKEN_ENV]] if os.environ.get(TOKEN_ENV) else [])
+        actor_tokens = [*svc.actor_tokens, *shared, *args.actor_token]
+        trainer_tokens = [*svc.trainer_tokens, *shared, *args.trainer_token]
+        if not actor_tokens or not trainer_tokens:
+            raise ValueError(f"give tokens for actors and the trainer (--token, --actor-token/--trainer-token or ${TOKEN_ENV})")
+        svc = svc.model_copy(update={"host": host, "port": port, "actor_tokens": actor_tokens,
+                                     "trainer_tokens": trainer_tokens})
+        config = config.model_copy(update={"service": svc})
+        store = open_store(args.store)
+    except (DeltaRLError, ValueError) as err:
+        print(f"deltarl coordinator: {err}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(store, args.run, config))
+    except DeltaRLError as err:
+        print(f"deltarl coordinator: {err}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    return 0
+
+
+async def _serve(store: object, run: str, config: object) -> None:
+    from aiohttp import web
+
+    from deltarl.coordinator.config import CoordinatorConfig
+    from deltarl.coordinator.service import Coordinator, create_app
+    from deltarl.storage.store import ObjectStore
+
+    assert isinstance(store, ObjectStore)
+    assert isinstance(config, CoordinatorConfig)
+    app = create_app(Coordinator(store, run, config))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.service.host, config.service.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        print(f"coordinator for run {run!r} listening on http://{host}:{port}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()

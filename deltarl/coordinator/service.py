@@ -1,0 +1,343 @@
+"""The coordinator's HTTP service (aiohttp): the scheduler behind a JSON API, its records in the store.
+
+Routes (JSON bodies are the models in :mod:`deltarl.coordinator.records`)::
+
+    POST /register            actor    RegisterRequest  -> Registered
+    POST /lease               actor    LeaseRequest     -> LeaseResponse
+    POST /result              actor    RolloutResult    -> Ack (409 with the Ack's reason if rejected)
+    POST /heartbeat           actor    HeartbeatRequest -> {}
+    POST /steps               trainer  StepSpec         -> StepOpened
+    GET  /steps/{n}/results   trainer  ?timeout=S       -> StepResults (long-poll until complete or S)
+    GET  /status              any      fleet view: actors, EMA speeds, shares, leases, steps, counters
+
+Every request carries ``Authorization: Bearer <token>``; an unknown token gets 401, a token of the
+wrong role 403. Store I/O runs in worker threads; the scheduler is touched only on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from deltarl.coordinator.config import CoordinatorConfig
+from deltarl.coordinator.persistence import CoordinatorStore, RecordConflict, build_manifest, recover
+from deltarl.coordinator.records import (
+    Ack,
+    AdmittedRecord,
+    HeartbeatRequest,
+    LeaseGrant,
+    LeaseRequest,
+    LeaseResponse,
+    Record,
+    Registered,
+    RegisterRequest,
+    RolloutResult,
+    StepOpened,
+    StepResults,
+    StepSpec,
+    decode,
+    sha256_of,
+)
+from deltarl.coordinator.scheduler import Reason, Scheduler, UnknownActor
+from deltarl.errors import CoordinatorError, FormatError
+from deltarl.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+Results = dict[str, tuple[str, AdmittedRecord]]
+
+
+class Coordinator:
+    """Scheduler + durable records: the service's logic, independent of HTTP (async)."""
+
+    def __init__(self, store: ObjectStore, run: str, config: CoordinatorConfig | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config or CoordinatorConfig()
+        self.cstore = CoordinatorStore(store, run)
+        self.run = self.cstore.run
+        self._clock = clock
+        self.scheduler = Scheduler(self.config.scheduler, clock=clock)
+        self._results: dict[int, Results] = {}
+        self._closed: OrderedDict[int, Results] = OrderedDict()
+        self._done: dict[int, asyncio.Event] = {}
+        self._pending: dict[str, asyncio.Future[None]] = {}
+        self._tick_task: asyncio.Task[None] | None = None
+        self.started_at = clock()
+
+    async def start(self) -> None:
+        """Rebuild state from the store, close steps left complete, start the expiry ticker."""
+        rec = await asyncio.to_thread(recover, self.cstore.store, self.run, self.config.scheduler, self._clock)
+        self.scheduler = rec.scheduler
+        self._results = rec.results
+        for step in rec.to_close:
+            await self._close_step(step)
+        self._tick_task = asyncio.create_task(self._ticker(), name="coordinator-ticker")
+
+    async def stop(self) -> None:
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+            await asyncio.gather(self._tick_task, return_exceptions=True)
+            self._tick_task = None
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.service.tick_interval_s)
+            self.scheduler.tick()
+
+    # --- actors -----------------------------------------------------------------------------------
+
+    async def register(self, req: RegisterRequest) -> Registered:
+        record = self.scheduler.new_actor(req.region, req.backend, req.capabilities)
+        await asyncio.to_thread(self.cstore.put_actor, record)
+        self.scheduler.add_actor(record)
+        log.info("registered actor %s (%s, %s)", record.actor_id, req.region, req.backend)
+        return Registered(actor_id=record.actor_id, heartbeat_interval_s=self.config.scheduler.heartbeat_interval_s)
+
+    async def heartbeat(self, req: HeartbeatRequest) -> None:
+        self.scheduler.heartbeat(req.actor_id)
+
+    async def lease(self, req: LeaseRequest) -> LeaseResponse:
+        rec = self.scheduler.request_lease(req.actor_id, req.max_prompts)
+        if rec is None:
+            return LeaseResponse(grant=None, retry_after_s=min(1.0, self.config.scheduler.heartbeat_interval_s))
+        try:
+            await asyncio.to_thread(self.cstore.put_lease, rec)
+        except BaseException:
+            self.scheduler.cancel_lease(rec.lease_id)
+            raise
+        spec = self.scheduler.steps[rec.step].spec
+        wanted = set(rec.prompt_ids)
+        prompts = [p for p in spec.prompts if p.prompt_id in wanted]
+        order = {pid: i for i, pid in enumerate(rec.prompt_ids)}
+        prompts.sort(key=lambda p: order[p.prompt_id])
+        return LeaseResponse(grant=LeaseGrant(lease=rec, prompts=prompts, accepted_versions=spec.accepted_versions))
+
+    async def report(self, result: RolloutResult) -> Ack:
+        """Admit a result (durably, then acknowledge) or say why not."""
+        pending = self._pending.get(result.lease_id)
+        if pending is not None:  # the same lease is being written: wait, then answer as a retry
+            await asyncio.shield(pending)
+        digest = sha256_of(result)
+        d = self.scheduler.begin_admission(result, digest)
+        if d.kind == "reject":
+            assert d.reason is not None
+            log.info("rejected result of lease %s from %s: %s", result.lease_id, result.actor_id, d.reason.value)
+            return Ack(admitted=False, reason=d.reason.value, message=d.message)
+        if d.kind == "duplicate":
+            return Ack(admitted=True, duplicate=True, key=d.key)
+        assert d.lease is not None
+        record = AdmittedRecord(step=result.step, result=result, lease=d.lease, admitted_at=self._clock(),
+                                result_sha256=digest)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending[result.lease_id] = fut
+        try:
+            key = await asyncio.to_thread(self.cstore.put_admitted, record)
+        except RecordConflict as err:
+            self.scheduler.abort_admission(result.lease_id)
+            return Ack(admitted=False, reason=Reason.ALREADY_ADMITTED.value, message=str(err))
+        except BaseException:
+            self.scheduler.abort_admission(result.lease_id)
+            raise
+        finally:
+            del self._pending[result.lease_id]
+            fut.set_result(None)
+        complete = self.scheduler.complete_admission(record, key)
+        self._results.setdefault(result.step, {})[result.lease_id] = (key, record)
+        if complete:
+            await self._close_step(result.step)
+        return Ack(admitted=True, key=key)
+
+    # --- trainer ----------------------------------------------------------------------------------
+
+    async def open_step(self, spec: StepSpec) -> StepOpened:
+        if spec.opened_at is None:
+            spec = spec.model_copy(update={"opened_at": self._clock()})
+        self.scheduler.check_spec(spec)
+        existing = self.scheduler.steps.get(spec.step)
+        if existing is not None:
+            if not existing.spec.same_request(spec):
+                raise CoordinatorError(f"step {spec.step} is already open with other prompts or versions")
+            return StepOpened(step=spec.step, created=False, closed=existing.closed)
+        stored = await asyncio.to_thread(self.cstore.put_spec, spec)
+        if await asyncio.to_thread(self.cstore.manifest, spec.step) is not None:
+            return StepOpened(step=spec.step, created=False, closed=True)
+        created = self.scheduler.open_step(stored)
+        self._results.setdefault(spec.step, {})
+        log.info("opened step %d: %d prompts, versions %s", spec.step, len(spec.prompts),
+                 [v[:12] for v in spec.accepted_versions])
+        return StepOpened(step=spec.step, created=created and stored is spec)
+
+    async def _close_step(self, step: int) -> None:
+        results = self._results.pop(step, {})
+        spec = self.scheduler.steps[step].spec
+        manifest = build_manifest(spec, results.values(), closed_at=self._clock())
+        await asyncio.to_thread(self.cstore.put_manifest, manifest)
+        self.scheduler.close_step(step)
+        self._closed[step] = results
+        while len(self._closed) > self.config.service.keep_closed_steps:
+            old, _ = self._closed.popitem(last=False)
+            self.scheduler.forget_step(old)
+            self._done.pop(old, None)
+        self._event(step).set()
+        log.info("closed step %d: %d results, %d tokens", step, len(results), manifest.tokens)
+
+    def _event(self, step: int) -> asyncio.Event:
+        return self._done.setdefault(step, asyncio.Event())
+
+    async def step_results(self, step: int, timeout: float) -> StepResults:
+        """Wait up to ``timeout`` s for the step to complete; return its admitted results so far."""
+        timeout = max(0.0, min(timeout, self.config.service.long_poll_max_s))
+        st = self.scheduler.steps.get(step)
+        if st is None or st.closed:
+            return await self._closed_results(step)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._event(step).wait(), timeout)
+        st = self.scheduler.steps.get(step)
+        if st is None or st.closed:
+            return await self._closed_results(step)
+        records = [r for _, r in sorted(self._results.get(step, {}).values(), key=lambda kr: kr[0])]
+        return StepResults(step=step, complete=False, results=records)
+
+    async def _closed_results(self, step: int) -> StepResults:
+        manifest = await asyncio.to_thread(self.cstore.manifest, step)
+        if manifest is None:
+            raise UnknownStep(f"step {step} is not open and has no manifest")
+        cached = self._closed.get(step)
+        if cached is not None:
+            records = [r for _, r in sorted(cached.values(), key=lambda kr: kr[0])]
+        else:
+            records = await asyncio.to_thread(
+                lambda: [decode(AdmittedRecord, self.cstore.store.get(k)) for k in manifest.result_keys]
+            )
+        return StepResults(step=step, complete=True, results=records, manifest=manifest)
+
+    def status(self) -> dict[str, Any]:
+        out = self.scheduler.status()
+        out.update(run=self.run, store=self.cstore.store.url, uptime_s=round(self._clock() - self.started_at, 3))
+        return out
+
+
+class UnknownStep(CoordinatorError, LookupError):
+    """A step that was never opened."""
+
+
+# --- HTTP ----------------------------------------------------------------------------------------------
+
+COORDINATOR_KEY = web.AppKey("coordinator", Coordinator)
+TOKENS_KEY = web.AppKey("tokens", dict)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(model: BaseModel | dict[str, Any], status: int = 200) -> web.Response:
+    body = model.model_dump_json() if isinstance(model, BaseModel) else None
+    if body is None:
+        return web.json_response(model, status=status)
+    return web.Response(text=body, status=status, content_type="application/json")
+
+
+def _error(status: int, message: str, reason: str | None = None) -> web.Response:
+    return web.json_response({"error": message, "reason": reason}, status=status)
+
+
+async def _body(request: web.Request, cls: type[Record]) -> Any:
+    return decode(cls, await request.read())
+
+
+def _roles_for(request: web.Request) -> set[str]:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return set()
+    return set(request.app[TOKENS_KEY].get(token.strip(), set()))
+
+
+def _route(role: str | None, fn: Callable[[Coordinator, web.Request], Awaitable[web.StreamResponse]]) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        roles = _roles_for(request)
+        if not roles:
+            return _error(401, "unknown or missing bearer token")
+        if role is not None and role not in roles:
+            return _error(403, f"this token may not act as {role}")
+        try:
+            return await fn(request.app[COORDINATOR_KEY], request)
+        except FormatError as err:
+            return _error(400, str(err), "malformed")
+        except (UnknownActor, UnknownStep) as err:
+            return _error(404, str(err), "unknown")
+        except CoordinatorError as err:
+            return _error(409, str(err), "conflict")
+
+    return handler
+
+
+async def _register(c: Coordinator, r: web.Request) -> web.Response:
+    return _json(await c.register(await _body(r, RegisterRequest)))
+
+
+async def _lease(c: Coordinator, r: web.Request) -> web.Response:
+    return _json(await c.lease(await _body(r, LeaseRequest)))
+
+
+async def _result(c: Coordinator, r: web.Request) -> web.Response:
+    ack = await c.report(await _body(r, RolloutResult))
+    return _json(ack, status=200 if ack.admitted else 409)
+
+
+async def _heartbeat(c: Coordinator, r: web.Request) -> web.Response:
+    await c.heartbeat(await _body(r, HeartbeatRequest))
+    return web.json_response({})
+
+
+async def _open_step(c: Coordinator, r: web.Request) -> web.Response:
+    return _json(await c.open_step(await _body(r, StepSpec)))
+
+
+async def _step_results(c: Coordinator, r: web.Request) -> web.Response:
+    try:
+        step = int(r.match_info["step"])
+        timeout = float(r.query.get("timeout", "0"))
+    except ValueError as err:
+        raise FormatError(f"bad step or timeout: {err}") from err
+    return _json(await c.step_results(step, timeout))
+
+
+async def _status(c: Coordinator, r: web.Request) -> web.Response:
+    return web.json_response(c.status())
+
+
+def create_app(coordinator: Coordinator, *, start: bool = True) -> web.Application:
+    """The aiohttp app; with ``start`` it recovers state on startup and stops the ticker on cleanup."""
+    svc = coordinator.config.service
+    tokens: dict[str, set[str]] = {}
+    for t in svc.actor_tokens:
+        tokens.setdefault(t, set()).add("actor")
+    for t in svc.trainer_tokens:
+        tokens.setdefault(t, set()).add("trainer")
+    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app[COORDINATOR_KEY] = coordinator
+    app[TOKENS_KEY] = tokens
+    app.router.add_post("/register", _route("actor", _register))
+    app.router.add_post("/lease", _route("actor", _lease))
+    app.router.add_post("/result", _route("actor", _result))
+    app.router.add_post("/heartbeat", _route("actor", _heartbeat))
+    app.router.add_post("/steps", _route("trainer", _open_step))
+    app.router.add_get("/steps/{step}/results", _route("trainer", _step_results))
+    app.router.add_get("/status", _route(None, _status))
+    if start:
+        async def _startup(_: web.Application) -> None:
+            await coordinator.start()
+
+        async def _cleanup(_: web.Application) -> None:
+            await coordinator.stop()
+
+        app.on_startup.append(_startup)
+        app.on_cleanup.append(_cleanup)
+    return app
