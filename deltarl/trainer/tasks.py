@@ -175,6 +175,7 @@ class JsonlMathTask:
     def __init__(self, path: str | Path, *, template: str = "{question}", seed: int = 0) -> None:
         self.seed = seed
         self._items: list[TaskPrompt] = []
+        self._epoch_order: tuple[int, list[int]] = (-1, [])
         try:
             lines = Path(path).read_text(encoding="utf-8").splitlines()
         except OSError as err:
@@ -200,10 +201,15 @@ class JsonlMathTask:
         out: list[TaskPrompt] = []
         for k in range(step * count, (step + 1) * count):
             epoch, pos = divmod(k, n)
-            order = list(range(n))
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-            out.append(self._items[order[pos]])
+            out.append(self._items[self._order(epoch)[pos]])
         return out
+
+    def _order(self, epoch: int) -> list[int]:
+        if self._epoch_order[0] != epoch:
+            order = list(range(len(self._items)))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._epoch_order = (epoch, order)
+        return self._epoch_order[1]
 
     def score(self, answer: str, completion: str, finish_reason: str = "stop") -> float:
         return 1.0 if answers_match(answer, completion) else 0.0
