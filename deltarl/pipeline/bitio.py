@@ -29,54 +29,64 @@ def rice_param(values: np.ndarray) -> int:
     return max(0, min(32, k))
 
 
-def pack_bits(values: np.ndarray, width: int) -> bytes:
-    """Pack unsigned ``values`` (< 2**width) as ``width``-bit fields, MSB-first, zero padded."""
-    if width == 0 or values.size == 0:
+def pack_bits(values: np.ndarray, widths: np.ndarray | int) -> bytes:
+    """Pack unsigned ``values[i]`` (< 2**widths[i]) as consecutive bit fields, MSB-first, zero padded."""
+    v = values.astype(_U64, copy=False)
+    w = np.broadcast_to(np.asarray(widths, dtype=np.int64), v.shape)
+    total = int(w.sum())
+    if total == 0:
         return b""
+    starts = np.cumsum(w) - w
+    rep = np.repeat(v, w)
+    j = np.arange(total, dtype=np.int64) - np.repeat(starts, w)
+    shift = (np.repeat(w, w) - 1 - j).astype(_U64)
+    return np.packbits(((rep >> shift) & _U64(1)).astype(np.uint8)).tobytes()
+
+
+def unpack_bits(data: bytes | memoryview, widths: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`pack_bits`; the stream must be exactly ``ceil(sum(widths)/8)`` bytes."""
+    w = widths.astype(np.int64, copy=False)
+    total = int(w.sum())
+    if len(data) != (total + 7) // 8:
+        raise FormatError(f"bit-packed stream has {len(data)} bytes, expected {(total + 7) // 8}")
+    if total == 0:
+        return np.zeros(w.size, dtype=_U64)
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=total).astype(_U64)
+    starts = np.cumsum(w) - w
+    j = np.arange(total, dtype=np.int64) - np.repeat(starts, w)
+    shifted = bits << (np.repeat(w, w) - 1 - j).astype(_U64)
+    out = np.zeros(w.size, dtype=_U64)
+    nz = w > 0
+    out[nz] = np.add.reduceat(shifted, starts[nz])
+    return out
+
+
+def rice_encode(values: np.ndarray, k: np.ndarray | int) -> tuple[bytes, bytes, np.ndarray]:
+    """Rice-code unsigned ``values`` with parameter(s) ``k``: (unary bytes, remainder bytes, escapes)."""
     v = values.astype(_U64, copy=False)
-    shifts = np.arange(width - 1, -1, -1, dtype=_U64)
-    bits = ((v[:, None] >> shifts[None, :]) & _U64(1)).astype(np.uint8)
-    return np.packbits(bits.reshape(-1)).tobytes()
-
-
-def unpack_bits(data: bytes | memoryview, count: int, width: int) -> np.ndarray:
-    """Inverse of :func:`pack_bits`; the stream must be exactly ``ceil(count*width/8)`` bytes."""
-    need = (count * width + 7) // 8
-    if len(data) != need:
-        raise FormatError(f"bit-packed stream has {len(data)} bytes, expected {need}")
-    if width == 0 or count == 0:
-        return np.zeros(count, dtype=_U64)
-    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=count * width).reshape(count, width)
-    weights = _U64(1) << np.arange(width - 1, -1, -1, dtype=_U64)
-    return (bits.astype(_U64) * weights[None, :]).sum(axis=1, dtype=_U64)
-
-
-def rice_encode(values: np.ndarray, k: int) -> tuple[bytes, bytes, np.ndarray]:
-    """Rice-code unsigned ``values`` with parameter ``k``: (unary bytes, remainder bytes, escapes)."""
-    v = values.astype(_U64, copy=False)
-    q = v >> _U64(k)
+    ks = np.broadcast_to(np.asarray(k, dtype=np.int64), v.shape)
+    q = v >> ks.astype(_U64)
     esc = q >= RICE_ESCAPE
     q = np.where(esc, _U64(RICE_ESCAPE), q).astype(np.int64)
     ends = np.cumsum(q + 1) - 1  # bit index of each terminating one
     total = int(ends[-1]) + 1 if v.size else 0
     unary = np.zeros(total, dtype=np.uint8)
     unary[ends] = 1
-    plain = v[~esc]
-    rem = pack_bits(plain & _U64((1 << k) - 1), k) if k else b""
+    widths = np.where(esc, 0, ks)
+    rem = pack_bits(v & ((_U64(1) << ks.astype(_U64)) - _U64(1)), widths)
     return np.packbits(unary).tobytes(), rem, v[esc]
 
 
 def rice_decode(
-    unary: bytes | memoryview, rem: bytes | memoryview, escapes: np.ndarray, count: int, k: int
+    unary: bytes | memoryview, rem: bytes | memoryview, escapes: np.ndarray, k: np.ndarray | int, count: int
 ) -> np.ndarray:
-    """Decode ``count`` Rice-coded values; raises FormatError on any inconsistency."""
+    """Decode ``count`` Rice-coded values (parameter(s) ``k``); raises FormatError on any inconsistency."""
+    ks = np.broadcast_to(np.asarray(k, dtype=np.int64), (count,))
     u = np.unpackbits(np.frombuffer(unary, dtype=np.uint8))
     ones = np.flatnonzero(u)
     if ones.size != count:
         raise FormatError(f"unary stream holds {ones.size} codes, expected {count}")
-    if count and len(unary) != int(ones[-1]) // 8 + 1:
-        raise FormatError("unary stream has trailing bytes")
-    if count == 0 and len(unary):
+    if len(unary) != (int(ones[-1]) // 8 + 1 if count else 0):
         raise FormatError("unary stream has trailing bytes")
     q = np.diff(ones, prepend=-1) - 1
     if q.size and int(q.max()) > RICE_ESCAPE:
@@ -85,11 +95,10 @@ def rice_decode(
     n_esc = int(esc.sum())
     if n_esc != escapes.size:
         raise FormatError(f"{n_esc} escaped codes but {escapes.size} escape values")
-    r = unpack_bits(rem, count - n_esc, k)
-    out = np.empty(count, dtype=_U64)
-    out[~esc] = (q[~esc].astype(_U64) << _U64(k)) | r
+    r = unpack_bits(rem, np.where(esc, 0, ks))
+    out = (q.astype(_U64) << ks.astype(_U64)) | r
     esc_vals = escapes.astype(_U64, copy=False)
-    if n_esc and int(esc_vals.min()) < (RICE_ESCAPE << k):
+    if n_esc and bool((esc_vals < (_U64(RICE_ESCAPE) << ks[esc].astype(_U64))).any()):
         raise FormatError("escaped value small enough for a plain code")
     out[esc] = esc_vals
     return out

@@ -19,8 +19,6 @@ import zstandard
 from deltarl.errors import FormatError
 from deltarl.pipeline import bitio
 
-CODEC_IDS: dict[str, int] = {"none": 0, "aurora": 1, "rice": 2, "dense": 3}
-CODEC_NAMES: dict[int, str] = {v: k for k, v in CODEC_IDS.items()}
 ESCAPE_BYTE = 255
 ZSTD_LEVEL = 3
 
@@ -46,12 +44,15 @@ def unzigzag(code: np.ndarray) -> np.ndarray:
     return (code >> 1) ^ neg
 
 
-def _pack(params: bytes, streams: list[bytes]) -> bytes:
+def pack_streams(params: bytes, streams: list[bytes]) -> bytes:
+    """Codec params, then one u32 length per stream, then the streams."""
     head = params + struct.pack(f"<{len(streams)}I", *(len(s) for s in streams))
     return head + b"".join(streams)
 
 
-def _unpack(payload: memoryview, params_fmt: str, nstreams: int) -> tuple[tuple[int, ...], list[memoryview]]:
+def unpack_streams(
+    payload: memoryview, params_fmt: str, nstreams: int
+) -> tuple[tuple[int, ...], list[memoryview]]:
     fixed = struct.calcsize(params_fmt)
     head = fixed + 4 * nstreams
     if len(payload) < head:
@@ -102,11 +103,13 @@ def _check_positions(pos: np.ndarray, count: int) -> np.ndarray:
 def encode_aurora(old: np.ndarray, new: np.ndarray, pos: np.ndarray) -> bytes:
     """AuroraRL reference: gaps (first position, then differences) as LEB128, new values raw LE."""
     gaps = np.diff(pos, prepend=0)
-    return _pack(b"", [bitio.leb128_encode(gaps), new[pos].astype(new.dtype.newbyteorder("<")).tobytes()])
+    return pack_streams(
+        b"", [bitio.leb128_encode(gaps), new[pos].astype(new.dtype.newbyteorder("<")).tobytes()]
+    )
 
 
 def decode_aurora(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
-    _, (gaps_b, vals_b) = _unpack(payload, "<", 2)
+    _, (gaps_b, vals_b) = unpack_streams(payload, "<", 2)
     gaps = bitio.leb128_decode(gaps_b, changed)
     if changed > 1 and int(gaps[1:].min()) == 0:
         raise FormatError("aurora gaps must be positive after the first")
@@ -135,17 +138,17 @@ def encode_rice(old: np.ndarray, new: np.ndarray, pos: np.ndarray) -> bytes:
         _zstd(small.tobytes()),
         n[esc].astype(n.dtype.newbyteorder("<")).tobytes(),
     ]
-    return _pack(struct.pack("<B", k), streams)
+    return pack_streams(struct.pack("<B", k), streams)
 
 
 def decode_rice(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
-    (k,), (unary, rem, pos_esc_b, vals_z, esc_b) = _unpack(payload, "<B", 5)
+    (k,), (unary, rem, pos_esc_b, vals_z, esc_b) = unpack_streams(payload, "<B", 5)
     if k > 32:
         raise FormatError(f"rice parameter {k} > 32")
     if len(pos_esc_b) % 8:
         raise FormatError("position escape stream is not a whole number of u64")
     pos_esc = np.frombuffer(pos_esc_b, dtype="<u8")
-    gaps = bitio.rice_decode(unary, rem, pos_esc, changed, k)
+    gaps = bitio.rice_decode(unary, rem, pos_esc, k, changed)
     if gaps.size and int(gaps.max()) >= old.size:
         raise FormatError("rice gap outside the chunk")
     pos = np.cumsum(gaps.astype(np.int64) + 1) - 1
@@ -168,11 +171,11 @@ def encode_dense(old: np.ndarray, new: np.ndarray, pos: np.ndarray) -> bytes:
     """Zigzag(new - old) of every element of the chunk, split into byte planes (low first), zstd."""
     z = zigzag(new - old).astype(old.dtype.newbyteorder("<"))
     planes = z.view(np.uint8).reshape(-1, old.dtype.itemsize).T.tobytes()
-    return _pack(b"", [_zstd(planes)])
+    return pack_streams(b"", [_zstd(planes)])
 
 
 def decode_dense(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
-    _, (planes_z,) = _unpack(payload, "<", 1)
+    _, (planes_z,) = unpack_streams(payload, "<", 1)
     isz = old.dtype.itemsize
     planes = np.frombuffer(_unzstd(planes_z, old.size * isz), dtype=np.uint8)
     z = np.ascontiguousarray(planes.reshape(isz, -1).T).view(old.dtype.newbyteorder("<")).reshape(-1)
@@ -181,7 +184,3 @@ def decode_dense(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
     if pos.size != changed:
         raise FormatError(f"dense chunk changes {pos.size} elements, header says {changed}")
     return Decoded(pos.astype(np.int64), old[pos] + unzigzag(z[pos]))
-
-
-ENCODERS = {"aurora": encode_aurora, "rice": encode_rice, "dense": encode_dense}
-DECODERS = {1: decode_aurora, 2: decode_rice, 3: decode_dense}

@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 
 from deltarl.errors import TensorMismatch
-from deltarl.pipeline import codecs
+from deltarl.pipeline import registry
 from deltarl.pipeline.segment import ChunkInfo, pack_segment
 from deltarl.pipeline.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, tensor_table
 
 log = logging.getLogger(__name__)
 
-CODECS = ("auto", "aurora", "rice", "dense")
+CODECS = ("auto", *registry.ENCODABLE)
 MAX_CHUNK_ELEMENTS = 1 << 22
 MIN_CHUNK_ELEMENTS = 1 << 12
 DENSE_MIN_FRACTION = 1 / 32  # auto tries the dense codec only above this changed fraction
@@ -26,22 +26,25 @@ def chunk_elements(segment_bytes: int) -> int:
     return int(min(MAX_CHUNK_ELEMENTS, max(MIN_CHUNK_ELEMENTS, segment_bytes // 4)))
 
 
-def encode_chunk(old: np.ndarray, new: np.ndarray, codec: str) -> tuple[str, int, bytes]:
-    """Encode one chunk's changes: (codec used, changed count, payload)."""
-    pos = np.flatnonzero(old != new)
-    if pos.size == 0:
+def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str) -> tuple[str, int, bytes]:
+    """Encode one chunk's changes: (codec used, changed count, payload).
+
+    ``auto`` encodes with ``ctx`` and, when more than 1/32 of the chunk changed, also ``dense``,
+    and keeps the smaller (``rice`` and ``aurora`` are never smaller than ``ctx`` on real updates
+    and are only used when asked for by name).
+    """
+    ch = registry.detect(old, new, dtype, codec in ("auto", "ctx"))
+    changed = int(ch.pos.size)
+    if changed == 0:
         return "none", 0, b""
     if codec != "auto":
-        return codec, int(pos.size), codecs.ENCODERS[codec](old, new, pos)
-    best = ("rice", codecs.encode_rice(old, new, pos))
-    aurora = codecs.encode_aurora(old, new, pos)
-    if len(aurora) < len(best[1]):
-        best = ("aurora", aurora)
-    if pos.size >= DENSE_MIN_FRACTION * old.size:
-        dense = codecs.encode_dense(old, new, pos)
+        return codec, changed, registry.ENCODERS[codec](old, new, dtype, ch)
+    best = ("ctx", registry.ENCODERS["ctx"](old, new, dtype, ch))
+    if changed >= DENSE_MIN_FRACTION * old.size:
+        dense = registry.ENCODERS["dense"](old, new, dtype, ch)
         if len(dense) < len(best[1]):
             best = ("dense", dense)
-    return best[0], int(pos.size), best[1]
+    return best[0], changed, best[1]
 
 
 def _cpu(value: Any) -> Any:
@@ -82,7 +85,7 @@ def iter_encode_delta(
             raise TensorMismatch(f"tensor {spec.name!r}: element count differs from its shape")
         for start in range(0, spec.numel, step):
             stop = min(spec.numel, start + step)
-            used, changed, payload = encode_chunk(o[start:stop], n[start:stop], codec)
+            used, changed, payload = encode_chunk(o[start:stop], n[start:stop], spec.dtype, codec)
             specs[spec.name] = spec
             chunks.append(ChunkInfo(spec.name, start, stop - start, changed, used, len(payload)))
             payloads.append(payload)

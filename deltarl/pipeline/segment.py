@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from deltarl.errors import ChecksumMismatch, FormatError, UnsupportedFormatVersion
-from deltarl.pipeline.codecs import CODEC_IDS, CODEC_NAMES
+from deltarl.pipeline.registry import CODEC_IDS, CODEC_NAMES
 from deltarl.pipeline.tensors import DTYPE_BY_CODE, DTYPES, TensorSpec
 
 MAGIC = b"DRLS"

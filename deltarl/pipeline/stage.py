@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from deltarl.errors import BaseMismatch, FormatError, StagingError, TensorMismatch
-from deltarl.pipeline import codecs
+from deltarl.pipeline import registry
 from deltarl.pipeline.segment import read_segment_header
 from deltarl.pipeline.tensors import TensorSpec, flat_bits, is_cuda, tensor_table, uint_dtype
 
@@ -135,7 +135,7 @@ class Stager:
                 continue
             value = self._state[c.tensor]
             old = _old_range(c.tensor, value, c.start, c.start + c.count)
-            dec = codecs.DECODERS[codecs.CODEC_IDS[c.codec]](old, payload, c.changed)
+            dec = registry.DECODERS[c.codec](old, payload, c.changed)
             if dec.positions.size != c.changed or dec.values.dtype != uint_dtype(self._specs[c.tensor].dtype):
                 raise FormatError(
                     f"chunk of {c.tensor!r} decoded to {dec.positions.size} of {c.changed} elements"

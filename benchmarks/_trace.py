@@ -1,0 +1,141 @@
+"""A realistic weight-update trace: FP32 master weights, Adam, BF16 export (reusable by benchmarks).
+
+The master weights have LLM-like shapes and distributions (matrices ~N(0, sigma) with per-row
+log-normal scale and sigma ~ 1/sqrt(fan_in), norm weights near 1, embeddings); gradients have a
+persistent per-element signal plus fresh noise at a per-row log-normal scale, so Adam's normalised
+step varies across elements as in practice. ``export()`` rounds to BF16 (round-to-nearest-even)
+and returns ``{name: deltarl.pipeline.BF16}``; the first Adam step is the dense one (|update| = lr
+everywhere). Pure numpy, processed per tensor so memory stays ~4x the FP32 model.
+
+Typical use::
+
+    tr = AdamTrace(qwen3_like_shapes(layers=2), seed=0, lr=1e-6)
+    tr.run(warmup_steps=20)          # steady state
+    a = tr.export(); tr.step(); b = tr.export()   # one step's BF16 delta a -> b
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from deltarl.pipeline import BF16
+
+Shape = tuple[int, ...]
+
+
+def qwen3_like_shapes(
+    layers: int = 4,
+    hidden: int = 1024,
+    intermediate: int = 3072,
+    heads: int = 16,
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    vocab: int = 32768,
+) -> list[tuple[str, Shape]]:
+    """Tensor names and shapes of a (scaled) Qwen3-style decoder: attention, gated MLP, RMSNorms."""
+    out: list[tuple[str, Shape]] = [("model.embed_tokens.weight", (vocab, hidden))]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out += [
+            (p + "input_layernorm.weight", (hidden,)),
+            (p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
+            (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
+            (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
+            (p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
+            (p + "self_attn.q_norm.weight", (head_dim,)),
+            (p + "self_attn.k_norm.weight", (head_dim,)),
+            (p + "post_attention_layernorm.weight", (hidden,)),
+            (p + "mlp.gate_proj.weight", (intermediate, hidden)),
+            (p + "mlp.up_proj.weight", (intermediate, hidden)),
+            (p + "mlp.down_proj.weight", (hidden, intermediate)),
+        ]
+    out.append(("model.norm.weight", (hidden,)))
+    return out
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """FP32 -> BF16 bit patterns, round to nearest even (finite inputs)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(
+        np.uint16
+    )
+
+
+def _row_scale(rng: np.random.Generator, shape: Shape, sigma: float) -> np.ndarray:
+    rows = shape[0] if len(shape) > 1 else 1
+    s = rng.lognormal(0.0, sigma, size=(rows,) + (1,) * (len(shape) - 1)).astype(np.float32)
+    return s
+
+
+class AdamTrace:
+    """FP32 master weights updated by Adam with synthetic gradients; BF16 export per step."""
+
+    def __init__(
+        self,
+        shapes: Sequence[tuple[str, Shape]],
+        *,
+        seed: int,
+        lr: float,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        signal: float = 0.3,
+    ) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.lr, self.beta1, self.beta2, self.eps, self.signal = lr, beta1, beta2, eps, signal
+        self.t = 0
+        self.w: dict[str, np.ndarray] = {}
+        self.m: dict[str, np.ndarray] = {}
+        self.v: dict[str, np.ndarray] = {}
+        self.mu: dict[str, np.ndarray] = {}
+        self.gscale: dict[str, np.ndarray] = {}
+        for name, shape in shapes:
+            rng = self.rng
+            if len(shape) == 1:  # norm weights: near 1, some spread
+                w = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+            else:
+                sigma = 1.0 / np.sqrt(shape[-1]) if "embed" not in name else 0.02
+                w = rng.standard_normal(shape, dtype=np.float32) * np.float32(sigma)
+                w *= _row_scale(rng, shape, 0.3)
+            self.w[name] = w
+            self.m[name] = np.zeros(shape, np.float32)
+            self.v[name] = np.zeros(shape, np.float32)
+            self.mu[name] = (signal * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+            self.gscale[name] = _row_scale(rng, shape, 1.0) * np.float32(1e-3)
+
+    @property
+    def numel(self) -> int:
+        return sum(w.size for w in self.w.values())
+
+    def step(self) -> None:
+        """One Adam step (bias-corrected) with fresh gradient noise."""
+        self.t += 1
+        b1, b2 = np.float32(self.beta1), np.float32(self.beta2)
+        c1 = np.float32(1 - self.beta1**self.t)
+        c2 = np.float32(1 - self.beta2**self.t)
+        for name, w in self.w.items():
+            g = self.rng.standard_normal(w.shape, dtype=np.float32)
+            g += self.mu[name]
+            g *= self.gscale[name]
+            m, v = self.m[name], self.v[name]
+            m *= b1
+            m += (1 - b1) * g
+            v *= b2
+            g *= g
+            v += (1 - b2) * g
+            denom = np.sqrt(v / c2)
+            denom += np.float32(self.eps)
+            upd = m / c1
+            upd /= denom
+            upd *= np.float32(self.lr)
+            w -= upd
+
+    def run(self, warmup_steps: int) -> None:
+        for _ in range(warmup_steps):
+            self.step()
+
+    def export(self) -> dict[str, BF16]:
+        """The BF16 inference weights (bit patterns) of the current master weights."""
+        return {name: BF16(bf16_bits(w)) for name, w in self.w.items()}

@@ -1,0 +1,91 @@
+"""Hot per-element loops, in numba when available and a pure-numpy fallback that gives equal results.
+
+Only the loops that touch every element of a chunk live here (change detection, per-class ranks,
+and the decoder's per-class select); everything per *changed* element is vectorised numpy shared by
+both paths, so the bytes produced never depend on which path ran. numba is imported on first use,
+never at ``import deltarl.pipeline``; ``DELTARL_NO_NUMBA=1`` (read at every call) forces numpy.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def numba_enabled() -> bool:
+    """True unless ``DELTARL_NO_NUMBA`` is set to a non-empty value other than ``0``."""
+    return os.environ.get("DELTARL_NO_NUMBA", "") in ("", "0")
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled() -> Any:
+    try:
+        from deltarl.pipeline import _numba_kernels
+    except ImportError as err:  # numba missing or broken: the numpy path is always correct
+        log.warning("numba unavailable, using the numpy codec path: %s", err)
+        return None
+    return _numba_kernels
+
+
+def _jit() -> Any:
+    return _compiled() if numba_enabled() else None
+
+
+def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Sorted int64 indices where the bit patterns differ."""
+    k = _jit()
+    if k is None:
+        return np.flatnonzero(old != new)
+    return k.changed_positions(old, new)
+
+
+def classes(bits: np.ndarray, shift: int, mask: int) -> np.ndarray:
+    """Context class of each element: its exponent field, as int64."""
+    return ((bits >> bits.dtype.type(shift)) & bits.dtype.type(mask)).astype(np.int64)
+
+
+def class_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int) -> SimpleNamespace:
+    """Changed positions (sorted), their class, and their rank among same-class elements of the chunk."""
+    k = _jit()
+    if k is not None:
+        pos, cls, rank = k.class_ranks(old, new, shift, mask)
+        return SimpleNamespace(pos=pos, cls=cls, rank=rank)
+    pos = np.flatnonzero(old != new)
+    c_all = ((old >> old.dtype.type(shift)) & old.dtype.type(mask)).astype(
+        np.uint8 if mask < 256 else np.uint16
+    )
+    order = np.argsort(c_all, kind="stable")
+    starts = np.concatenate(([0], np.cumsum(np.bincount(c_all, minlength=mask + 1))))
+    inv = np.empty(old.size, dtype=np.int64)
+    inv[order] = np.arange(old.size, dtype=np.int64)
+    cls = c_all[pos].astype(np.int64)
+    return SimpleNamespace(pos=pos, cls=cls, rank=inv[pos] - starts[cls])
+
+
+def class_select(old: np.ndarray, shift: int, mask: int, targets: np.ndarray, tptr: np.ndarray) -> np.ndarray:
+    """Positions of the requested same-class ranks, or -1 where a rank exceeds its class size.
+
+    ``targets[tptr[c]:tptr[c+1]]`` are strictly increasing ranks within class ``c``; the result is
+    aligned with ``targets`` (class-major order).
+    """
+    k = _jit()
+    if k is not None:
+        return k.class_select(old, shift, mask, targets, tptr)
+    c_all = ((old >> old.dtype.type(shift)) & old.dtype.type(mask)).astype(
+        np.uint8 if mask < 256 else np.uint16
+    )
+    order = np.argsort(c_all, kind="stable")
+    counts = np.bincount(c_all, minlength=mask + 1)
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    tcls = np.repeat(np.arange(mask + 1), np.diff(tptr))
+    ok = targets < counts[tcls]
+    out = np.full(targets.size, -1, dtype=np.int64)
+    out[ok] = order[starts[tcls[ok]] + targets[ok]]
+    return out

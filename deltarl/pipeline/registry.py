@@ -1,0 +1,44 @@
+"""Codec ids (the byte in a segment's chunk table) and the encode/decode dispatch for each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import numpy as np
+
+from deltarl.pipeline import codecs, ctx, kernels
+from deltarl.pipeline.codecs import Decoded
+
+CODEC_IDS: dict[str, int] = {"none": 0, "aurora": 1, "rice": 2, "dense": 3, "ctx": 4}
+CODEC_NAMES: dict[int, str] = {v: k for k, v in CODEC_IDS.items()}
+ENCODABLE = ("aurora", "rice", "dense", "ctx")
+
+Encoder = Callable[[np.ndarray, np.ndarray, str, SimpleNamespace], bytes]
+
+
+def _ctx(old: np.ndarray, new: np.ndarray, dtype: str, ch: SimpleNamespace) -> bytes:
+    shift, cbits = ctx.CLASS_FIELDS[dtype]
+    return ctx.encode_ctx(old, new, shift, cbits, ch if hasattr(ch, "rank") else None)
+
+
+ENCODERS: dict[str, Encoder] = {
+    "aurora": lambda o, n, _d, ch: codecs.encode_aurora(o, n, ch.pos),
+    "rice": lambda o, n, _d, ch: codecs.encode_rice(o, n, ch.pos),
+    "dense": lambda o, n, _d, ch: codecs.encode_dense(o, n, ch.pos),
+    "ctx": _ctx,
+}
+DECODERS: dict[str, Callable[[np.ndarray, memoryview, int], Decoded]] = {
+    "aurora": codecs.decode_aurora,
+    "rice": codecs.decode_rice,
+    "dense": codecs.decode_dense,
+    "ctx": ctx.decode_ctx,
+}
+
+
+def detect(old: np.ndarray, new: np.ndarray, dtype: str, with_classes: bool) -> SimpleNamespace:
+    """Changed positions of a chunk, plus per-class ranks when a ctx encode will need them."""
+    if with_classes:
+        shift, cbits = ctx.CLASS_FIELDS[dtype]
+        return kernels.class_ranks(old, new, shift, (1 << cbits) - 1)
+    return SimpleNamespace(pos=kernels.changed_positions(old, new))
