@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from deltarl.errors import ObjectExists, RunError
 from deltarl.trainer.config import TrainerConfig
 from deltarl.trainer.grpo import GRPOTrainer, TrainStats
-from deltarl.trainer.model import build_model, model_record, parse_model_record
+from deltarl.trainer.model import RunModelInfo, build_model
 from deltarl.trainer.tasks import build_task
 from deltarl.trainer.tokenizer import encode_prompt, load_tokenizer
 
@@ -80,9 +80,9 @@ def write_model_json(store: ObjectStore, run: str, data: bytes) -> None:
             raise RunError(f"{key} exists with a different model/tokenizer/task spec") from None
 
 
-def read_model_json(store: ObjectStore, run: str) -> tuple[Any, Any, Any]:
-    """``(ModelSpec, TokenizerSpec, task dict or None)`` of a run."""
-    return parse_model_record(store.get(model_json_key(run)))
+def read_model_json(store: ObjectStore, run: str) -> RunModelInfo:
+    """The model, tokenizer, task and sampling settings a run records."""
+    return RunModelInfo.from_bytes(store.get(model_json_key(run)))
 
 
 class TrainerLoop:
@@ -129,12 +129,21 @@ class TrainerLoop:
         text = self.tokenizer.decode(list(sample.completion_token_ids))
         return self.task.score(self._answers[sample.prompt_id], text, sample.finish_reason)
 
+    def model_info(self) -> RunModelInfo:
+        """What ``<run>/model.json`` records for this configuration."""
+        cfg = self.config
+        return RunModelInfo(
+            model=cfg.model,
+            tokenizer=cfg.tokenizer,
+            task=cfg.task.model_dump(mode="json"),
+            temperature=cfg.grpo.temperature,
+            max_new_tokens=cfg.max_new_tokens,
+        )
+
     def start(self) -> Any:
         """Write ``model.json`` and publish version 0 (the initial weights); return its VersionInfo."""
         cfg = self.config
-        write_model_json(
-            self.store, cfg.run, model_record(cfg.model, cfg.tokenizer, cfg.task.model_dump(mode="json"))
-        )
+        write_model_json(self.store, cfg.run, self.model_info().to_bytes())
         if self.version_ids:
             raise RunError("start() was already called")
         info = self.publisher.publish(self.trainer.export_bf16(), 0)

@@ -12,6 +12,7 @@ bits of an actor's live parameters equal the trainer's export, so state digests 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -144,31 +145,49 @@ def load_bf16_into(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> No
             p.data.copy_(state[name].to(device=p.device, dtype=p.dtype))
 
 
-def model_record(model: ModelSpec, tokenizer: TokenizerSpec, task: dict[str, Any] | None = None) -> bytes:
-    """Canonical bytes of ``<run>/model.json``: what actors and audits need to rebuild the model."""
-    record: dict[str, Any] = {
-        "format_version": MODEL_JSON_FORMAT,
-        "model": model.model_dump(mode="json"),
-        "tokenizer": tokenizer.model_dump(mode="json"),
-    }
-    if task is not None:
-        record["task"] = task
-    return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+@dataclass(frozen=True)
+class RunModelInfo:
+    """What ``<run>/model.json`` records: enough for actors and audits to rebuild and sample the model."""
 
+    model: ModelSpec
+    tokenizer: TokenizerSpec
+    task: dict[str, Any] | None = None
+    temperature: float = 1.0
+    max_new_tokens: int = 256
 
-def parse_model_record(data: bytes) -> tuple[ModelSpec, TokenizerSpec, dict[str, Any] | None]:
-    """Parse ``model.json`` bytes; an unknown format version raises ``UnsupportedFormatVersion``."""
-    from deltarl.errors import FormatError, UnsupportedFormatVersion
+    def to_bytes(self) -> bytes:
+        """Canonical JSON (sorted keys, no whitespace), so the same info always has the same bytes."""
+        record: dict[str, Any] = {
+            "format_version": MODEL_JSON_FORMAT,
+            "model": self.model.model_dump(mode="json"),
+            "tokenizer": self.tokenizer.model_dump(mode="json"),
+            "task": self.task,
+            "generation": {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens},
+        }
+        return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
 
-    try:
-        record = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise FormatError(f"model.json is not JSON: {err}") from err
-    if not isinstance(record, dict):
-        raise FormatError("model.json is not a JSON object")
-    if record.get("format_version") != MODEL_JSON_FORMAT:
-        raise UnsupportedFormatVersion(f"model.json format_version {record.get('format_version')!r}")
-    try:
-        return ModelSpec(**record["model"]), TokenizerSpec(**record["tokenizer"]), record.get("task")
-    except (KeyError, TypeError, ValueError) as err:
-        raise FormatError(f"model.json is malformed: {err}") from err
+    @classmethod
+    def from_bytes(cls, data: bytes) -> RunModelInfo:
+        """Parse ``model.json``; malformed bytes raise ``FormatError``, an unknown version
+        ``UnsupportedFormatVersion``."""
+        from deltarl.errors import FormatError, UnsupportedFormatVersion
+
+        try:
+            record = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise FormatError(f"model.json is not JSON: {err}") from err
+        if not isinstance(record, dict):
+            raise FormatError("model.json is not a JSON object")
+        if record.get("format_version") != MODEL_JSON_FORMAT:
+            raise UnsupportedFormatVersion(f"model.json format_version {record.get('format_version')!r}")
+        try:
+            gen = record["generation"]
+            return cls(
+                model=ModelSpec(**record["model"]),
+                tokenizer=TokenizerSpec(**record["tokenizer"]),
+                task=record["task"],
+                temperature=float(gen["temperature"]),
+                max_new_tokens=int(gen["max_new_tokens"]),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise FormatError(f"model.json is malformed: {err}") from err

@@ -150,7 +150,7 @@ class HFBackend:
                     input_ids=tok[:, None],
                     attention_mask=mask,
                     position_ids=next_pos,
-                    cache=out.past_key_values,
+                    cache=out.cache,
                     use_cache=True,
                 )
                 next_pos = next_pos + 1
