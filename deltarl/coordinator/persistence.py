@@ -118,13 +118,13 @@ class CoordinatorStore:
 
     # --- reads ------------------------------------------------------------------------------------
 
-    def steps(self) -> list[int]:
-        """Every step with a spec in the store, ascending."""
+    def steps(self, *, with_spec: bool = True) -> list[int]:
+        """Every step with a spec in the store (or, ``with_spec=False``, with any object), ascending."""
         out = set()
         for key in self.store.list(self.rollouts_root):
             rest = key[len(self.rollouts_root):]
             name, _, tail = rest.partition("/")
-            if tail == "spec.json" and name.startswith("step-") and name[5:].isdigit():
+            if (tail == "spec.json" or not with_spec) and name.startswith("step-") and name[5:].isdigit():
                 out.add(int(name[5:]))
         return sorted(out)
 
@@ -137,9 +137,12 @@ class CoordinatorStore:
         except ObjectNotFound:
             return None
 
+    def admitted(self, key: str) -> AdmittedRecord:
+        return decode(AdmittedRecord, self.store.get(key))
+
     def results(self, step: int) -> list[tuple[str, AdmittedRecord]]:
         """Every admitted record of the step, in admission order."""
-        out = [(k, decode(AdmittedRecord, self.store.get(k))) for k in self.store.list(self.results_prefix(step))]
+        out = [(k, self.admitted(k)) for k in self.store.list(self.results_prefix(step))]
         out.sort(key=lambda kr: (kr[1].admitted_at, kr[0]))
         return out
 

@@ -1,0 +1,123 @@
+"""``deltarl audit``: check every stored rollout against the version chain, its lease and its step."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from deltarl.commands._store import add_store_argument
+
+HELP = "audit a run's stored rollouts: version ids in the chain, valid leases, accepted versions (--rescore: logprobs)"
+
+
+def _steps(text: str) -> tuple[int | None, int | None]:
+    lo, sep, hi = text.partition(":")
+    try:
+        if not sep:
+            n = int(lo)
+            return n, n + 1
+        return (int(lo) if lo else None), (int(hi) if hi else None)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--steps wants A:B (B exclusive), A: , :B or N, got {text!r}") from err
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_store_argument(parser)
+    parser.add_argument("--steps", type=_steps, default=(None, None), metavar="A:B",
+                        help="audit steps A (inclusive) to B (exclusive); either end may be omitted")
+    parser.add_argument("--rescore", type=int, default=0, metavar="N",
+                        help="recompute the sampled tokens' logprobs of N rollouts under the claimed version")
+    parser.add_argument("--tolerance", type=float, default=0.05, metavar="T",
+                        help="largest |logprob difference| a rescored token may show (default 0.05)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the rescore sample (default 0)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def _outcome_ok(outcome: Any) -> bool:
+    """A rescore outcome passes if it says so (``.ok`` or ``["ok"]``)."""
+    ok = outcome.get("ok") if isinstance(outcome, dict) else getattr(outcome, "ok", None)
+    return bool(ok)
+
+
+def _outcome_dict(outcome: Any) -> dict[str, Any]:
+    if isinstance(outcome, dict):
+        return outcome
+    return dict(getattr(outcome, "__dict__", {"outcome": repr(outcome)}))
+
+
+def run(args: argparse.Namespace) -> int:
+    from deltarl.coordinator.audit import audit_run
+    from deltarl.errors import DeltaRLError
+    from deltarl.storage.open import open_store
+
+    try:
+        store = open_store(args.store)
+    except DeltaRLError as err:
+        print(f"deltarl audit: {err}", file=sys.stderr)
+        return 2
+    try:
+        report = audit_run(store, args.run, args.steps)
+        rescored: list[Any] = []
+        if args.rescore > 0:
+            try:
+                from deltarl.trainer.rescore import rescore_rollouts
+            except ImportError as err:
+                print(f"deltarl audit: --rescore needs deltarl.trainer.rescore ({err})", file=sys.stderr)
+                return 2
+            results = [rec.result for rec in report.records]
+            rescored = list(rescore_rollouts(store, args.run, results, args.rescore, tolerance=args.tolerance,
+                                             seed=args.seed))
+    except DeltaRLError as err:
+        print(f"deltarl audit: {err}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    rescore_failed = sum(not _outcome_ok(o) for o in rescored)
+    if args.json:
+        print(json.dumps({
+            "run": report.run, "ok": report.ok and not rescore_failed, "versions_in_chain": report.versions_in_chain,
+            "steps": [dict(s.__dict__, versions=dict(s.versions)) for s in report.steps],
+            "failures": [f.__dict__ for f in report.failures],
+            "rescored": len(rescored), "rescore_failed": rescore_failed,
+            "rescore_flagged": [_outcome_dict(o) for o in rescored if not _outcome_ok(o)],
+        }, indent=1))
+    else:
+        _print_tables(report, rescored, rescore_failed)
+    return 0 if report.ok and not rescore_failed else 1
+
+
+def _print_tables(report: Any, rescored: list[Any], rescore_failed: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"audit of run {report.run!r} ({report.versions_in_chain} versions in the chain)")
+    for col in ("step", "state", "results", "prompts", "samples", "tokens", "versions", "failures"):
+        table.add_column(col, justify="right" if col not in ("state", "versions") else "left")
+    for s in report.steps:
+        versions = ", ".join(f"{v[:10]}…×{n}" for v, n in s.versions.most_common(3))
+        table.add_row(str(s.step), s.state, str(s.results), str(s.prompts), str(s.samples), str(s.tokens),
+                      versions, f"[red]{s.failures}[/red]" if s.failures else "0")
+    console.print(table)
+    if report.failures:
+        ft = Table(title=f"{len(report.failures)} failed checks")
+        for col in ("step", "check", "key", "detail"):
+            ft.add_column(col)
+        for f in report.failures[:50]:
+            ft.add_row("" if f.step is None else str(f.step), f.check, f.key, f.detail)
+        console.print(ft)
+    if rescored:
+        console.print(f"rescored {len(rescored)} samples: {rescore_failed} did not match within tolerance")
+        flagged = [_outcome_dict(o) for o in rescored if not _outcome_ok(o)]
+        if flagged:
+            rt = Table(title="rescore: flagged samples")
+            for col in ("step", "lease_id", "actor_id", "version", "prompt_id", "mean_abs_diff", "reason"):
+                rt.add_column(col)
+            for f in flagged[:50]:
+                rt.add_row(*(str(f.get(c, "")) for c in ("step", "lease_id", "actor_id", "version", "prompt_id")),
+                           f"{f.get('mean_abs_diff', float('nan')):.4g}", str(f.get("reason", "")))
+            console.print(rt)
+    verdict = "[green]OK[/green]" if report.ok and not rescore_failed else "[red]FAILED[/red]"
+    console.print(f"{sum(s.results for s in report.steps)} rollouts in {len(report.steps)} steps: {verdict}")
