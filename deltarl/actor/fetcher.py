@@ -1,0 +1,262 @@
+"""The actor-side multi-stream fetcher: relays in order of preference, then the origin store.
+
+``fetch_objects(refs)`` splits each object into ranges of ``range_bytes`` and puts them, object
+by object, on one queue that ``streams`` workers drain: consecutive ranges (and small objects)
+land on different TCP streams (round-robin striping), so one window-limited stream no longer
+bounds the transfer. Each range is retried on its source with capped, jittered backoff
+(:class:`~deltarl.storage.retry.RetryPolicy`); when a source keeps failing (dead relay, refused
+connection, truncated or stalled response), the range moves to the next source, and the source
+is skipped for ``cooldown_s``. Ranges that already arrived are kept: a failover refetches only
+what is missing.
+
+Integrity is checked per object: only the whole object's sha256 is known (from the manifest), so
+a mismatch cannot be pinned on one range. On a mismatch the whole object is fetched again from
+the next source after every source that contributed to it, and an object no source can deliver
+intact raises :class:`~deltarl.errors.TransferError`. A verified object is never fetched again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from deltarl.actor.sources import Source, make_source
+from deltarl.errors import (
+    DeltaRLError,
+    IntegrityError,
+    InvalidRange,
+    ObjectNotFound,
+    StoreError,
+    TransferError,
+)
+from deltarl.storage.manifest import ObjectRef
+from deltarl.storage.retry import RetryPolicy
+from deltarl.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass
+class FetchStats:
+    """What a fetcher moved, and the trouble it met."""
+
+    bytes_by_source: dict[str, int] = field(default_factory=dict)
+    objects: int = 0
+    retries: int = 0
+    failovers: int = 0
+    integrity_refetches: int = 0
+
+
+@dataclass
+class _Object:
+    ref: ObjectRef
+    buf: bytearray
+    ranges: list[tuple[int, int]]
+    missing: set[int]
+    source: int = 0  # first source index this object may use
+    used: set[int] = field(default_factory=set)
+    failed: BaseException | None = None
+
+
+class Fetcher:
+    """Fetch immutable objects over several streams from relays, failing over to the origin.
+
+    ``sources`` are tried in order: relay URLs (``http://…``), then usually the origin store (an
+    :class:`ObjectStore` or a store URL). Use as ``async with``.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[str | ObjectStore | Source],
+        *,
+        streams: int = 4,
+        range_bytes: int = 4 << 20,
+        retry: RetryPolicy | None = None,
+        attempts_per_source: int = 2,
+        cooldown_s: float = 10.0,
+        read_timeout_s: float = 30.0,
+        token: str | None = None,
+    ) -> None:
+        if not sources:
+            raise ValueError("a fetcher needs at least one source")
+        if streams < 1 or range_bytes < 1 or attempts_per_source < 1:
+            raise ValueError("streams, range_bytes and attempts_per_source must be >= 1")
+        self.sources = [make_source(s, connections=streams, read_timeout_s=read_timeout_s, token=token) for s in sources]
+        self.streams = streams
+        self.range_bytes = range_bytes
+        self.retry = retry if retry is not None else RetryPolicy(attempts=attempts_per_source, base_delay=0.05, max_delay=1.0)
+        self.attempts_per_source = attempts_per_source
+        self.cooldown_s = cooldown_s
+        self.stats = FetchStats()
+        self._dead_until = [0.0] * len(self.sources)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self.sources))
+
+    async def __aenter__(self) -> Fetcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- source selection ---------------------------------------------------------------------
+
+    def _pick(self, first: int) -> int:
+        """The first source at or after ``first`` that is not cooling down (else ``first``)."""
+        now = time.monotonic()
+        for i in range(first, len(self.sources)):
+            if self._dead_until[i] <= now:
+                return i
+        return first if first < len(self.sources) else len(self.sources)
+
+    def _mark_dead(self, i: int, err: BaseException) -> None:
+        log.warning("source %s failed (%s); failing over for %.0fs", self.sources[i].name, err, self.cooldown_s)
+        self._dead_until[i] = time.monotonic() + self.cooldown_s
+
+    async def _with_failover(self, what: str, first: int, call: Callable[[Source, int], Awaitable[T]]) -> tuple[T, int]:
+        """Run ``call(source, index)`` on source ``first`` or later; return ``(result, index)``."""
+        i = self._pick(first)
+        last: BaseException | None = None
+        while i < len(self.sources):
+            for attempt in range(self.attempts_per_source):
+                try:
+                    return await call(self.sources[i], i), i
+                except (ObjectNotFound, InvalidRange) as err:
+                    last = err
+                    break  # not a fault of the connection: ask the next source, keep this one alive
+                except (StoreError, DeltaRLError, OSError, asyncio.TimeoutError) as err:
+                    last = err
+                    if attempt + 1 < self.attempts_per_source:
+                        self.stats.retries += 1
+                        await asyncio.sleep(self.retry.delay(attempt))
+            else:
+                assert last is not None
+                self._mark_dead(i, last)
+            self.stats.failovers += 1
+            i = self._pick(i + 1)
+        if isinstance(last, ObjectNotFound):
+            raise ObjectNotFound(f"{what}: not found at any source") from last
+        raise TransferError(f"{what}: every source failed; last error: {last}") from last
+
+    # --- immutable objects --------------------------------------------------------------------
+
+    async def fetch(self, ref: ObjectRef, *, wait_s: float = 0.0) -> bytes:
+        """One verified object."""
+        async for _, data in self.fetch_objects([ref], wait_s=wait_s):
+            return data
+        raise AssertionError("unreachable")
+
+    async def fetch_objects(self, refs: Sequence[ObjectRef], *, wait_s: float = 0.0) -> AsyncIterator[tuple[ObjectRef, bytes]]:
+        """Yield ``(ref, bytes)`` for every ref as soon as it is complete and verified.
+
+        ``wait_s`` > 0 long-polls objects that do not exist yet (relays hold the request; the
+        origin is polled). Raises :class:`TransferError` if an object cannot be delivered intact.
+        """
+        objects = [self._plan(ref) for ref in refs]
+        work: asyncio.Queue[tuple[_Object, int] | None] = asyncio.Queue()
+        done: asyncio.Queue[_Object] = asyncio.Queue()
+        for obj in objects:
+            for idx in range(len(obj.ranges)):
+                work.put_nowait((obj, idx))
+            if not obj.ranges:
+                done.put_nowait(obj)
+        workers = [asyncio.ensure_future(self._worker(work, done, wait_s)) for _ in range(min(self.streams, max(1, work.qsize())))]
+        remaining = len(objects)
+        try:
+            while remaining:
+                obj = await done.get()
+                if obj.failed is not None:
+                    raise obj.failed
+                data = bytes(obj.buf)
+                if hashlib.sha256(data).hexdigest() != obj.ref.sha256 or len(data) != obj.ref.size:
+                    self._requeue_after_mismatch(obj, work)
+                    continue
+                self.stats.objects += 1
+                remaining -= 1
+                yield obj.ref, data
+                obj.buf = bytearray()  # release memory early
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    def _plan(self, ref: ObjectRef) -> _Object:
+        ranges = [(o, min(o + self.range_bytes, ref.size)) for o in range(0, ref.size, self.range_bytes)]
+        return _Object(ref=ref, buf=bytearray(ref.size), ranges=ranges, missing=set(range(len(ranges))))
+
+    def _requeue_after_mismatch(self, obj: _Object, work: asyncio.Queue[tuple[_Object, int] | None]) -> None:
+        self.stats.integrity_refetches += 1
+        nxt = max(obj.used) + 1 if obj.used else obj.source + 1
+        log.warning("%s: sha256 mismatch from %s; refetching from the next source",
+                    obj.ref.key, ", ".join(self.sources[i].name for i in sorted(obj.used)))
+        if nxt >= len(self.sources):
+            raise TransferError(f"{obj.ref.key}: no source delivered bytes matching sha256 {obj.ref.sha256}") from IntegrityError(
+                f"{obj.ref.key}: sha256 mismatch from every source tried"
+            )
+        obj.source = nxt
+        obj.used.clear()
+        obj.missing = set(range(len(obj.ranges)))
+        obj.buf = bytearray(obj.ref.size)
+        for idx in range(len(obj.ranges)):
+            work.put_nowait((obj, idx))  # it re-enters `done` once these complete
+
+    async def _worker(self, work: asyncio.Queue[tuple[_Object, int] | None], done: asyncio.Queue[_Object], wait_s: float) -> None:
+        while True:
+            item = await work.get()
+            if item is None:
+                return
+            obj, idx = item
+            if obj.failed is not None or idx not in obj.missing:
+                continue
+            start, end = obj.ranges[idx]
+            call = functools.partial(_get_range, obj.ref.key, start, end, len(obj.ranges) == 1, wait_s)
+            try:
+                data, i = await self._with_failover(f"{obj.ref.key}[{start}:{end}]", obj.source, call)
+            except (TransferError, ObjectNotFound) as err:
+                obj.failed = err
+                done.put_nowait(obj)
+                continue
+            obj.buf[start:end] = data
+            obj.used.add(i)
+            name = self.sources[i].name
+            self.stats.bytes_by_source[name] = self.stats.bytes_by_source.get(name, 0) + len(data)
+            obj.missing.discard(idx)
+            if not obj.missing:
+                done.put_nowait(obj)
+
+    # --- small and mutable objects ------------------------------------------------------------
+
+    async def fetch_key(self, key: str, *, wait_s: float = 0.0) -> bytes:
+        """A whole object whose hash is not known in advance (manifests, run.json): failover only."""
+
+        async def call(src: Source, i: int) -> bytes:
+            return await src.get_range(key, 0, None, wait=wait_s)
+
+        data, _ = await self._with_failover(key, 0, call)
+        return data
+
+    async def get_mutable(self, key: str, *, etag: str | None = None, wait_s: float = 0.0) -> tuple[bytes, str] | None:
+        """A mutable object (HEAD) and its ETag; ``None`` if still ``etag`` after ``wait_s``."""
+
+        async def call(src: Source, i: int) -> tuple[bytes, str] | None:
+            return await src.get_mutable(key, etag=etag, wait=wait_s)
+
+        value, _ = await self._with_failover(key, 0, call)
+        return value
+
+
+async def _get_range(key: str, start: int, end: int, whole: bool, wait_s: float, src: Source, i: int) -> bytes:
+    """Range ``[start, end)`` of ``key`` from ``src`` (a plain GET when it is the whole object, so
+    a relay can check the object's sha256 as it sends it); a short answer is an error."""
+    data = await src.get_range(key, start, None if whole else end, wait=wait_s)
+    if len(data) != end - start:
+        raise TransferError(f"{key}[{start}:{end}] from {src.name}: got {len(data)} of {end - start} bytes")
+    return data
