@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 import pytest
 
@@ -120,9 +119,9 @@ async def test_truncated_response_is_retried(start_relay: StartRelay) -> None:
     assert fetcher.stats.retries + fetcher.stats.failovers >= 1
 
 
-async def test_every_source_failing_raises_transfer_error(start_relay: StartRelay, tmp_path: Path) -> None:
+async def test_every_source_failing_raises_transfer_error(start_relay: StartRelay) -> None:
     origin = MemoryStore()
-    (ref, data), = _put_segments(origin, [10_000])
+    (ref, _), = _put_segments(origin, [10_000])
     bad = ObjectRef(key=ref.key, sha256="0" * 64, size=ref.size)
     relay = await start_relay(origin)
     async with Fetcher([relay.url, origin]) as fetcher:
