@@ -51,6 +51,21 @@ class VersionPublisher(Protocol):
     def publish(self, state_dict: Any, step: int) -> Any: ...
 
 
+class ClientCoordinator:
+    """Adapts ``deltarl.coordinator.client.SyncCoordinatorClient`` to :class:`StepCoordinator`."""
+
+    def __init__(self, client: Any, *, poll_s: float = 30.0) -> None:
+        self.client = client
+        self.poll_s = poll_s
+
+    def open_step(self, spec: StepSpec) -> Any:
+        return self.client.open_step(spec.step, list(spec.prompts), list(spec.accepted_versions))
+
+    def wait_results(self, step: int, *, timeout: float) -> list[RolloutResult]:
+        done = self.client.wait_step(step, poll_s=min(self.poll_s, timeout), deadline_s=timeout)
+        return [rec.result for rec in done.results]
+
+
 @dataclass(frozen=True)
 class StepReport:
     """One training step as the demo's live view shows it."""
@@ -146,6 +161,8 @@ class TrainerLoop:
         write_model_json(self.store, cfg.run, self.model_info().to_bytes())
         if self.version_ids:
             raise RunError("start() was already called")
+        if getattr(self.publisher, "next_version", 0) != 0:
+            raise RunError(f"run {cfg.run!r} already has versions; resuming a trainer is not supported, use a new run")
         info = self.publisher.publish(self.trainer.export_bf16(), 0)
         if info.version != 0:
             raise RunError(f"run {cfg.run!r} already has versions (published {info.version}); use a new run name")
