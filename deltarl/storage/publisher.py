@@ -15,16 +15,12 @@ while it uploads.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from deltarl.errors import (
     ObjectExists,
@@ -39,13 +35,10 @@ from deltarl.storage.layout import RunLayout
 from deltarl.storage.manifest import DeltaStatsRecord, HeadRecord, Manifest, ObjectRef, RunInfo
 from deltarl.storage.reader import RunReader, entries_of, table_of
 from deltarl.storage.store import ObjectStore
+from deltarl.storage.uploads import CrashPoint, UploadPool, as_torch, copy_into, cpu_copy
 
 logger = logging.getLogger(__name__)
 
-#: Test hook: ``<version>:<point>[:<k>]`` kills this process with SIGKILL at that point of that
-#: version's publish. Points: ``segments`` (after k segment uploads), ``keyframe`` (after the
-#: keyframe upload), ``manifest`` (after the manifest, before HEAD).
-CRASH_ENV = "DELTARL_TEST_CRASH_AT"
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -72,101 +65,6 @@ def utc_now() -> str:
     t = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
 
-
-def _cpu_copy(value: Any) -> Any:
-    """A private, contiguous CPU copy of one state value (torch tensor or numpy array)."""
-    if isinstance(value, np.ndarray):
-        return np.array(value, copy=True, order="C")
-    if hasattr(value, "bits"):  # pipeline.BF16
-        return type(value)(np.array(value.bits, copy=True, order="C"))
-    return value.detach().to("cpu", copy=True).contiguous()
-
-
-def _as_torch(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().contiguous()
-    if hasattr(value, "bits"):
-        return torch.from_numpy(np.ascontiguousarray(value.bits)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(value))
-
-
-def _copy_into(dst: Any, src: Any, name: str) -> None:
-    from deltarl.pipeline.tensors import flat_bits, is_cuda
-
-    if is_cuda(src):
-        src = src.cpu()
-    np.copyto(flat_bits(name, dst, writable=True), flat_bits(name, src))
-
-
-class _Crash:
-    def __init__(self) -> None:
-        spec = os.environ.get(CRASH_ENV, "")
-        parts = spec.split(":") if spec else []
-        self.version = int(parts[0]) if parts else -1
-        self.point = parts[1] if len(parts) > 1 else ""
-        self.k = int(parts[2]) if len(parts) > 2 else 0
-
-    def at(self, version: int, point: str, count: int = 0) -> None:
-        if version == self.version and point == self.point and count >= self.k:
-            logger.warning("%s: killing this process at version %d %s %d", CRASH_ENV, version, point, count)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-class _Uploads:
-    """A bounded set of in-flight uploads; tracks the time at least one was running."""
-
-    def __init__(self, pool: ThreadPoolExecutor, max_in_flight: int) -> None:
-        self.pool = pool
-        self.slots = threading.BoundedSemaphore(max_in_flight)
-        self.lock = threading.Lock()
-        self.futures: list[Future[ObjectRef]] = []
-        self.running = 0
-        self.busy_since = 0.0
-        self.busy_s = 0.0
-        self.done = 0
-
-    def submit(self, fn: Any, *args: Any) -> None:
-        self.slots.acquire()
-        for f in self.futures:  # fail fast: stop encoding as soon as one upload failed
-            if f.done() and f.exception() is not None:
-                self.slots.release()
-                f.result()
-        try:
-            self.futures.append(self.pool.submit(self._run, fn, *args))
-        except BaseException:
-            self.slots.release()
-            raise
-
-    def _run(self, fn: Any, *args: Any) -> ObjectRef:
-        with self.lock:
-            if self.running == 0:
-                self.busy_since = time.perf_counter()
-            self.running += 1
-        try:
-            return fn(*args)
-        finally:
-            with self.lock:
-                self.running -= 1
-                self.done += 1
-                if self.running == 0:
-                    self.busy_s += time.perf_counter() - self.busy_since
-            self.slots.release()
-
-    def results(self) -> list[ObjectRef]:
-        """Wait for all; raise the first failure (after every upload has finished)."""
-        errors = []
-        refs = []
-        for f in self.futures:
-            err = f.exception()
-            if err is not None:
-                errors.append(err)
-            else:
-                refs.append(f.result())
-        if errors:
-            raise errors[0]
-        return refs
 
 
 class Publisher:
@@ -200,7 +98,7 @@ class Publisher:
         self.max_in_flight = max_in_flight or upload_workers + 2
         self.writer_id = writer_id or new_writer_id()
         self.reader = RunReader(store, run)
-        self._crash = _Crash()
+        self._crash = CrashPoint()
         self._crash_lock = threading.Lock()
         self._crash_count = 0
         self._lease = WriterLease(store, run, self.writer_id, lease_s=lease_s, takeover=takeover)
@@ -210,6 +108,7 @@ class Publisher:
         self._head_etag: str | None = None
         self._next = 0
         self._force_digest = False
+        self._head_pending = False  # a version was committed but moving HEAD to it failed
         self._closed = False
         self._lease.acquire()
         try:
@@ -246,7 +145,7 @@ class Publisher:
             manifest, _ = self.reader.manifest(head_version)
             if manifest.state_digest is not None and state_digest(previous_state) != manifest.state_digest:
                 raise RunError(f"previous_state is not version {head_version} (digest differs from {manifest.key})")
-            self._prev = {name: _cpu_copy(value) for name, value in previous_state.items()}
+            self._prev = {name: cpu_copy(value) for name, value in previous_state.items()}
         else:
             from deltarl.storage.replay import replay
 
@@ -290,6 +189,8 @@ class Publisher:
         t0 = time.perf_counter()
         try:
             self._lease.renew()
+            if self._head_pending:
+                self._repair_head()
         except WriterConflict:
             self._closed = True
             raise
@@ -298,7 +199,7 @@ class Publisher:
             self._info = self._create_run_info(state_dict)
         check_compatible(state_dict, table_of(self._info))
         is_keyframe = version % self.keyframe_interval == 0
-        uploads = _Uploads(self._pool, self.max_in_flight)
+        uploads = UploadPool(self._pool, self.max_in_flight)
         encode_s = 0.0
         changed = encoded = 0
         try:
@@ -341,17 +242,20 @@ class Publisher:
             writer_id=self.writer_id,
         )
         data = manifest.to_bytes()
-        self._lease.ensure(margin_s=min(60.0, self._lease.lease_s / 4))
+        self._lease.renew()  # a writer fenced or taken over stops here, before committing
         self._commit_manifest(manifest.key, data)
         self._crash.at(version, "manifest")
         vid = manifest.version_id
-        self._move_head(version, vid)
-        if self._prev is None:
-            self._prev = {name: _cpu_copy(value) for name, value in state_dict.items()}
+        if self._prev is None:  # the version is committed: it is the base of the next one
+            self._prev = {name: cpu_copy(value) for name, value in state_dict.items()}
         else:
             for name, value in state_dict.items():
-                _copy_into(self._prev[name], value, name)
+                copy_into(self._prev[name], value, name)
         self._force_digest = False
+        self._head_id, self._next = vid, version + 1
+        self._head_pending = True
+        self._move_head(version, vid)
+        self._head_pending = False
         wall = time.perf_counter() - t0
         info = VersionInfo(
             version=version,
@@ -374,7 +278,7 @@ class Publisher:
         )  # fmt: skip
         return info
 
-    def _encode_delta(self, state: Mapping[str, Any], version: int, uploads: _Uploads) -> tuple[float, int, int]:
+    def _encode_delta(self, state: Mapping[str, Any], version: int, uploads: UploadPool) -> tuple[float, int, int]:
         from deltarl.pipeline import iter_encode_delta, read_segment_header
 
         assert self._prev is not None
@@ -416,9 +320,9 @@ class Publisher:
     def _serialize(self, state: Mapping[str, Any]) -> bytes:
         from safetensors.torch import save
 
-        return save({name: _as_torch(value) for name, value in state.items()}, metadata={"run": self.run})
+        return save({name: as_torch(value) for name, value in state.items()}, metadata={"run": self.run})
 
-    def _discard(self, uploads: _Uploads) -> None:
+    def _discard(self, uploads: UploadPool) -> None:
         """After a failed publish: wait for in-flight uploads and delete what they wrote (best effort)."""
         for f in uploads.futures:
             if f.exception() is None:
@@ -468,6 +372,20 @@ class Publisher:
                 ) from err
             self._head_etag = current[1]
         self._head_id, self._next = vid, version + 1
+
+    def _repair_head(self) -> None:
+        """Retry moving HEAD to the last committed version after a failed (or ambiguous) CAS."""
+        current = self.reader.head_with_etag()
+        want = self._next - 1
+        if current is not None and (current[0].version, current[0].version_id) == (want, self._head_id):
+            self._head_etag = current[1]
+        else:
+            if current is not None and (current[0].version != want - 1 or current[0].writer_id != self.writer_id):
+                raise WriterConflict(f"{self.layout.head} moved underneath writer {self.writer_id!r} (now {current[0]})")
+            self._head_etag = None if current is None else current[1]
+            assert self._head_id is not None
+            self._move_head(want, self._head_id)
+        self._head_pending = False
 
     # --- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:

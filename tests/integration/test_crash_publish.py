@@ -13,7 +13,7 @@ import pytest
 
 from deltarl.errors import WriterConflict
 from deltarl.storage import LocalStore, Publisher, RunLayout, RunReader, gc, replay
-from deltarl.storage.publisher import CRASH_ENV
+from deltarl.storage.uploads import CRASH_ENV
 from tests.fixtures.runs import TinyTrainer, states_equal
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]

@@ -201,3 +201,41 @@ def test_numpy_state(memory_store):
     assert np.array_equal(out["b"].numpy(), state["b"])
     with pytest.raises(ObjectNotFound):
         replay(memory_store, "r", 2)
+
+
+class FlakyHeadStore(MemoryStore):
+    """HEAD's next compare-and-swap fails once, either before writing or after (an ambiguous failure)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_next: str | None = None
+
+    def cas(self, key: str, data: bytes, expected_etag: str | None) -> str:
+        mode, self.fail_next = (self.fail_next, None) if key.endswith("/HEAD") else (None, self.fail_next)
+        if mode == "after":
+            super().cas(key, data, expected_etag)
+        if mode is not None:
+            raise StoreError(f"injected HEAD failure ({mode})")
+        return super().cas(key, data, expected_etag)
+
+
+@pytest.mark.parametrize("mode", ["before", "after"])
+def test_head_cas_failure_is_repaired_on_next_publish(mode):
+    store = FlakyHeadStore()
+    trainer = TinyTrainer(0)
+    exports = []
+    with Publisher(store, "r") as pub:
+        for step in range(4):
+            if step:
+                trainer.step()
+            exports.append(trainer.export())
+            if step == 2:
+                store.fail_next = mode
+                with pytest.raises(StoreError, match="injected"):
+                    pub.publish(exports[-1], step=step)
+                assert store.exists(RunLayout("r").manifest(2))  # committed; HEAD may lag
+            else:
+                pub.publish(exports[-1], step=step)
+    assert RunReader(store, "r").head().version == 3
+    for v in range(4):
+        assert states_equal(replay(store, "r", v), exports[v])
