@@ -18,6 +18,9 @@ Semantics (see :mod:`deltarl.storage.store` for the contract):
   holds exactly our bytes, reports success.
 * Ranged reads send ``Range: bytes=a-(b-1)``; S3 answers 416 for a start at or past the end,
   which the contract allows when ``start == size`` (empty result), so a 416 is followed by ``HEAD``.
+* Objects above ``multipart_threshold`` (64 MiB) go up as a parallel multipart upload (S3 caps a
+  single PUT at 5 GiB; a keyframe of an 8B model is 16 GB); the condition then rides on
+  ``CompleteMultipartUpload``, so the object still appears whole or not at all.
 * ETags are returned without quotes.
 * Retries: boto3's own are off (``total_max_attempts=1``); :class:`~deltarl.storage.retry.RetryPolicy`
   is the only policy. Payload checksums are sent only when an operation requires them, so
@@ -30,6 +33,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import boto3
@@ -59,10 +63,21 @@ ENDPOINT_ENV_VARS = ("DELTARL_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _PRECONDITION_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
 _RANGE_CODES = frozenset({"InvalidRange", "416"})
+_MAX_PARTS = 10_000
+_MIN_PART = 5 << 20
 
 
 def _code(err: botocore.exceptions.ClientError) -> str:
     return str(err.response.get("Error", {}).get("Code", ""))
+
+
+def _is_code(err: StoreError, *codes: str) -> bool:
+    cause = err.__cause__
+    return isinstance(cause, botocore.exceptions.ClientError) and _code(cause) in codes
+
+
+def _is_precondition(err: StoreError) -> bool:
+    return _is_code(err, *_PRECONDITION_CODES)
 
 
 def _strip(etag: str) -> str:
@@ -94,6 +109,9 @@ class S3Store(ObjectStore):
         connect_timeout: float = 10.0,
         read_timeout: float = 60.0,
         list_page_size: int = 1000,
+        multipart_threshold: int = 64 << 20,
+        part_size: int = 32 << 20,
+        multipart_concurrency: int = 8,
         retry: RetryPolicy | None = None,
     ) -> None:
         if not bucket or "/" in bucket:
@@ -108,6 +126,14 @@ class S3Store(ObjectStore):
         self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         self.retry = retry if retry is not None else RetryPolicy()
         self.list_page_size = list_page_size
+        if part_size < _MIN_PART or multipart_threshold < part_size or multipart_concurrency < 1:
+            raise ConfigError(
+                f"need part_size >= 5 MiB <= multipart_threshold and multipart_concurrency >= 1, got "
+                f"{part_size}, {multipart_threshold}, {multipart_concurrency}"
+            )
+        self.multipart_threshold = multipart_threshold
+        self.part_size = part_size
+        self.multipart_concurrency = multipart_concurrency
         if endpoint_url is None:
             endpoint_url = next((os.environ[v] for v in ENDPOINT_ENV_VARS if os.environ.get(v)), None)
         self.endpoint_url = endpoint_url
@@ -115,7 +141,7 @@ class S3Store(ObjectStore):
             max_pool_connections=max_pool_connections,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
-            retries={"total_max_attempts": 1},
+            retries={"mode": "standard", "total_max_attempts": 1},
             s3={"addressing_style": addressing_style or ("path" if endpoint_url else "auto")},
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
@@ -173,8 +199,14 @@ class S3Store(ObjectStore):
                 raise
             raise self._translate(err, key, op) from err
 
-    def _conditional_put(self, key: str, data: bytes, op: str, **condition: str) -> tuple[str | None, bool]:
-        """PUT with a condition. Return (etag, retried); etag is None if the precondition failed."""
+    def _write(self, key: str, data: bytes, op: str, **condition: str) -> tuple[str | None, bool]:
+        """Write the object, under an optional S3 condition (``IfNoneMatch``/``IfMatch``).
+
+        Return ``(etag, retried)``: ``etag`` is None if the precondition failed, ``retried`` says
+        whether the committing request was sent more than once (so its outcome was ambiguous).
+        """
+        if len(data) > self.multipart_threshold:
+            return self._write_multipart(key, data, op, condition)
         full = self._full(key)
         attempts = 0
 
@@ -186,10 +218,67 @@ class S3Store(ObjectStore):
         try:
             return _strip(self._call(op, key, put)["ETag"]), attempts > 1
         except StoreError as err:
-            cause = err.__cause__
-            if isinstance(cause, botocore.exceptions.ClientError) and _code(cause) in _PRECONDITION_CODES:
+            if _is_precondition(err):
                 return None, attempts > 1
             raise
+
+    def _write_multipart(self, key: str, data: bytes, op: str, condition: dict[str, str]) -> tuple[str | None, bool]:
+        """Parallel multipart upload; the condition applies to ``CompleteMultipartUpload``, so the
+        object appears whole or not at all. An unfinished upload is aborted."""
+        full = self._full(key)
+        size = max(self.part_size, -(-len(data) // _MAX_PARTS))
+        view = memoryview(data)
+        upload_id = self._call(op, key, lambda: self._client.create_multipart_upload(Bucket=self.bucket, Key=full))[
+            "UploadId"
+        ]
+        finished = False
+
+        def upload_part(i: int) -> dict[str, Any]:
+            chunk = view[i * size : (i + 1) * size]
+            resp = self._call(
+                op,
+                key,
+                lambda: self._client.upload_part(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=i + 1, Body=bytes(chunk)
+                ),
+            )
+            return {"PartNumber": i + 1, "ETag": resp["ETag"]}
+
+        attempts = 0
+
+        def complete() -> Any:
+            nonlocal attempts
+            attempts += 1
+            return self._client.complete_multipart_upload(
+                Bucket=self.bucket, Key=full, UploadId=upload_id, MultipartUpload={"Parts": parts}, **condition
+            )
+
+        try:
+            count = -(-len(data) // size)
+            with ThreadPoolExecutor(min(count, self.multipart_concurrency), thread_name_prefix="s3-part") as pool:
+                parts = list(pool.map(upload_part, range(count)))
+            try:
+                etag = _strip(self._call(op, key, complete)["ETag"])
+                finished = True
+                return etag, attempts > 1
+            except StoreError as err:
+                if _is_precondition(err):
+                    return None, attempts > 1
+                if attempts > 1 and _is_code(err, "NoSuchUpload"):  # an earlier attempt completed it
+                    finished = True
+                    return None, True
+                raise
+        finally:
+            if not finished:
+                self._abort(key, full, upload_id)
+
+    def _abort(self, key: str, full: str, upload_id: str) -> None:
+        try:
+            self._call(
+                "abort", key, lambda: self._client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+            )
+        except StoreError as err:  # the bucket's lifecycle rules must reclaim it then
+            log.warning("%s: could not abort multipart upload of %r: %s", self.url, key, err)
 
     def _holds(self, key: str, data: bytes) -> str | None:
         """The object's ETag if it exists and holds exactly ``data``, else None."""
@@ -248,12 +337,12 @@ class S3Store(ObjectStore):
         return ObjectInfo(key=key, size=int(resp["ContentLength"]), etag=_strip(resp["ETag"]))
 
     def put(self, key: str, data: bytes) -> str:
-        full = self._full(key)
-        resp = self._call("put", key, lambda: self._client.put_object(Bucket=self.bucket, Key=full, Body=data))
-        return _strip(resp["ETag"])
+        etag, _ = self._write(key, data, "put")
+        assert etag is not None  # no condition, so no precondition to fail
+        return etag
 
     def put_if_absent(self, key: str, data: bytes) -> str:
-        etag, retried = self._conditional_put(key, data, "put_if_absent", IfNoneMatch="*")
+        etag, retried = self._write(key, data, "put_if_absent", IfNoneMatch="*")
         if etag is None and retried:
             etag = self._holds(key, data)  # our earlier, unacknowledged attempt may have landed
             if etag is not None:
@@ -264,9 +353,9 @@ class S3Store(ObjectStore):
 
     def cas(self, key: str, data: bytes, expected_etag: str | None) -> str:
         if expected_etag is None:
-            etag, retried = self._conditional_put(key, data, "cas", IfNoneMatch="*")
+            etag, retried = self._write(key, data, "cas", IfNoneMatch="*")
         else:
-            etag, retried = self._conditional_put(key, data, "cas", IfMatch=f'"{_strip(expected_etag)}"')
+            etag, retried = self._write(key, data, "cas", IfMatch=f'"{_strip(expected_etag)}"')
         if etag is not None:
             return etag
         if retried:
@@ -315,10 +404,5 @@ class S3Store(ObjectStore):
         try:
             self._call("create_bucket", "", lambda: self._client.create_bucket(Bucket=self.bucket))
         except StoreError as err:
-            cause = err.__cause__
-            if isinstance(cause, botocore.exceptions.ClientError) and _code(cause) in (
-                "BucketAlreadyOwnedByYou",
-                "BucketAlreadyExists",
-            ):
-                return
-            raise
+            if not _is_code(err, "BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise

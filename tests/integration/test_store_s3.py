@@ -198,3 +198,21 @@ def test_open_store_s3_endpoint_from_option_and_env(bucket: S3Location, monkeypa
     monkeypatch.delenv("DELTARL_S3_ENDPOINT")
     monkeypatch.setenv("AWS_ENDPOINT_URL", bucket.endpoint_url)
     assert open_store(f"{bucket.url}/runs").get("x") == b"1"
+
+
+@pytest.mark.parametrize("server", ["moto", "seaweed"])
+def test_multipart_upload_is_conditional_and_cleans_up(server: str, request: pytest.FixtureRequest) -> None:
+    location: S3Location = request.getfixturevalue(f"{server}_s3")
+    store = location.open(multipart_threshold=5 << 20, part_size=5 << 20, multipart_concurrency=3)
+    data = random.Random(0).randbytes((12 << 20) + 7)  # three parts, the last one short
+    etag = store.put_if_absent("keyframes/000000000000.safetensors", data)
+    assert etag.endswith("-3")  # a multipart ETag
+    assert store.get("keyframes/000000000000.safetensors") == data
+    assert store.head("keyframes/000000000000.safetensors").etag == etag
+    with pytest.raises(ObjectExists):
+        store.put_if_absent("keyframes/000000000000.safetensors", data[::-1])
+    assert store.get_range("keyframes/000000000000.safetensors", 0, 4) == data[:4]
+    store.put("keyframes/000000000000.safetensors", data[:-7])  # unconditional overwrite
+    assert store.head("keyframes/000000000000.safetensors").size == 12 << 20
+    uploads = store._client.list_multipart_uploads(Bucket=location.bucket)
+    assert not uploads.get("Uploads")  # the refused upload was aborted
