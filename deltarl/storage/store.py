@@ -13,15 +13,27 @@ Contract shared by all backends (memory, local directory, S3, relay client):
   link locally); if the key exists it raises :class:`~deltarl.errors.ObjectExists` and writes
   nothing.
 * ``cas`` is compare-and-swap on the object's ETag: ``expected_etag=None`` means "create only if
-  absent"; otherwise the write happens only if the current ETag equals ``expected_etag``, else
-  :class:`~deltarl.errors.PreconditionFailed`. It returns the new ETag.
+  absent" (present: ``PreconditionFailed``); otherwise the write happens only if the current ETag
+  equals ``expected_etag``, else :class:`~deltarl.errors.PreconditionFailed`. It returns the new
+  ETag. To read-modify-write, take the ETag with ``head`` *before* ``get``: a value newer than its
+  ETag only makes the swap fail and retry, while get-then-head can pair an old value with a new
+  ETag and lose an update.
+* ETags are opaque strings without quotes. Memory and local stores use the content's MD5 hex (as
+  S3 does for a single-part PUT), so equal bytes have equal ETags and ETags survive restarts; S3
+  multipart objects have ``<hex>-<parts>``.
+* A conditional write retried after a dropped connection is ambiguous (the first attempt may have
+  landed): backends that retry report success if the object then holds exactly the bytes written.
 * ``get_range(key, start, end)`` returns bytes ``[start, end)``: ``end`` is exclusive and is
-  clamped to the object's size; ``start`` beyond the size, or ``start > end``, raises
-  :class:`~deltarl.errors.InvalidRange`. ``end=None`` means "to the end".
+  clamped to the object's size; ``start == size`` gives ``b""``; ``start`` beyond the size, a
+  negative ``start`` or ``start > end`` raises :class:`~deltarl.errors.InvalidRange`.
+  ``end=None`` means "to the end".
 * ``list(prefix)`` yields every key that starts with ``prefix`` (a plain string prefix, not a
-  directory), sorted lexicographically.
+  directory), sorted lexicographically (by code point, which is UTF-8 byte order, as S3 sorts).
 * Backends retry transient failures themselves (see :mod:`deltarl.storage.retry`); what escapes is
-  final.
+  final (:class:`~deltarl.errors.TransientStoreError` once retries are exhausted, another
+  :class:`~deltarl.errors.StoreError` for a permanent failure).
+* Backend limits: the local store cannot hold both ``a`` and ``a/b`` (a file is not a directory;
+  ``StoreError``) and reserves the top-level name ``.deltarl-tmp``.
 """
 
 from __future__ import annotations
