@@ -2,7 +2,8 @@
 
 Layout: the object ``a/b/c`` is the file ``<root>/a/b/c``, so a run directory can be browsed,
 copied or served as-is. Temp files and lock files live in ``<root>/.deltarl-tmp/`` (same file
-system as the objects, so renames are atomic); keys under that name are refused.
+system as the objects, so renames are atomic); keys under that name are refused. Temp files a
+crashed writer left there are swept when a store is opened (those older than an hour).
 
 Atomicity:
 
@@ -23,12 +24,14 @@ both an object and a "directory" of other keys (``a`` and ``a/b``); such a write
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
 import logging
 import os
 import stat
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -49,7 +52,7 @@ _READ_CHUNK = 1 << 20
 class LocalStore(ObjectStore):
     """Objects as files under ``root`` (created if missing)."""
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, sweep_after_s: float = 3600.0) -> None:
         self.root = Path(root).expanduser().absolute()
         self.url = str(self.root)
         self.fsync = fsync
@@ -58,6 +61,23 @@ class LocalStore(ObjectStore):
             (self._tmp / "locks").mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise StoreError(f"cannot create local store at {self.root}: {err}") from err
+        self.sweep_temp(sweep_after_s)
+
+    def sweep_temp(self, older_than_s: float = 3600.0) -> int:
+        """Remove temp files a crashed writer left behind (never visible as objects); return how many.
+
+        Only files older than ``older_than_s`` go, so a write in flight in another process is safe.
+        """
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for entry in os.scandir(self._tmp):
+            if entry.name.endswith(".tmp") and entry.is_file() and entry.stat().st_mtime < cutoff:
+                with contextlib.suppress(FileNotFoundError):  # another sweeper got it first
+                    os.unlink(entry.path)
+                    removed += 1
+        if removed:
+            log.info("%s: swept %d stale temp files", self.url, removed)
+        return removed
 
     # --- paths and helpers ------------------------------------------------------------------------
 

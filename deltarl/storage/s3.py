@@ -42,6 +42,7 @@ import botocore.exceptions
 
 from deltarl.errors import (
     ConfigError,
+    InvalidKey,
     InvalidRange,
     ObjectExists,
     ObjectNotFound,
@@ -117,8 +118,11 @@ class S3Store(ObjectStore):
         if not bucket or "/" in bucket:
             raise ConfigError(f"bad S3 bucket name {bucket!r}")
         prefix = prefix.strip("/")
-        if prefix:
-            validate_key(prefix)
+        try:
+            if prefix:
+                validate_key(prefix)
+        except InvalidKey as err:
+            raise ConfigError(f"bad S3 prefix {prefix!r}: {err}") from err
         if not 1 <= list_page_size <= 1000:
             raise ConfigError(f"list_page_size must be in [1, 1000], got {list_page_size}")
         self.bucket = bucket

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,18 @@ def test_delete_prunes_empty_dirs(tmp_path: Path) -> None:
     store.delete("r/v/1/seg")
     assert not (tmp_path / "r/v").exists()
     assert (tmp_path / "r/keep").exists()
+
+
+def test_crashed_writer_temp_files_are_swept(tmp_path: Path) -> None:
+    LocalStore(tmp_path)
+    stale = tmp_path / TMP_DIR / "dead.tmp"
+    fresh = tmp_path / TMP_DIR / "inflight.tmp"
+    stale.write_bytes(b"half a segment")
+    fresh.write_bytes(b"being written")
+    old = time.time() - 7200
+    os.utime(stale, (old, old))
+    store = LocalStore(tmp_path)  # opening sweeps temp files older than an hour
+    assert not stale.exists()
+    assert fresh.exists()
+    assert list(store.list()) == []
+    assert store.sweep_temp(older_than_s=0) == 1

@@ -48,3 +48,22 @@ def test_unknown_option(tmp_path: Path) -> None:
         open_store(str(tmp_path), colour="blue")
     with pytest.raises(ConfigError, match="option"):
         open_store("memory://", fsync=True)
+
+
+def test_s3_url_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deltarl.storage import S3Store
+
+    for var in ("DELTARL_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    store = open_store("s3://my-bucket/runs/exp1/", region="eu-west-1")
+    assert isinstance(store, S3Store)
+    assert (store.bucket, store.prefix, store.url) == ("my-bucket", "runs/exp1", "s3://my-bucket/runs/exp1")
+    assert store.endpoint_url is None  # AWS itself
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("DELTARL_S3_ENDPOINT", "http://127.0.0.1:8")
+    assert open_store("s3://b").endpoint_url == "http://127.0.0.1:8"  # type: ignore[attr-defined]
+    assert open_store("s3://b", endpoint_url="http://h:1").endpoint_url == "http://h:1"  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError):
+        open_store("s3://b", part_size=1)
+    with pytest.raises(ConfigError):
+        open_store("s3://b/../x")
