@@ -9,7 +9,7 @@ _BLOCK = 64
 
 
 @njit(cache=True, nogil=True)
-def _changed_positions(old, new, out):  # type: ignore[no-untyped-def]
+def _changed_positions(old, new, out):
     n = old.size
     k = 0
     for b0 in range(0, n, _BLOCK):
@@ -32,7 +32,7 @@ def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def _class_ranks(old, new, shift, mask, pos, cls, rank):  # type: ignore[no-untyped-def]
+def _class_ranks(old, new, shift, mask, pos, cls, rank):
     cnt = np.zeros(mask + 1, np.int64)
     k = 0
     for i in range(old.size):
@@ -55,7 +55,7 @@ def class_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int) -> tupl
 
 
 @njit(cache=True, nogil=True)
-def class_select(old, shift, mask, targets, tptr):  # type: ignore[no-untyped-def]
+def class_select(old, shift, mask, targets, tptr):
     out = np.full(targets.size, -1, np.int64)
     nclass = mask + 1
     ptr = tptr[:nclass].copy()
@@ -79,3 +79,259 @@ def class_select(old, shift, mask, targets, tptr):  # type: ignore[no-untyped-de
             ptr[c] = p
             nxt[c] = targets[p] if p < tptr[c + 1] else -1
     return out
+
+
+@njit(cache=True, nogil=True)
+def rice_encode(values, ks, escape):
+    """Split-stream Rice coding (see bitio): returns (unary bytes, remainder bytes, escaped mask)."""
+    n = values.size
+    ubits = 0
+    rbits = 0
+    esc = np.zeros(n, np.bool_)
+    for i in range(n):
+        q = values[i] >> np.uint64(ks[i])
+        if q >= escape:
+            esc[i] = True
+            ubits += escape + 1
+        else:
+            ubits += np.int64(q) + 1
+            rbits += ks[i]
+    unary = np.zeros((ubits + 7) // 8, np.uint8)
+    rem = np.zeros((rbits + 7) // 8, np.uint8)
+    up = 0
+    acc = np.uint64(0)
+    nb = 0
+    j = 0
+    for i in range(n):
+        k = ks[i]
+        v = values[i]
+        if esc[i]:
+            up += escape
+        else:
+            up += np.int64(v >> np.uint64(k))
+        unary[up >> 3] |= np.uint8(0x80 >> (up & 7))
+        up += 1
+        if not esc[i] and k > 0:
+            acc = (acc << np.uint64(k)) | (v & ((np.uint64(1) << np.uint64(k)) - np.uint64(1)))
+            nb += k
+            while nb >= 8:
+                nb -= 8
+                rem[j] = np.uint8((acc >> np.uint64(nb)) & np.uint64(0xFF))
+                j += 1
+            acc &= (np.uint64(1) << np.uint64(nb)) - np.uint64(1)
+    if nb > 0:
+        rem[j] = np.uint8((acc << np.uint64(8 - nb)) & np.uint64(0xFF))
+    return unary, rem, esc
+
+
+@njit(cache=True, nogil=True)
+def rice_decode(unary, rem, ks, count, escape, out):
+    """Inverse of rice_encode into ``out``; escaped slots are left for the caller. Returns an error
+    code: 0 ok, 1 too few codes, 2 unary run too long, 3 trailing unary bits/bytes, 4 remainder length.
+    Escaped slots are marked in ``esc`` (returned second)."""
+    esc = np.zeros(count, np.bool_)
+    nbits_u = unary.size * 8
+    up = 0
+    rbits = 0
+    for i in range(count):
+        q = 0
+        while True:
+            if up >= nbits_u:
+                return 1, esc
+            bit = (unary[up >> 3] >> (7 - (up & 7))) & 1
+            up += 1
+            if bit:
+                break
+            q += 1
+            if q > escape:
+                return 2, esc
+        if q == escape:
+            esc[i] = True
+        else:
+            out[i] = np.uint64(q) << np.uint64(ks[i])
+            rbits += ks[i]
+    if count == 0:
+        if unary.size:
+            return 3, esc
+    else:
+        if (up + 7) // 8 != unary.size:
+            return 3, esc
+        while up < nbits_u:
+            if (unary[up >> 3] >> (7 - (up & 7))) & 1:
+                return 3, esc
+            up += 1
+    if (rbits + 7) // 8 != rem.size:
+        return 4, esc
+    acc = np.uint64(0)
+    nb = 0
+    j = 0
+    for i in range(count):
+        k = ks[i]
+        if esc[i] or k == 0:
+            continue
+        while nb < k:
+            acc = (acc << np.uint64(8)) | np.uint64(rem[j])
+            j += 1
+            nb += 8
+        nb -= k
+        out[i] |= (acc >> np.uint64(nb)) & ((np.uint64(1) << np.uint64(k)) - np.uint64(1))
+        acc &= (np.uint64(1) << np.uint64(nb)) - np.uint64(1)
+    return 0, esc
+
+
+@njit(cache=True, nogil=True)
+def rice_k(total, count):
+    """Integer Rice parameter rule shared with the numpy path (see ctx.rice_k)."""
+    if count == 0:
+        return 0
+    x = (total * 11) // (count * 16)
+    if x <= 1:
+        return 0
+    k = 0
+    y = x - 1
+    while y > 0:
+        k += 1
+        y >>= 1
+    return min(k, 32)
+
+
+@njit(cache=True, nogil=True)
+def ctx_arrays(old, new, shift, mask, width):
+    """Everything the ctx encoder codes, in class-major order (mirrors ctx._arrays_numpy)."""
+    n = old.size
+    nclass = mask + 1
+    pos = np.empty(n, np.int64)
+    cls = np.empty(n, np.int64)
+    rank = np.empty(n, np.int64)
+    k = _class_ranks(old, new, shift, mask, pos, cls, rank)
+    ccount = np.zeros(nclass, np.int64)
+    for j in range(k):
+        ccount[cls[j]] += 1
+    fill = np.zeros(nclass, np.int64)
+    na = 0
+    acc = 0
+    for c in range(nclass):
+        fill[c] = acc
+        acc += ccount[c]
+        if ccount[c] > 0:
+            na += 1
+    active = np.empty(na, np.int64)
+    counts = np.empty(na, np.int64)
+    a = 0
+    for c in range(nclass):
+        if ccount[c] > 0:
+            active[a] = c
+            counts[a] = ccount[c]
+            a += 1
+    rank_cm = np.empty(k, np.int64)
+    dpos = np.empty(k, np.int64)
+    for j in range(k):
+        t = fill[cls[j]]
+        fill[cls[j]] = t + 1
+        rank_cm[t] = rank[j]
+        dpos[t] = pos[j]
+    full = np.int64(1) << width
+    half = np.int64(1) << (width - 1)
+    gaps = np.empty(k, np.int64)
+    neg = np.empty(k, np.uint8)
+    big_gaps = np.empty(k, np.int64)
+    big_vals = np.empty(k, np.int64)
+    n_big = np.zeros(na, np.int64)
+    k_pos = np.zeros(na, np.int64)
+    k_bg = np.zeros(na, np.int64)
+    k_bv = np.zeros(na, np.int64)
+    ks_pos = np.empty(k, np.int64)
+    nb = 0
+    s = 0
+    for a in range(na):
+        e = s + counts[a]
+        prev = -1
+        prevb = -1
+        gsum = 0
+        nb0 = nb
+        for t in range(s, e):
+            g = rank_cm[t] - prev - 1
+            prev = rank_cm[t]
+            gaps[t] = g
+            gsum += g
+            p = dpos[t]
+            d = (np.int64(new[p]) - np.int64(old[p])) % full
+            if d >= half:
+                neg[t] = 1
+                m = full - d - 1
+            else:
+                neg[t] = 0
+                m = d - 1
+            if m > 0:
+                w = t - s
+                big_gaps[nb] = w - prevb - 1
+                prevb = w
+                big_vals[nb] = m - 1
+                nb += 1
+        k_pos[a] = rice_k(gsum, e - s)
+        n_big[a] = nb - nb0
+        bgsum = 0
+        bvsum = 0
+        for t in range(nb0, nb):
+            bgsum += big_gaps[t]
+            bvsum += big_vals[t]
+        k_bg[a] = rice_k(bgsum, nb - nb0)
+        k_bv[a] = rice_k(bvsum, nb - nb0)
+        for t in range(s, e):
+            ks_pos[t] = k_pos[a]
+        s = e
+    ks_big = np.empty(nb, np.int64)
+    ks_val = np.empty(nb, np.int64)
+    t = 0
+    for a in range(na):
+        for _ in range(n_big[a]):
+            ks_big[t] = k_bg[a]
+            ks_val[t] = k_bv[a]
+            t += 1
+    return (
+        active,
+        counts,
+        n_big,
+        k_pos,
+        k_bg,
+        k_bv,
+        gaps.astype(np.uint64),
+        ks_pos,
+        big_gaps[:nb].astype(np.uint64),
+        big_vals[:nb].astype(np.uint64),
+        ks_big,
+        ks_val,
+        neg,
+        dpos,
+    )
+
+
+@njit(cache=True, nogil=True)
+def class_select_sorted(old, shift, mask, targets, tptr):
+    """Like class_select, but returns (positions in scan order, their class-major index, found)."""
+    total = targets.size
+    out_pos = np.empty(total, np.int64)
+    out_idx = np.empty(total, np.int64)
+    nclass = mask + 1
+    ptr = tptr[:nclass].copy()
+    nxt = np.full(nclass, -1, np.int64)
+    for c in range(nclass):
+        if ptr[c] < tptr[c + 1]:
+            nxt[c] = targets[ptr[c]]
+    cnt = np.zeros(nclass, np.int64)
+    kk = 0
+    for i in range(old.size):
+        if kk == total:
+            break
+        c = (old[i] >> shift) & mask
+        r = cnt[c]
+        cnt[c] = r + 1
+        if r == nxt[c]:
+            p = ptr[c]
+            out_pos[kk] = i
+            out_idx[kk] = p
+            kk += 1
+            p += 1
+            ptr[c] = p
+            nxt[c] = targets[p] if p < tptr[c + 1] else -1
+    return out_pos, out_idx, kk

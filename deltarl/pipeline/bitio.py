@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from deltarl.errors import FormatError
+from deltarl.pipeline import kernels
 
 RICE_ESCAPE = 40
 _U64 = np.uint64
@@ -65,6 +66,10 @@ def rice_encode(values: np.ndarray, k: np.ndarray | int) -> tuple[bytes, bytes, 
     """Rice-code unsigned ``values`` with parameter(s) ``k``: (unary bytes, remainder bytes, escapes)."""
     v = values.astype(_U64, copy=False)
     ks = np.broadcast_to(np.asarray(k, dtype=np.int64), v.shape)
+    jit = kernels.jit()
+    if jit is not None:
+        unary_a, rem_a, esc_a = jit.rice_encode(v, np.ascontiguousarray(ks), RICE_ESCAPE)
+        return unary_a.tobytes(), rem_a.tobytes(), v[esc_a]
     q = v >> ks.astype(_U64)
     esc = q >= RICE_ESCAPE
     q = np.where(esc, _U64(RICE_ESCAPE), q).astype(np.int64)
@@ -82,6 +87,9 @@ def rice_decode(
 ) -> np.ndarray:
     """Decode ``count`` Rice-coded values (parameter(s) ``k``); raises FormatError on any inconsistency."""
     ks = np.broadcast_to(np.asarray(k, dtype=np.int64), (count,))
+    jit = kernels.jit()
+    if jit is not None:
+        return _rice_decode_jit(jit, unary, rem, escapes, np.ascontiguousarray(ks), count)
     u = np.unpackbits(np.frombuffer(unary, dtype=np.uint8))
     ones = np.flatnonzero(u)
     if ones.size != count:
@@ -97,6 +105,38 @@ def rice_decode(
         raise FormatError(f"{n_esc} escaped codes but {escapes.size} escape values")
     r = unpack_bits(rem, np.where(esc, 0, ks))
     out = (q.astype(_U64) << ks.astype(_U64)) | r
+    esc_vals = escapes.astype(_U64, copy=False)
+    if n_esc and bool((esc_vals < (_U64(RICE_ESCAPE) << ks[esc].astype(_U64))).any()):
+        raise FormatError("escaped value small enough for a plain code")
+    out[esc] = esc_vals
+    return out
+
+
+_RICE_ERRORS = {
+    1: "unary stream holds fewer codes than expected",
+    2: "unary code longer than the escape length",
+    3: "unary stream has trailing bits or bytes",
+    4: "remainder stream has the wrong length",
+}
+
+
+def _rice_decode_jit(
+    jit: object,
+    unary: bytes | memoryview,
+    rem: bytes | memoryview,
+    escapes: np.ndarray,
+    ks: np.ndarray,
+    count: int,
+) -> np.ndarray:
+    out = np.zeros(count, dtype=_U64)
+    u = np.frombuffer(unary, dtype=np.uint8)
+    r = np.frombuffer(rem, dtype=np.uint8)
+    err, esc = jit.rice_decode(u, r, ks, count, RICE_ESCAPE, out)  # type: ignore[attr-defined]
+    if err:
+        raise FormatError(_RICE_ERRORS[err])
+    n_esc = int(esc.sum())
+    if n_esc != escapes.size:
+        raise FormatError(f"{n_esc} escaped codes but {escapes.size} escape values")
     esc_vals = escapes.astype(_U64, copy=False)
     if n_esc and bool((esc_vals < (_U64(RICE_ESCAPE) << ks[esc].astype(_U64))).any()):
         raise FormatError("escaped value small enough for a plain code")

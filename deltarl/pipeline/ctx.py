@@ -10,6 +10,7 @@ Rice(|d| - 1). Layout: docs/FORMAT.md.
 from __future__ import annotations
 
 import struct
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -24,14 +25,25 @@ NSTREAMS = 11
 CLASS_FIELDS = {"bfloat16": (7, 8), "float16": (10, 5), "float32": (23, 8)}
 
 
-def _rice_params(values: np.ndarray, cls_idx: np.ndarray, nclass: int) -> np.ndarray:
-    """Per-class Rice parameter from the per-class mean (vectorised :func:`bitio.rice_param`)."""
-    counts = np.bincount(cls_idx, minlength=nclass)
-    sums = np.bincount(cls_idx, weights=values.astype(np.float64), minlength=nclass)
-    mean = sums / np.maximum(counts, 1)
-    with np.errstate(divide="ignore"):
-        k = np.ceil(np.log2(np.maximum(mean, 1.0) * 0.6931471805599453))
-    return np.clip(np.where(mean < 1.0, 0, k), 0, 32).astype(np.int64)
+def rice_k(total: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Integer Rice parameter per group: ceil(log2(mean * ~ln2)) in exact integer arithmetic.
+
+    x = (total * 11) // (count * 16); k = bit_length(x - 1) for x > 1, else 0; capped at 32.
+    Integer-only so the numba and numpy encoders always choose the same parameters.
+    """
+    x = (total.astype(np.int64) * 11) // np.maximum(count.astype(np.int64) * 16, 1)
+    k = np.zeros(x.shape, dtype=np.int64)
+    y = np.maximum(x - 1, 0)
+    while bool((y > 0).any()):
+        k += y > 0
+        y >>= 1
+    return np.minimum(k, 32)
+
+
+def _group_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    cs = np.concatenate(([0], np.cumsum(values.astype(np.int64))))
+    ends = np.cumsum(counts)
+    return cs[ends] - cs[ends - counts]
 
 
 def _gaps_in_groups(ranks: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -53,42 +65,97 @@ def _ranks_in_groups(gaps: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return cs - 1 - np.repeat(base, counts)
 
 
-def encode_ctx(old: np.ndarray, new: np.ndarray, shift: int, cbits: int, ch: object = None) -> bytes:
-    """Encode the changes of one chunk; ``ch`` may carry precomputed (pos, cls, rank)."""
-    mask = (1 << cbits) - 1
-    if ch is None:
-        ch = kernels.class_ranks(old, new, shift, mask)
-    pos, cls, rank = ch.pos, ch.cls, ch.rank  # type: ignore[attr-defined]
-    order = np.argsort(cls, kind="stable")
-    pos, cls, rank = pos[order], cls[order], rank[order]
+_FIELDS = "active counts n_big k_pos k_bg k_bv gaps ks_pos big_gaps big_vals ks_big ks_val neg pos".split()
+
+
+def _arrays_numpy(
+    old: np.ndarray, new: np.ndarray, shift: int, mask: int, width: int
+) -> tuple[np.ndarray, ...]:
+    """Everything the encoder codes, in class-major order (the numba kernel ctx_arrays mirrors this)."""
+    ch = kernels.class_ranks(old, new, shift, mask)
+    order = np.argsort(ch.cls, kind="stable")
+    pos, cls, rank = ch.pos[order], ch.cls[order], ch.rank[order]
     active, counts = np.unique(cls, return_counts=True)
-    idx = np.repeat(np.arange(active.size), counts)  # class index of each changed element
+    idx = np.repeat(np.arange(active.size), counts)
     gaps = _gaps_in_groups(rank, counts)
-    width = old.dtype.itemsize * 8
     d = (new[pos].astype(np.int64) - old[pos].astype(np.int64)) % (1 << width)
     neg = d >= (1 << (width - 1))
     mag = np.where(neg, (1 << width) - d, d) - 1  # |d| - 1 >= 0; mostly 0
     big = np.flatnonzero(mag > 0)
     big_idx = idx[big]
-    n_big = np.bincount(big_idx, minlength=active.size)
+    n_big = np.bincount(big_idx, minlength=active.size).astype(np.int64)
     within = np.arange(idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
     big_gaps = _gaps_in_groups(within[big], n_big)
     big_vals = mag[big] - 1
-    k_pos = _rice_params(gaps, idx, active.size)
-    k_bg = _rice_params(big_gaps, big_idx, active.size)
-    k_bv = _rice_params(big_vals, big_idx, active.size)
-    table = b"".join(
-        struct.pack("<BBBB", int(c), int(a), int(b), int(e)) + bitio.leb128_encode(np.array([n, m]))
-        for c, a, b, e, n, m in zip(active, k_pos, k_bg, k_bv, counts, n_big, strict=True)
+    k_pos = rice_k(_group_sums(gaps, counts), counts)
+    k_bg = rice_k(_group_sums(big_gaps, n_big), n_big)
+    k_bv = rice_k(_group_sums(big_vals, n_big), n_big)
+    u64 = np.uint64
+    return (
+        active.astype(np.int64),
+        counts.astype(np.int64),
+        n_big,
+        k_pos,
+        k_bg,
+        k_bv,
+        gaps.astype(u64),
+        k_pos[idx],
+        big_gaps.astype(u64),
+        big_vals.astype(u64),
+        k_bg[big_idx],
+        k_bv[big_idx],
+        neg.astype(np.uint8),
+        pos,
     )
-    pu, pr, pe = bitio.rice_encode(gaps, k_pos[idx])
-    bu, br, be = bitio.rice_encode(big_gaps, k_bg[big_idx])
-    vu, vr, ve = bitio.rice_encode(big_vals, k_bv[big_idx])
-    signs = np.packbits(neg.astype(np.uint8)).tobytes()
+
+
+def prepare(old: np.ndarray, new: np.ndarray, dtype: str) -> SimpleNamespace:
+    """Detect the chunk's changes and compute the ctx code arrays (``.pos`` holds the positions)."""
+    shift, cbits = CLASS_FIELDS[dtype]
+    width = old.dtype.itemsize * 8
+    jit = kernels.jit()
+    if jit is not None:
+        arrays = jit.ctx_arrays(old, new, shift, (1 << cbits) - 1, width)
+    else:
+        arrays = _arrays_numpy(old, new, shift, (1 << cbits) - 1, width)
+    return SimpleNamespace(shift=shift, cbits=cbits, **dict(zip(_FIELDS, arrays, strict=True)))
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_ctx(old: np.ndarray, new: np.ndarray, dtype: str, prep: SimpleNamespace | None = None) -> bytes:
+    """Encode the changes of one chunk (``prep`` from :func:`prepare`, computed if not given)."""
+    a = prep if prep is not None else prepare(old, new, dtype)
+    table = b"".join(
+        struct.pack("<BBBB", c, kp, kb, kv) + _varint(n) + _varint(m)
+        for c, kp, kb, kv, n, m in zip(
+            a.active.tolist(),
+            a.k_pos.tolist(),
+            a.k_bg.tolist(),
+            a.k_bv.tolist(),
+            a.counts.tolist(),
+            a.n_big.tolist(),
+            strict=True,
+        )
+    )
+    pu, pr, pe = bitio.rice_encode(a.gaps, a.ks_pos)
+    bu, br, be = bitio.rice_encode(a.big_gaps, a.ks_big)
+    vu, vr, ve = bitio.rice_encode(a.big_vals, a.ks_val)
+    signs = np.packbits(a.neg).tobytes()
     u8 = "<u8"
     streams = [table, pu, pr, pe.astype(u8).tobytes(), bu, br, be.astype(u8).tobytes()]
     streams += [vu, vr, ve.astype(u8).tobytes(), signs]
-    return pack_streams(struct.pack(_PARAMS, shift, cbits), streams)
+    return pack_streams(struct.pack(_PARAMS, a.shift, a.cbits), streams)
 
 
 def _class_table(data: memoryview, changed: int, nclass: int) -> tuple[np.ndarray, ...]:
@@ -143,9 +210,7 @@ def decode_ctx(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
     per_class = np.zeros(mask + 1, dtype=np.int64)
     per_class[active] = counts
     tptr[1:] = np.cumsum(per_class)
-    pos = kernels.class_select(old, shift, mask, ranks, tptr)
-    if pos.size and int(pos.min()) < 0:
-        raise FormatError("ctx rank beyond the number of same-class elements")
+    pos, cm_index = kernels.class_select_sorted(old, shift, mask, ranks, tptr)
     nb = int(n_big.sum())
     big_idx = np.repeat(np.arange(active.size), n_big)
     bg = bitio.rice_decode(st[4], st[5], np.frombuffer(st[6], dtype="<u8"), k_bg[big_idx], nb)
@@ -163,4 +228,4 @@ def decode_ctx(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
     m = np.ones(changed, dtype=np.int64)
     m[(np.cumsum(counts) - counts)[big_idx] + within] = bv.astype(np.int64) + 2
     d = np.where(neg, (1 << width) - m, m).astype(old.dtype)
-    return Decoded(pos, old[pos] + d)
+    return Decoded(pos, old[pos] + d[cm_index])

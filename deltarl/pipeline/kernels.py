@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from deltarl.errors import FormatError
+
 log = logging.getLogger(__name__)
 
 
@@ -34,13 +36,14 @@ def _compiled() -> Any:
     return _numba_kernels
 
 
-def _jit() -> Any:
+def jit() -> Any:
+    """The compiled kernels module, or None when numba is disabled or missing."""
     return _compiled() if numba_enabled() else None
 
 
 def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """Sorted int64 indices where the bit patterns differ."""
-    k = _jit()
+    k = jit()
     if k is None:
         return np.flatnonzero(old != new)
     return k.changed_positions(old, new)
@@ -53,7 +56,7 @@ def classes(bits: np.ndarray, shift: int, mask: int) -> np.ndarray:
 
 def class_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int) -> SimpleNamespace:
     """Changed positions (sorted), their class, and their rank among same-class elements of the chunk."""
-    k = _jit()
+    k = jit()
     if k is not None:
         pos, cls, rank = k.class_ranks(old, new, shift, mask)
         return SimpleNamespace(pos=pos, cls=cls, rank=rank)
@@ -75,7 +78,7 @@ def class_select(old: np.ndarray, shift: int, mask: int, targets: np.ndarray, tp
     ``targets[tptr[c]:tptr[c+1]]`` are strictly increasing ranks within class ``c``; the result is
     aligned with ``targets`` (class-major order).
     """
-    k = _jit()
+    k = jit()
     if k is not None:
         return k.class_select(old, shift, mask, targets, tptr)
     c_all = ((old >> old.dtype.type(shift)) & old.dtype.type(mask)).astype(
@@ -89,3 +92,23 @@ def class_select(old: np.ndarray, shift: int, mask: int, targets: np.ndarray, tp
     out = np.full(targets.size, -1, dtype=np.int64)
     out[ok] = order[starts[tcls[ok]] + targets[ok]]
     return out
+
+
+def class_select_sorted(
+    old: np.ndarray, shift: int, mask: int, targets: np.ndarray, tptr: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`class_select`, returned sorted by position: (positions, index into ``targets``).
+
+    Raises FormatError when a rank exceeds the number of elements of its class.
+    """
+    k = jit()
+    if k is not None:
+        pos, idx, found = k.class_select_sorted(old, shift, mask, targets, tptr)
+        if found != targets.size:
+            raise FormatError("ctx rank beyond the number of same-class elements")
+        return pos, idx
+    cm = class_select(old, shift, mask, targets, tptr)
+    if cm.size and int(cm.min()) < 0:
+        raise FormatError("ctx rank beyond the number of same-class elements")
+    order = np.argsort(cm, kind="stable")
+    return cm[order], order

@@ -18,8 +18,7 @@ Encoder = Callable[[np.ndarray, np.ndarray, str, SimpleNamespace], bytes]
 
 
 def _ctx(old: np.ndarray, new: np.ndarray, dtype: str, ch: SimpleNamespace) -> bytes:
-    shift, cbits = ctx.CLASS_FIELDS[dtype]
-    return ctx.encode_ctx(old, new, shift, cbits, ch if hasattr(ch, "rank") else None)
+    return ctx.encode_ctx(old, new, dtype, ch if hasattr(ch, "k_pos") else None)
 
 
 ENCODERS: dict[str, Encoder] = {
@@ -39,6 +38,5 @@ DECODERS: dict[str, Callable[[np.ndarray, memoryview, int], Decoded]] = {
 def detect(old: np.ndarray, new: np.ndarray, dtype: str, with_classes: bool) -> SimpleNamespace:
     """Changed positions of a chunk, plus per-class ranks when a ctx encode will need them."""
     if with_classes:
-        shift, cbits = ctx.CLASS_FIELDS[dtype]
-        return kernels.class_ranks(old, new, shift, (1 << cbits) - 1)
+        return ctx.prepare(old, new, dtype)
     return SimpleNamespace(pos=kernels.changed_positions(old, new))
