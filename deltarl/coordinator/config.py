@@ -52,6 +52,7 @@ class ServiceConfig(BaseModel):
     long_poll_max_s: float = Field(default=60.0, gt=0.0, description="longest a results request waits")
     tick_interval_s: float = Field(default=0.5, gt=0.0, description="period of the expiry/death check")
     keep_closed_steps: int = Field(default=4, ge=0, description="closed steps whose results stay in memory")
+    io_threads: int = Field(default=32, ge=1, le=1024, description="threads for store writes (fsyncs overlap)")
 
 
 class CoordinatorConfig(BaseModel):

@@ -19,107 +19,40 @@ the caller writes the record to the store, then calls :meth:`Scheduler.complete_
 
 from __future__ import annotations
 
-import enum
 import logging
 import statistics
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from deltarl.coordinator.config import SchedulerConfig
-from deltarl.coordinator.records import ActorRecord, AdmittedRecord, LeaseRecord, RolloutResult, StepSpec
+from deltarl.coordinator.records import (
+    ActorRecord,
+    AdmittedRecord,
+    LeaseRecord,
+    PromptItem,
+    RolloutResult,
+    StepSpec,
+)
+from deltarl.coordinator.state import (
+    ActorState,
+    Decision,
+    LeaseState,
+    LeaseStatus,
+    Pool,
+    Reason,
+    Step,
+    UnknownActor,
+    proportional_split,
+)
+from deltarl.coordinator.views import check_invariants, fleet_status
 from deltarl.errors import CoordinatorError
 
+__all__ = ["Decision", "LeaseStatus", "Reason", "Scheduler", "UnknownActor", "proportional_split"]
+
 log = logging.getLogger(__name__)
-
-
-class UnknownActor(CoordinatorError, LookupError):
-    """A request named an actor id the coordinator never registered (register again)."""
-
-
-class Reason(str, enum.Enum):
-    """Why a result was not admitted."""
-
-    UNKNOWN_LEASE = "unknown_lease"
-    WRONG_ACTOR = "wrong_actor"
-    WRONG_STEP = "wrong_step"
-    LEASE_EXPIRED = "lease_expired"
-    LEASE_REVOKED = "lease_revoked"
-    VERSION_NOT_ACCEPTED = "version_not_accepted"
-    PROMPT_MISMATCH = "prompt_mismatch"
-    ALREADY_ADMITTED = "already_admitted"
-    IN_PROGRESS = "in_progress"
-
-
-class LeaseStatus(str, enum.Enum):
-    ACTIVE = "active"
-    COMMITTING = "committing"
-    ADMITTED = "admitted"
-    EXPIRED = "expired"
-    REVOKED = "revoked"
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Outcome of :meth:`Scheduler.begin_admission`."""
-
-    kind: Literal["admit", "duplicate", "reject"]
-    lease: LeaseRecord | None = None
-    reason: Reason | None = None
-    message: str = ""
-    key: str | None = None
-
-
-@dataclass
-class _Actor:
-    record: ActorRecord
-    last_seen: float
-    alive: bool = True
-    rate: float = 0.0
-    measured: bool = False
-    last_admit_at: float = float("-inf")
-    leases: set[str] = field(default_factory=set)
-    admitted_prompts: int = 0
-    admitted_tokens: int = 0
-
-
-@dataclass
-class _Lease:
-    record: LeaseRecord
-    status: LeaseStatus = LeaseStatus.ACTIVE
-    digest: str | None = None
-    key: str | None = None
-
-
-@dataclass
-class _Step:
-    spec: StepSpec
-    group: dict[str, int]
-    pool: deque[str]
-    leased: dict[str, str] = field(default_factory=dict)
-    admitted: dict[str, str] = field(default_factory=dict)
-    lease_ids: list[str] = field(default_factory=list)
-    closed: bool = False
-
-    @property
-    def complete(self) -> bool:
-        return len(self.admitted) == len(self.group)
-
-
-def proportional_split(total: int, weights: dict[str, float]) -> dict[str, int]:
-    """Split ``total`` items in proportion to ``weights`` (largest remainder; ties by key order)."""
-    wsum = sum(max(w, 0.0) for w in weights.values())
-    if total <= 0 or wsum <= 0:
-        return dict.fromkeys(weights, 0)
-    exact = {k: total * max(w, 0.0) / wsum for k, w in weights.items()}
-    out = {k: int(v) for k, v in exact.items()}
-    rest = total - sum(out.values())
-    for k in sorted(exact, key=lambda k: (out[k] - exact[k], k))[:rest]:
-        out[k] += 1
-    return out
 
 
 class Scheduler:
@@ -134,9 +67,9 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self._clock = clock
         self._new_id = new_id or (lambda prefix: f"{prefix}-{uuid.uuid4().hex}")
-        self.actors: dict[str, _Actor] = {}
-        self.leases: dict[str, _Lease] = {}
-        self.steps: dict[int, _Step] = {}
+        self.actors: dict[str, ActorState] = {}
+        self.leases: dict[str, LeaseState] = {}
+        self.steps: dict[int, Step] = {}
         self._active: set[str] = set()  # ACTIVE or COMMITTING lease ids
         self.tokens_per_sample = self.config.prior_tokens_per_sample
         self._tps_measured = False
@@ -164,20 +97,20 @@ class Scheduler:
     def add_actor(self, record: ActorRecord) -> None:
         """Add a registered actor (also used by recovery, which counts it as just seen)."""
         if record.actor_id not in self.actors:
-            self.actors[record.actor_id] = _Actor(record=record, last_seen=self.now())
+            self.actors[record.actor_id] = ActorState(record=record, last_seen=self.now())
             self.counters["actors_registered"] += 1
 
     def heartbeat(self, actor_id: str) -> None:
         """Mark the actor seen now; a dead actor that speaks again rejoins."""
         self._touch(self._actor(actor_id), self.now())
 
-    def _actor(self, actor_id: str) -> _Actor:
+    def _actor(self, actor_id: str) -> ActorState:
         try:
             return self.actors[actor_id]
         except KeyError:
             raise UnknownActor(f"unknown actor {actor_id!r}") from None
 
-    def _touch(self, actor: _Actor, now: float) -> None:
+    def _touch(self, actor: ActorState, now: float) -> None:
         actor.last_seen = max(actor.last_seen, now)
         if not actor.alive:
             actor.alive = True
@@ -204,7 +137,8 @@ class Scheduler:
             raise CoordinatorError(f"step {spec.step} is already open with other prompts or versions")
         self.check_spec(spec)
         group = {p.prompt_id: p.group_size for p in spec.prompts}
-        self.steps[spec.step] = _Step(spec=spec, group=group, pool=deque(group))
+        items = {p.prompt_id: p for p in spec.prompts}
+        self.steps[spec.step] = Step(spec=spec, group=group, pool=Pool(group), items=items)
         self.counters["steps_opened"] += 1
         return True
 
@@ -223,6 +157,11 @@ class Scheduler:
             raise CoordinatorError(f"step {step} is not complete")
         st.closed = True
 
+    def prompts_of(self, lease: LeaseRecord) -> list[PromptItem]:
+        """The prompt items of a lease, in lease order."""
+        items = self.steps[lease.step].items
+        return [items[pid] for pid in lease.prompt_ids]
+
     def forget_step(self, step: int) -> None:
         """Drop a closed step and its leases from memory (its records stay in the store)."""
         st = self.steps.get(step)
@@ -238,7 +177,7 @@ class Scheduler:
 
     # --- leases -----------------------------------------------------------------------------------
 
-    def _outstanding(self, actor: _Actor, now: float) -> float:
+    def _outstanding(self, actor: ActorState, now: float) -> float:
         """Estimated tokens still to generate on the actor's active leases."""
         if not actor.leases:
             return 0.0
@@ -248,8 +187,7 @@ class Scheduler:
         return max(0.0, sum(r.expected_tokens for r in recs) - done)
 
     def _pool_tokens(self) -> float:
-        samples = sum(st.group[p] for st in self.steps.values() if not st.closed for p in st.pool)
-        return samples * self.tokens_per_sample
+        return sum(st.pool.samples for st in self.steps.values() if not st.closed) * self.tokens_per_sample
 
     def _targets(self, now: float) -> dict[str, float]:
         """Each live actor's fair share of all remaining work, minus what it already holds (tokens)."""
@@ -293,10 +231,10 @@ class Scheduler:
         chosen: list[str] = []
         work = 0.0
         while step.pool and len(chosen) < limit:
-            cost = step.group[step.pool[0]] * self.tokens_per_sample
+            cost = step.group[step.pool.peek()] * self.tokens_per_sample
             if chosen and work + cost > budget:
                 break
-            chosen.append(step.pool.popleft())
+            chosen.append(step.pool.pop())
             work += cost
         if not chosen:
             return None
@@ -314,7 +252,7 @@ class Scheduler:
         for pid in record.prompt_ids:
             st.leased[pid] = record.lease_id
         st.lease_ids.append(record.lease_id)
-        self.leases[record.lease_id] = _Lease(record=record)
+        self.leases[record.lease_id] = LeaseState(record=record)
         self._active.add(record.lease_id)
         self._actor(record.actor_id).leases.add(record.lease_id)
 
@@ -324,7 +262,7 @@ class Scheduler:
         if lease.status is LeaseStatus.ACTIVE:
             self._release(lease, LeaseStatus.REVOKED)
 
-    def _release(self, lease: _Lease, status: LeaseStatus) -> None:
+    def _release(self, lease: LeaseState, status: LeaseStatus) -> None:
         """End an ACTIVE lease without admission: its prompts go back to the front of the pool."""
         lease.status = status
         rec = lease.record
@@ -334,7 +272,7 @@ class Scheduler:
         back = [pid for pid in rec.prompt_ids if st.leased.get(pid) == rec.lease_id]
         for pid in back:
             del st.leased[pid]
-        st.pool.extendleft(reversed(back))
+        st.pool.push_front(back)
         self.counters[f"leases_{status.value}"] += 1
 
     def tick(self) -> list[str]:
@@ -419,7 +357,7 @@ class Scheduler:
         self._admit(lease, record, key)
         return self.steps[record.step].complete
 
-    def _admit(self, lease: _Lease, record: AdmittedRecord, key: str) -> None:
+    def _admit(self, lease: LeaseState, record: AdmittedRecord, key: str) -> None:
         rec = lease.record
         lease.status, lease.digest, lease.key = LeaseStatus.ADMITTED, record.result_sha256, key
         self._active.discard(rec.lease_id)
@@ -490,42 +428,8 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         """Raise AssertionError if a prompt is lost, duplicated, or double-admitted (for tests)."""
-        for n, st in self.steps.items():
-            pool, leased, admitted = list(st.pool), set(st.leased), set(st.admitted)
-            assert len(pool) == len(set(pool)), f"step {n}: prompt twice in the pool"
-            assert not (set(pool) & leased), f"step {n}: prompt pooled and leased"
-            assert not (set(pool) | leased) & admitted, f"step {n}: admitted prompt pooled or leased"
-            assert set(pool) | leased | admitted == set(st.group), f"step {n}: prompt lost"
-            for pid, lid in st.leased.items():
-                assert self.leases[lid].status in (LeaseStatus.ACTIVE, LeaseStatus.COMMITTING), (n, pid)
-            for pid, lid in st.admitted.items():
-                assert self.leases[lid].status is LeaseStatus.ADMITTED, (n, pid)
+        check_invariants(self)
 
     def status(self) -> dict[str, Any]:
         """The fleet view: actors, speeds, shares, leases, steps and counters (JSON-ready)."""
-        now = self.now()
-        shares = self.shares()
-        actors = [
-            {
-                "actor_id": aid, "region": a.record.region, "backend": a.record.backend, "alive": a.alive,
-                "tokens_per_second": round(self.rate_of(aid), 3), "measured": a.measured,
-                "share": shares.get(aid, 0), "leases": sorted(a.leases),
-                "leased_prompts": sum(len(self.leases[i].record.prompt_ids) for i in a.leases),
-                "admitted_prompts": a.admitted_prompts, "admitted_tokens": a.admitted_tokens,
-                "last_seen_s": round(now - a.last_seen, 3),
-            }
-            for aid, a in sorted(self.actors.items())
-        ]
-        steps = [
-            {
-                "step": n, "prompts": len(st.group), "pool": len(st.pool), "leased": len(st.leased),
-                "admitted": len(st.admitted), "complete": st.complete, "closed": st.closed,
-                "accepted_versions": list(st.spec.accepted_versions),
-            }
-            for n, st in sorted(self.steps.items())
-            if not st.closed
-        ]
-        return {
-            "now": now, "actors": actors, "steps": steps, "tokens_per_sample": round(self.tokens_per_sample, 3),
-            "counters": dict(self.counters), "rejections": dict(self.rejections),
-        }
+        return fleet_status(self)

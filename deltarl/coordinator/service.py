@@ -22,7 +22,8 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -53,6 +54,7 @@ from deltarl.storage.store import ObjectStore
 log = logging.getLogger(__name__)
 
 Results = dict[str, tuple[str, AdmittedRecord]]
+T = TypeVar("T")
 
 
 class Coordinator:
@@ -70,11 +72,18 @@ class Coordinator:
         self._done: dict[int, asyncio.Event] = {}
         self._pending: dict[str, asyncio.Future[None]] = {}
         self._tick_task: asyncio.Task[None] | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self.started_at = clock()
+
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking store I/O on the coordinator's thread pool."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.config.service.io_threads, thread_name_prefix="coordinator-io")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def start(self) -> None:
         """Rebuild state from the store, close steps left complete, start the expiry ticker."""
-        rec = await asyncio.to_thread(recover, self.cstore.store, self.run, self.config.scheduler, self._clock)
+        rec = await self._io(recover, self.cstore.store, self.run, self.config.scheduler, self._clock)
         self.scheduler = rec.scheduler
         self._results = rec.results
         for step in rec.to_close:
@@ -86,6 +95,9 @@ class Coordinator:
             self._tick_task.cancel()
             await asyncio.gather(self._tick_task, return_exceptions=True)
             self._tick_task = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     async def _ticker(self) -> None:
         while True:
@@ -96,7 +108,7 @@ class Coordinator:
 
     async def register(self, req: RegisterRequest) -> Registered:
         record = self.scheduler.new_actor(req.region, req.backend, req.capabilities)
-        await asyncio.to_thread(self.cstore.put_actor, record)
+        await self._io(self.cstore.put_actor, record)
         self.scheduler.add_actor(record)
         log.info("registered actor %s (%s, %s)", record.actor_id, req.region, req.backend)
         return Registered(actor_id=record.actor_id, heartbeat_interval_s=self.config.scheduler.heartbeat_interval_s)
@@ -109,15 +121,12 @@ class Coordinator:
         if rec is None:
             return LeaseResponse(grant=None, retry_after_s=min(1.0, self.config.scheduler.heartbeat_interval_s))
         try:
-            await asyncio.to_thread(self.cstore.put_lease, rec)
+            await self._io(self.cstore.put_lease, rec)
         except BaseException:
             self.scheduler.cancel_lease(rec.lease_id)
             raise
         spec = self.scheduler.steps[rec.step].spec
-        wanted = set(rec.prompt_ids)
-        prompts = [p for p in spec.prompts if p.prompt_id in wanted]
-        order = {pid: i for i, pid in enumerate(rec.prompt_ids)}
-        prompts.sort(key=lambda p: order[p.prompt_id])
+        prompts = self.scheduler.prompts_of(rec)
         return LeaseResponse(grant=LeaseGrant(lease=rec, prompts=prompts, accepted_versions=spec.accepted_versions))
 
     async def report(self, result: RolloutResult) -> Ack:
@@ -139,7 +148,7 @@ class Coordinator:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending[result.lease_id] = fut
         try:
-            key = await asyncio.to_thread(self.cstore.put_admitted, record)
+            key = await self._io(self.cstore.put_admitted, record)
         except RecordConflict as err:
             self.scheduler.abort_admission(result.lease_id)
             return Ack(admitted=False, reason=Reason.ALREADY_ADMITTED.value, message=str(err))
@@ -166,8 +175,8 @@ class Coordinator:
             if not existing.spec.same_request(spec):
                 raise CoordinatorError(f"step {spec.step} is already open with other prompts or versions")
             return StepOpened(step=spec.step, created=False, closed=existing.closed)
-        stored = await asyncio.to_thread(self.cstore.put_spec, spec)
-        if await asyncio.to_thread(self.cstore.manifest, spec.step) is not None:
+        stored = await self._io(self.cstore.put_spec, spec)
+        if await self._io(self.cstore.manifest, spec.step) is not None:
             return StepOpened(step=spec.step, created=False, closed=True)
         created = self.scheduler.open_step(stored)
         self._results.setdefault(spec.step, {})
@@ -179,7 +188,7 @@ class Coordinator:
         results = self._results.pop(step, {})
         spec = self.scheduler.steps[step].spec
         manifest = build_manifest(spec, results.values(), closed_at=self._clock())
-        await asyncio.to_thread(self.cstore.put_manifest, manifest)
+        await self._io(self.cstore.put_manifest, manifest)
         self.scheduler.close_step(step)
         self._closed[step] = results
         while len(self._closed) > self.config.service.keep_closed_steps:
@@ -207,14 +216,14 @@ class Coordinator:
         return StepResults(step=step, complete=False, results=records)
 
     async def _closed_results(self, step: int) -> StepResults:
-        manifest = await asyncio.to_thread(self.cstore.manifest, step)
+        manifest = await self._io(self.cstore.manifest, step)
         if manifest is None:
             raise UnknownStep(f"step {step} is not open and has no manifest")
         cached = self._closed.get(step)
         if cached is not None:
             records = [r for _, r in sorted(cached.values(), key=lambda kr: kr[0])]
         else:
-            records = await asyncio.to_thread(
+            records = await self._io(
                 lambda: [decode(AdmittedRecord, self.cstore.store.get(k)) for k in manifest.result_keys]
             )
         return StepResults(step=step, complete=True, results=records, manifest=manifest)
