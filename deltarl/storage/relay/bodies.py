@@ -88,7 +88,7 @@ class PullBody:
             if pull.error is not None:
                 raise TransientStoreError(f"upstream pull of {pull.key} failed: {pull.error}") from pull.error
             # The tail of the object (and everything, in store-and-forward mode) waits for the check.
-            limit = end if pull.done else (min(pull.prefix, self.size - HOLDBACK) if self.cut_through else start)
+            limit = end if pull.done else (min(pull.prefix, self.size - HOLDBACK, end) if self.cut_through else start)
             if limit > pos:
                 n = min(CHUNK, limit - pos)
                 data = await asyncio.to_thread(_read_hash, self._fd, pos, n, None)
