@@ -239,3 +239,42 @@ def test_head_cas_failure_is_repaired_on_next_publish(mode):
     assert RunReader(store, "r").head().version == 3
     for v in range(4):
         assert states_equal(replay(store, "r", v), exports[v])
+
+
+@pytest.mark.s3
+def test_racing_writers_on_seaweedfs_never_fork(seaweed_store):
+    """Writers with short leases keep taking the run from each other on a real S3 server; the history
+    stays one linear, replayable chain."""
+    errors: list[BaseException] = []
+    conflicts = [0]
+
+    def writer(i: int) -> None:
+        trainer = TinyTrainer(i)
+        published = 0
+        deadline = time.monotonic() + 20
+        while published < 3 and time.monotonic() < deadline:
+            try:
+                with Publisher(seaweed_store, "r", writer_id=f"w{i}", lease_s=0.5) as pub:
+                    for _ in range(2):
+                        trainer.step()
+                        pub.publish(trainer.export(), step=i)
+                        published += 1
+            except WriterConflict:
+                conflicts[0] += 1
+                time.sleep(0.05 * (i + 1))
+            except BaseException as err:
+                errors.append(err)
+                return
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    reader = RunReader(seaweed_store, "r")
+    head = reader.head()
+    assert head.version >= 3
+    chain = reader.chain(head.version, from_version=0)
+    assert [m.version for m, _ in chain] == list(range(head.version + 1))
+    replay(seaweed_store, "r", verify=True)
