@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deltarl.coordinator.client import CoordinatorClient
+from deltarl.coordinator.client import CoordinatorClient, SyncCoordinatorClient
 from deltarl.coordinator.records import Ack, LeaseGrant
 from deltarl.errors import AdmissionRejected, CoordinatorError
 from tests.fixtures.coordinator import ACTOR_TOKEN, TRAINER_TOKEN, CoordinatorProcess, make_result, make_spec
@@ -75,3 +75,24 @@ async def test_sigkill_mid_step_then_restart_continues(
     assert sorted(prompt_ids) == sorted(p.prompt_id for p in spec.prompts)  # none lost, none twice
     keys = {r.lease.lease_id for r in results.results}
     assert {x.key.rsplit("/", 1)[-1].removesuffix(".json") for x in acked_before if x.key} <= keys
+
+
+def test_sync_client_against_a_process(tmp_path: Path, coordinator_process: Callable[..., CoordinatorProcess]) -> None:
+    proc = coordinator_process(str(tmp_path / "store"))
+    spec = make_spec(0, 3)
+    with SyncCoordinatorClient(proc.url, TRAINER_TOKEN) as trainer, SyncCoordinatorClient(proc.url, ACTOR_TOKEN) as c:
+        assert trainer.open_step(0, spec.prompts, spec.accepted_versions).created
+        aid = c.register(region="r").actor_id
+        c.heartbeat(aid)
+        while (grant := c.lease(aid)) is not None:
+            assert c.report(make_result(grant)).admitted
+        assert trainer.wait_step(0, poll_s=2.0, deadline_s=30.0).complete
+        assert c.status()["counters"]["results_admitted"] >= 1
+
+
+def test_cli_refuses_without_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from deltarl.cli import main
+
+    monkeypatch.delenv("DELTARL_COORDINATOR_TOKEN", raising=False)
+    assert main(["coordinator", "--store", str(tmp_path), "--run", "r", "--listen", "127.0.0.1:0"]) == 2
+    assert main(["coordinator", "--store", str(tmp_path), "--run", "r", "--listen", "nonsense", "--token", "t"]) == 2

@@ -11,6 +11,7 @@ from deltarl.coordinator.client import CoordinatorClient
 from deltarl.coordinator.persistence import CoordinatorStore, recover
 from deltarl.coordinator.records import AdmittedRecord, StepManifest, decode
 from deltarl.errors import AdmissionRejected, AuthError, CoordinatorError
+from deltarl.storage.store import ObjectStore
 from tests.fixtures.coordinator import (
     ACTOR_TOKEN,
     RUN,
@@ -18,6 +19,8 @@ from tests.fixtures.coordinator import (
     RunningCoordinator,
     make_result,
     make_spec,
+    service_config,
+    start_service,
 )
 
 
@@ -135,3 +138,42 @@ async def test_unknown_actor_is_404(coordinator_service: RunningCoordinator) -> 
             await actor.heartbeat("actor-never")
         with pytest.raises(CoordinatorError):
             await actor.lease("actor-never")
+
+
+async def test_long_poll_partial_death_and_closed_steps_from_store(coordinator_store: ObjectStore) -> None:
+    cfg = service_config(heartbeat_timeout_s=0.3, lease_margin_s=5.0)
+    cfg = cfg.model_copy(update={"service": cfg.service.model_copy(update={"keep_closed_steps": 0})})
+    runner, running = await start_service(coordinator_store, cfg)
+    try:
+        async with CoordinatorClient(running.url, TRAINER_TOKEN) as trainer, \
+                CoordinatorClient(running.url, ACTOR_TOKEN) as actor:
+            spec = make_spec(0, 4)
+            await trainer.open_step(0, spec.prompts, spec.accepted_versions)
+            a = (await actor.register(region="a")).actor_id
+            b = (await actor.register(region="b")).actor_id
+            first = (await actor.lease(a, max_prompts=1)).grant
+            assert first is not None
+            await actor.report(make_result(first))
+            held = (await actor.lease(b, max_prompts=1)).grant
+            assert held is not None
+            partial = await trainer.step_results(0, timeout=0.2)  # long-poll times out: partial
+            assert not partial.complete
+            assert len(partial.results) == 1
+            for _ in range(20):  # b falls silent: declared dead, its lease revoked
+                await actor.heartbeat(a)
+                await asyncio.sleep(0.1)
+            fleet = {x["actor_id"]: x for x in (await actor.status())["actors"]}
+            assert not fleet[b]["alive"]
+            assert fleet[a]["alive"]
+            with pytest.raises(AdmissionRejected) as err:
+                await actor.report(make_result(held))
+            assert err.value.reason == "lease_revoked"
+            while (grant := (await actor.lease(a)).grant) is not None:
+                await actor.report(make_result(grant))
+            done = await trainer.step_results(0, timeout=5)
+            assert done.complete  # served from the store: keep_closed_steps=0 evicted it
+            assert len({s.prompt_id for r in done.results for s in r.result.samples}) == 4
+            with pytest.raises(CoordinatorError):
+                await trainer.step_results(99, timeout=0)
+    finally:
+        await runner.cleanup()
