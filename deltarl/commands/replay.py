@@ -28,10 +28,10 @@ def run(args: argparse.Namespace) -> int:
 
     store = open_store(args.store)
     try:
-        state = replay(store, args.run, args.version, verify=args.verify, progress=not args.no_progress and sys.stderr.isatty())
         reader = RunReader(store, args.run)
         version = args.version if args.version is not None else reader.head().version
         _, vid = reader.manifest(version)
+        state = replay(store, args.run, version, verify=args.verify, progress=not args.no_progress and sys.stderr.isatty())
     except DeltaRLError as err:
         print(f"deltarl replay: {err}", file=sys.stderr)
         return 1
