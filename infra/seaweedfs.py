@@ -75,6 +75,7 @@ def weed_command(
         "-master.telemetry=false",
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
+        "-volume.preStopSeconds=0",  # single node: nobody to drain to, stop at once
         f"-s3.port={s3_port}",
         f"-s3.localSocket={data_dir / 's3.sock'}",
         f"-filer.localSocket={data_dir / 'filer.sock'}",
