@@ -7,7 +7,8 @@ bounds the transfer. Each range is retried on its source with capped, jittered b
 (:class:`~deltarl.storage.retry.RetryPolicy`); when a source keeps failing (dead relay, refused
 connection, truncated or stalled response), the range moves to the next source, and the source
 is skipped for ``cooldown_s``. Ranges that already arrived are kept: a failover refetches only
-what is missing.
+what is missing. A 404 is final, not a fault: a relay says "not found" only after asking its own
+upstream (or after a long-poll ``wait`` ran out), so the origin is not hammered by waiting actors.
 
 Integrity is checked per object: only the whole object's sha256 is known (from the manifest), so
 a mismatch cannot be pinned on one range. On a mismatch the whole object is fetched again from
@@ -129,21 +130,17 @@ class Fetcher:
             for attempt in range(self.attempts_per_source):
                 try:
                     return await call(self.sources[i], i), i
-                except (ObjectNotFound, InvalidRange) as err:
-                    last = err
-                    break  # not a fault of the connection: ask the next source, keep this one alive
+                except (ObjectNotFound, InvalidRange):
+                    raise  # authoritative: a relay answers 404 only after asking its own upstream
                 except (StoreError, DeltaRLError, OSError, asyncio.TimeoutError) as err:
                     last = err
                     if attempt + 1 < self.attempts_per_source:
                         self.stats.retries += 1
                         await asyncio.sleep(self.retry.delay(attempt))
-            else:
-                assert last is not None
-                self._mark_dead(i, last)
+            assert last is not None
+            self._mark_dead(i, last)
             self.stats.failovers += 1
             i = self._pick(i + 1)
-        if isinstance(last, ObjectNotFound):
-            raise ObjectNotFound(f"{what}: not found at any source") from last
         raise TransferError(f"{what}: every source failed; last error: {last}") from last
 
     # --- immutable objects --------------------------------------------------------------------

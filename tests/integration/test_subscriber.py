@@ -1,0 +1,119 @@
+"""The subscriber end to end: a real publisher, a relay, the fetcher, staging and in-place commits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from deltarl.actor.fetcher import Fetcher
+from deltarl.actor.subscriber import Subscriber
+from deltarl.netem import EmulatedLink
+from deltarl.storage import MemoryStore
+from deltarl.storage.publisher import Publisher
+from tests.fixtures.relays import StartRelay
+from tests.fixtures.runs import TinyTrainer, states_equal
+
+pytestmark = pytest.mark.torch
+
+RUN = "sub"
+
+
+class Trainer:
+    """A TinyTrainer publishing through a Publisher (publish runs in a thread)."""
+
+    def __init__(self, store: MemoryStore, **kw: Any) -> None:
+        self.tiny = TinyTrainer(0)
+        self.pub = Publisher(store, RUN, segment_bytes=8 << 10, **kw)
+        self.exports: list[dict[str, Any]] = []
+
+    async def publish(self, n: int = 1) -> None:
+        def run() -> None:
+            for _ in range(n):
+                if self.exports:
+                    self.tiny.step()
+                export = self.tiny.export()
+                self.pub.publish(export, step=len(self.exports))
+                self.exports.append({k: t.clone() for k, t in export.items()})
+
+        await asyncio.to_thread(run)
+
+    def close(self) -> None:
+        self.pub.close()
+
+
+async def _until_ready(sub: Subscriber, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not sub.ready():
+        assert time.monotonic() < deadline, f"nothing staged (error: {sub.error})"
+        await asyncio.sleep(0.02)
+
+
+async def test_bootstrap_follow_and_catch_up(start_relay: StartRelay) -> None:
+    origin = MemoryStore()
+    trainer = Trainer(origin, keyframe_interval=5, digest_interval=2)
+    relay = await start_relay(origin)
+    state: dict[str, Any] = {}
+    try:
+        await trainer.publish(3)
+        async with Fetcher([relay.url, origin], streams=3) as fetcher, Subscriber(
+            state, RUN, fetcher, poll_wait_s=2.0, catch_up_after=3
+        ) as sub:
+            info = await sub.bootstrap()
+            assert (info.version, info.full) == (2, True)
+            assert states_equal(state, trainer.exports[2])
+            live = dict(state)  # the tensors the actor's model holds: commits must write into them
+            sub.start()
+            await asyncio.sleep(0.1)
+            assert not sub.ready()
+            await trainer.publish()
+            await _until_ready(sub)
+            assert sub.staged_version == 3
+            assert states_equal(state, trainer.exports[2])  # staging wrote nothing
+            info = sub.commit()
+            assert (info.version, info.full) == (3, False)
+            assert info.changed_elements > 0
+            assert info.version_id == trainer.pub.head_version_id
+            assert states_equal(state, trainer.exports[3])
+            # Far behind: v4 gets staged, then 7 more versions land before the next safe point.
+            await trainer.publish(8)
+            await _until_ready(sub)
+            assert sub.commit().version == 4
+            infos = []
+            while sub.version != 11:  # HEAD is a cached hint: a step or two may come before the jump
+                await _until_ready(sub)
+                infos.append(sub.commit())
+            assert len(infos) <= 3
+            assert infos[-1].full
+            assert infos[-1].state_digest_ok in (True, None)
+            assert states_equal(state, trainer.exports[11])
+            assert all(state[k] is live[k] for k in live)  # in place
+    finally:
+        trainer.close()
+    assert fetcher.stats.bytes_by_source.get(origin.url, 0) == 0  # everything came through the relay
+
+
+async def test_stages_exact_bytes_when_the_relay_dies(start_relay: StartRelay) -> None:
+    origin = MemoryStore()
+    trainer = Trainer(origin)
+    relay = await start_relay(origin)
+    state: dict[str, Any] = {}
+    try:
+        await trainer.publish(2)
+        async with EmulatedLink("127.0.0.1", relay.port) as link:
+            async with Fetcher([link.url, origin], streams=2, read_timeout_s=2) as fetcher, Subscriber(
+                state, RUN, fetcher, poll_wait_s=1.0
+            ) as sub:
+                await sub.bootstrap()
+                sub.start()
+                link.kill()  # the relay's region goes dark
+                await trainer.publish()
+                await _until_ready(sub)
+                assert sub.commit().version == 2
+                assert states_equal(state, trainer.exports[2])
+    finally:
+        trainer.close()
+    assert fetcher.stats.failovers >= 1
+    assert fetcher.stats.bytes_by_source[origin.url] > 0
