@@ -102,17 +102,16 @@ async def test_stages_exact_bytes_when_the_relay_dies(start_relay: StartRelay) -
     state: dict[str, Any] = {}
     try:
         await trainer.publish(2)
-        async with EmulatedLink("127.0.0.1", relay.port) as link:
-            async with Fetcher([link.url, origin], streams=2, read_timeout_s=2) as fetcher, Subscriber(
-                state, RUN, fetcher, poll_wait_s=1.0
-            ) as sub:
-                await sub.bootstrap()
-                sub.start()
-                link.kill()  # the relay's region goes dark
-                await trainer.publish()
-                await _until_ready(sub)
-                assert sub.commit().version == 2
-                assert states_equal(state, trainer.exports[2])
+        async with EmulatedLink("127.0.0.1", relay.port) as link, Fetcher(
+            [link.url, origin], streams=2, read_timeout_s=2
+        ) as fetcher, Subscriber(state, RUN, fetcher, poll_wait_s=1.0) as sub:
+            await sub.bootstrap()
+            sub.start()
+            link.kill()  # the relay's region goes dark
+            await trainer.publish()
+            await _until_ready(sub)
+            assert sub.commit().version == 2
+            assert states_equal(state, trainer.exports[2])
     finally:
         trainer.close()
     assert fetcher.stats.failovers >= 1
