@@ -89,6 +89,28 @@ def test_local_put_if_absent_threads(tmp_path: Path) -> None:
     check_one_creator(LocalStore(tmp_path, fsync=False))
 
 
+def test_local_readers_never_see_a_partial_object(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path, fsync=False)
+    a, b = b"a" * (4 << 20), b"b" * (4 << 20)
+    store.put("seg", a)
+    stop = threading.Event()
+
+    def write(_: int) -> None:
+        for i in range(40):
+            store.put("seg", b if i % 2 == 0 else a)
+        stop.set()
+
+    def read(_: int) -> int:
+        seen = 0
+        while not stop.is_set():
+            assert store.get("seg") in (a, b)
+            seen += 1
+        return seen
+
+    results = run_threads(3, lambda i: write(i) if i == 0 else read(i))
+    assert all(isinstance(n, int) and n > 0 for n in results[1:])
+
+
 WORKER = textwrap.dedent(
     """
     import sys
