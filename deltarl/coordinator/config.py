@@ -26,7 +26,7 @@ class SchedulerConfig(BaseModel):
     )
     prior_tokens_per_sample: float = Field(default=512.0, gt=0.0, description="completion length before any is seen")
     chunks: int = Field(
-        default=4, ge=1, le=1000,
+        default=8, ge=1, le=1000,
         description="a lease is 1/chunks of the actor's remaining fair share (guided self-scheduling)",
     )
     probe_prompts: int = Field(default=2, ge=1, description="prompts in an unmeasured actor's first lease")
