@@ -110,8 +110,19 @@ class AdamTrace:
         return sum(w.size for w in self.w.values())
 
     def step(self) -> None:
-        """One Adam step (bias-corrected) with fresh gradient noise."""
+        """One Adam step (bias-corrected) with fresh gradient noise, at ``self.lr``."""
+        for name, upd in self.direction().items():
+            upd *= np.float32(self.lr)
+            self.w[name] -= upd
+
+    def direction(self) -> dict[str, np.ndarray]:
+        """Advance the Adam moments one step and return m_hat / (sqrt(v_hat) + eps) per tensor.
+
+        The weights are not touched: ``w - lr * direction`` is the next master weight at any lr,
+        so one warmed-up trace serves several learning rates.
+        """
         self.t += 1
+        out: dict[str, np.ndarray] = {}
         b1, b2 = np.float32(self.beta1), np.float32(self.beta2)
         c1 = np.float32(1 - self.beta1**self.t)
         c2 = np.float32(1 - self.beta2**self.t)
@@ -129,13 +140,15 @@ class AdamTrace:
             denom += np.float32(self.eps)
             upd = m / c1
             upd /= denom
-            upd *= np.float32(self.lr)
-            w -= upd
+            out[name] = upd
+        return out
 
     def run(self, warmup_steps: int) -> None:
         for _ in range(warmup_steps):
             self.step()
 
-    def export(self) -> dict[str, BF16]:
-        """The BF16 inference weights (bit patterns) of the current master weights."""
-        return {name: BF16(bf16_bits(w)) for name, w in self.w.items()}
+    def export(self, direction: dict[str, np.ndarray] | None = None, lr: float = 0.0) -> dict[str, BF16]:
+        """BF16 bit patterns of the master weights, or of ``w - lr * direction`` when given."""
+        if direction is None:
+            return {name: BF16(bf16_bits(w)) for name, w in self.w.items()}
+        return {name: BF16(bf16_bits(w - np.float32(lr) * direction[name])) for name, w in self.w.items()}

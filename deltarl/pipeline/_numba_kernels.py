@@ -1,4 +1,5 @@
 """numba versions of the per-element loops in :mod:`deltarl.pipeline.kernels` (imported lazily)."""
+# mypy: ignore-errors
 
 from __future__ import annotations
 
@@ -9,25 +10,42 @@ _BLOCK = 64
 
 
 @njit(cache=True, nogil=True)
-def _changed_positions(old, new, out):
-    n = old.size
+def _changed_words(a, b, lanes, lane_bits, out):
+    """Changed element indices, comparing 64-bit words of packed lanes (skips equal words fast)."""
     k = 0
-    for b0 in range(0, n, _BLOCK):
-        b1 = min(n, b0 + _BLOCK)
-        acc = 0
-        for i in range(b0, b1):
-            acc |= old[i] ^ new[i]
-        if acc != 0:
-            for i in range(b0, b1):
-                if old[i] != new[i]:
-                    out[k] = i
+    lane_mask = (np.uint64(1) << np.uint64(lane_bits)) - np.uint64(1)
+    for w in range(a.size):
+        x = a[w] ^ b[w]
+        if x != 0:
+            for j in range(lanes):
+                if (x >> np.uint64(j * lane_bits)) & lane_mask:
+                    out[k] = w * lanes + j
                     k += 1
     return k
 
 
+@njit(cache=True, nogil=True)
+def _changed_tail(old, new, start, out, k):
+    for i in range(start, old.size):
+        if old[i] != new[i]:
+            out[k] = i
+            k += 1
+    return k
+
+
 def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    lanes = 8 // old.dtype.itemsize
+    nw = old.size // lanes
     out = np.empty(old.size, dtype=np.int64)
-    k = _changed_positions(old, new, out)
+    k = 0
+    aligned = old.ctypes.data % 8 == 0 and new.ctypes.data % 8 == 0
+    if nw and aligned:
+        a = old[: nw * lanes].view(np.uint64)
+        b = new[: nw * lanes].view(np.uint64)
+        k = _changed_words(a, b, lanes, old.dtype.itemsize * 8, out)
+        k = _changed_tail(old, new, nw * lanes, out, k)
+    else:
+        k = _changed_tail(old, new, 0, out, 0)
     return out[:k].copy()
 
 
@@ -255,7 +273,7 @@ def ctx_arrays(old, new, shift, mask, width):
             gaps[t] = g
             gsum += g
             p = dpos[t]
-            d = (np.int64(new[p]) - np.int64(old[p])) % full
+            d = (np.int64(new[p]) - np.int64(old[p])) & (full - 1)
             if d >= half:
                 neg[t] = 1
                 m = full - d - 1

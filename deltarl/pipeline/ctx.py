@@ -65,7 +65,22 @@ def _ranks_in_groups(gaps: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return cs - 1 - np.repeat(base, counts)
 
 
-_FIELDS = "active counts n_big k_pos k_bg k_bv gaps ks_pos big_gaps big_vals ks_big ks_val neg pos".split()
+_FIELDS = [
+    "active",
+    "counts",
+    "n_big",
+    "k_pos",
+    "k_bg",
+    "k_bv",
+    "gaps",
+    "ks_pos",
+    "big_gaps",
+    "big_vals",
+    "ks_big",
+    "ks_val",
+    "neg",
+    "pos",
+]
 
 
 def _arrays_numpy(

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from deltarl.errors import TensorMismatch
 from deltarl.pipeline import registry
+from deltarl.pipeline.kernels import worker_threads
 from deltarl.pipeline.segment import ChunkInfo, pack_segment
 from deltarl.pipeline.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, tensor_table
 
@@ -18,7 +21,7 @@ log = logging.getLogger(__name__)
 CODECS = ("auto", *registry.ENCODABLE)
 MAX_CHUNK_ELEMENTS = 1 << 22
 MIN_CHUNK_ELEMENTS = 1 << 12
-DENSE_MIN_FRACTION = 1 / 32  # auto tries the dense codec only above this changed fraction
+DENSE_MIN_FRACTION = 1 / 2  # auto tries the dense codec only above this changed fraction
 
 
 def chunk_elements(segment_bytes: int) -> int:
@@ -29,7 +32,7 @@ def chunk_elements(segment_bytes: int) -> int:
 def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str) -> tuple[str, int, bytes]:
     """Encode one chunk's changes: (codec used, changed count, payload).
 
-    ``auto`` encodes with ``ctx`` and, when more than 1/32 of the chunk changed, also ``dense``,
+    ``auto`` encodes with ``ctx`` and, when at least half of the chunk changed, also ``dense``,
     and keeps the smaller (``rice`` and ``aurora`` are never smaller than ``ctx`` on real updates
     and are only used when asked for by name).
     """
@@ -73,29 +76,53 @@ def iter_encode_delta(
     table = tensor_table(old)
     check_compatible(new, table)
     step = chunk_elements(segment_bytes)
+
+    def tasks() -> Iterator[tuple[TensorSpec, int, np.ndarray, np.ndarray]]:
+        for spec in table:
+            o = flat_bits(spec.name, _cpu(old[spec.name]))
+            n = flat_bits(spec.name, _cpu(new[spec.name]))
+            if o.size != spec.numel or n.size != spec.numel:
+                raise TensorMismatch(f"tensor {spec.name!r}: element count differs from its shape")
+            for start in range(0, spec.numel, step):
+                stop = min(spec.numel, start + step)
+                yield spec, start, o[start:stop], n[start:stop]
+
     specs: dict[str, TensorSpec] = {}
     chunks: list[ChunkInfo] = []
     payloads: list[bytes] = []
     size = 0
     emitted = False
-    for spec in table:
-        o = flat_bits(spec.name, _cpu(old[spec.name]))
-        n = flat_bits(spec.name, _cpu(new[spec.name]))
-        if o.size != spec.numel or n.size != spec.numel:
-            raise TensorMismatch(f"tensor {spec.name!r}: element count differs from its shape")
-        for start in range(0, spec.numel, step):
-            stop = min(spec.numel, start + step)
-            used, changed, payload = encode_chunk(o[start:stop], n[start:stop], spec.dtype, codec)
-            specs[spec.name] = spec
-            chunks.append(ChunkInfo(spec.name, start, stop - start, changed, used, len(payload)))
-            payloads.append(payload)
-            size += len(payload) + 36
-            if size >= segment_bytes:
-                yield pack_segment(base, list(specs.values()), chunks, payloads)
-                specs, chunks, payloads, size = {}, [], [], 0
-                emitted = True
+    for spec, start, count, (used, changed, payload) in _encoded(tasks(), codec, worker_threads()):
+        specs[spec.name] = spec
+        chunks.append(ChunkInfo(spec.name, start, count, changed, used, len(payload)))
+        payloads.append(payload)
+        size += len(payload) + 36
+        if size >= segment_bytes:
+            yield pack_segment(base, list(specs.values()), chunks, payloads)
+            specs, chunks, payloads, size = {}, [], [], 0
+            emitted = True
     if chunks or not emitted:
         yield pack_segment(base, list(specs.values()), chunks, payloads)
+
+
+def _encoded(
+    tasks: Iterator[tuple[TensorSpec, int, np.ndarray, np.ndarray]], codec: str, threads: int
+) -> Iterator[tuple[TensorSpec, int, int, tuple[str, int, bytes]]]:
+    """Encode chunks in order, ``threads`` at a time (the kernels release the GIL)."""
+    if threads <= 1:
+        for spec, start, o, n in tasks:
+            yield spec, start, o.size, encode_chunk(o, n, spec.dtype, codec)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-encode") as pool:
+        window: deque[tuple[TensorSpec, int, int, Future[tuple[str, int, bytes]]]] = deque()
+        for spec, start, o, n in tasks:
+            window.append((spec, start, o.size, pool.submit(encode_chunk, o, n, spec.dtype, codec)))
+            if len(window) > 2 * threads:
+                s, st, c, fut = window.popleft()
+                yield s, st, c, fut.result()
+        while window:
+            s, st, c, fut = window.popleft()
+            yield s, st, c, fut.result()
 
 
 def encode_delta(

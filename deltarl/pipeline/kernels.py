@@ -26,6 +26,17 @@ def numba_enabled() -> bool:
     return os.environ.get("DELTARL_NO_NUMBA", "") in ("", "0")
 
 
+def worker_threads() -> int:
+    """Threads for chunk-parallel encode/decode: ``DELTARL_THREADS`` or min(4, CPU count)."""
+    raw = os.environ.get("DELTARL_THREADS", "")
+    if raw:
+        try:
+            return max(1, int(raw))
+        except ValueError:
+            log.warning("ignoring DELTARL_THREADS=%r (not an integer)", raw)
+    return max(1, min(4, os.cpu_count() or 1))
+
+
 @functools.lru_cache(maxsize=1)
 def _compiled() -> Any:
     try:

@@ -12,13 +12,15 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from deltarl.errors import BaseMismatch, FormatError, StagingError, TensorMismatch
 from deltarl.pipeline import registry
-from deltarl.pipeline.segment import read_segment_header
+from deltarl.pipeline.kernels import worker_threads
+from deltarl.pipeline.segment import ChunkInfo, read_segment_header
 from deltarl.pipeline.tensors import TensorSpec, flat_bits, is_cuda, tensor_table, uint_dtype
 
 log = logging.getLogger(__name__)
@@ -123,28 +125,34 @@ class Stager:
                 )
         mv = memoryview(data).cast("B")
         off = header.payload_offset
-        new_parts: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
+        jobs = []
         for c in header.chunks:
             if any(s < c.start + c.count and c.start < e for s, e in self._covered.get(c.tensor, [])):
                 raise FormatError(
                     f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} was already staged"
                 )
-            payload = mv[off : off + c.nbytes]
+            if c.changed:
+                jobs.append((c, mv[off : off + c.nbytes]))
             off += c.nbytes
-            if c.changed == 0:
-                continue
-            value = self._state[c.tensor]
-            old = _old_range(c.tensor, value, c.start, c.start + c.count)
-            dec = registry.DECODERS[c.codec](old, payload, c.changed)
-            if dec.positions.size != c.changed or dec.values.dtype != uint_dtype(self._specs[c.tensor].dtype):
-                raise FormatError(
-                    f"chunk of {c.tensor!r} decoded to {dec.positions.size} of {c.changed} elements"
-                )
-            new_parts.append((c.tensor, dec.positions + c.start, old[dec.positions].copy(), dec.values))
+        threads = min(worker_threads(), len(jobs))
+        if threads > 1:
+            with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-decode") as pool:
+                new_parts = list(pool.map(lambda job: self._decode(*job), jobs))
+        else:
+            new_parts = [self._decode(c, payload) for c, payload in jobs]
         for name, pos, old_v, new_v in new_parts:
             self._parts.setdefault(name, []).append((pos, old_v, new_v))
         for c in header.chunks:
             self._covered.setdefault(c.tensor, []).append((c.start, c.start + c.count))
+
+    def _decode(self, c: ChunkInfo, payload: memoryview) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+        old = _old_range(c.tensor, self._state[c.tensor], c.start, c.start + c.count)
+        dec = registry.DECODERS[c.codec](old, payload, c.changed)
+        if dec.positions.size != c.changed or dec.values.dtype != uint_dtype(self._specs[c.tensor].dtype):
+            raise FormatError(
+                f"chunk of {c.tensor!r} decoded to {dec.positions.size} of {c.changed} elements"
+            )
+        return c.tensor, dec.positions + c.start, old[dec.positions].copy(), dec.values
 
     def finish(self) -> StagedUpdate:
         """Check that the delta covers every element of every tensor exactly once; return the update."""
