@@ -1,0 +1,102 @@
+"""The actor's configuration: one YAML/JSON file (or the ``actor:`` section of a deployment file).
+
+Importable without torch. Flags of ``deltarl actor`` override the file's fields.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from deltarl.errors import ConfigError
+
+#: Environment variables an actor's coordinator token may come from, in order.
+TOKEN_ENVS = ("DELTARL_ACTOR_TOKEN", "DELTARL_COORDINATOR_TOKEN")
+
+
+class RegionConfig(BaseModel):
+    """What actors of one region share: their relays, in order of preference."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    relays: list[str] = Field(default_factory=list, description="relay base URLs (http://host:port), nearest first")
+
+
+class ActorConfig(BaseModel):
+    """Everything ``deltarl actor`` needs: where the run is, whom to ask for work, how to generate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    coordinator: str = Field(default="http://127.0.0.1:8470", description="base URL of the coordinator service")
+    token: str | None = Field(default=None, description="actor bearer token (else $DELTARL_ACTOR_TOKEN / $DELTARL_COORDINATOR_TOKEN)")
+    store: str = Field(default="./deltarl-runs", description="origin store URL (the fallback after every relay)")
+    run: str = Field(default="run", description="run name; the model spec is read from <run>/model.json")
+    region: str = Field(default="", description="region label, reported to the coordinator; selects 'regions[region].relays'")
+    relays: list[str] = Field(default_factory=list, description="relay URLs in order of preference (overrides the region's)")
+    regions: dict[str, RegionConfig] = Field(default_factory=dict, description="relays per region (deployment files)")
+    streams: int = Field(default=4, ge=1, le=64, description="parallel TCP streams of the weight fetcher")
+    backend: Literal["hf", "vllm"] = Field(default="hf", description="generation backend: transformers or vLLM")
+    device: str = Field(default="cpu", description="torch device of the hf backend")
+    throttle: float = Field(default=1.0, ge=1.0, le=1000.0, description="emulate hardware this many times slower")
+    max_prompts: int | None = Field(default=None, ge=1, le=10**6, description="cap on prompts per lease (None: the coordinator decides)")
+    max_batch: int = Field(default=256, ge=1, le=1 << 16, description="sequences per forward batch of the hf backend")
+    seed: int = Field(default=0, ge=0, description="sampling seed (each actor should differ)")
+    torch_threads: int | None = Field(default=1, ge=1, le=1024, description="torch.set_num_threads (None: torch's default)")
+    idle_poll_s: float = Field(default=0.2, gt=0, le=60, description="longest sleep when the coordinator has no work")
+    head_poll_s: float = Field(default=0.2, gt=0, le=60, description="how often the subscriber looks for a new version")
+    bootstrap_timeout_s: float = Field(default=600.0, gt=0, description="longest wait for the run's first version")
+    catch_up_timeout_s: float = Field(default=120.0, gt=0, description="longest wait for an accepted version to be staged")
+    verify_digest: bool = Field(default=True, description="after a commit, check the state digest where the manifest records one")
+    events: str | None = Field(default=None, description="append one JSON line per event (register, commit, result) to this file")
+    state_out: str | None = Field(default=None, description="on exit, write {version, version_id, state_digest} JSON here")
+
+    @model_validator(mode="after")
+    def _check(self) -> ActorConfig:
+        for url in [*self.relays, *(u for r in self.regions.values() for u in r.relays)]:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"relay URL must be http(s)://host:port, got {url!r}")
+        return self
+
+    def relay_urls(self) -> list[str]:
+        """Relays to try, in order: ``relays`` if given, else the region's."""
+        if self.relays:
+            return list(self.relays)
+        region = self.regions.get(self.region)
+        return list(region.relays) if region is not None else []
+
+    def resolved_token(self) -> str:
+        """The coordinator token from the config or the environment; ``ConfigError`` if none."""
+        token = self.token or next((os.environ[e] for e in TOKEN_ENVS if os.environ.get(e)), None)
+        if not token:
+            raise ConfigError(f"give the actor's coordinator token (--token, 'token:' or ${TOKEN_ENVS[0]})")
+        return token
+
+    @classmethod
+    def load(cls, path: str | Path | None, **overrides: Any) -> ActorConfig:
+        """Read a YAML/JSON file (its ``actor:`` section if it has one), then apply non-None
+        ``overrides``; errors raise ``ConfigError``. ``path=None`` starts from the defaults."""
+        data: Any = {}
+        if path is not None:
+            try:
+                text = Path(path).read_text()
+            except OSError as err:
+                raise ConfigError(f"{path}: {err}") from err
+            try:
+                data = yaml.safe_load(text) if str(path).endswith((".yaml", ".yml")) else json.loads(text)
+            except (yaml.YAMLError, json.JSONDecodeError) as err:
+                raise ConfigError(f"{path}: {err}") from err
+            data = data or {}
+            if not isinstance(data, dict):
+                raise ConfigError(f"{path}: expected a mapping at the top level")
+            if isinstance(data.get("actor"), dict):
+                data = data["actor"]
+        data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise ConfigError(f"{path or 'actor config'}: {err}") from err

@@ -1,0 +1,323 @@
+"""The actor loop: register → lease → generate on the current version → report → commit at the safe point.
+
+One thread generates and commits (the backend is not thread-safe); the subscriber fetches and
+stages the next version in the background while that thread generates. Between batches the loop
+commits a staged version if one is ready: the commit writes absolute values in place and is
+rolled back if anything fails, so no rollout is ever generated from a half-applied model. After a
+commit the state digest is checked where the version's manifest records one.
+
+A new actor first bootstraps (newest keyframe, then the deltas after it) and only then asks for
+work. Every result is tagged with the version id of the weights that generated it.
+
+Events (one JSON line each, in ``config.events``) let an operator or the demo follow the actor:
+``registered``, ``bootstrap``, ``commit`` (publish → staged seconds, the commit pause), ``result``
+(admitted or the rejection reason), ``exit``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from deltarl.actor.config import ActorConfig
+from deltarl.errors import AdmissionRejected, CoordinatorError, DeltaRLError, ObjectNotFound, RunError
+
+if TYPE_CHECKING:
+    from deltarl.actor.backends.base import Generation, GenerationBackend
+    from deltarl.coordinator.records import LeaseGrant, PromptItem, RolloutResult
+    from deltarl.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+def parse_utc(stamp: str) -> float:
+    """Seconds since the epoch of a manifest's ``created_at`` (``2026-12-02T13:00:00.123Z``)."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class CommitTiming:
+    """What one commit cost and how long the version took to reach this actor."""
+
+    version: int
+    version_id: str
+    publish_to_staged_s: float | None
+    publish_to_commit_s: float | None
+    pause_ms: float
+    digest_checked: bool
+
+
+class EventLog:
+    """Appends one JSON object per line to a file (or nowhere); thread-safe."""
+
+    def __init__(self, path: str | None, actor: str) -> None:
+        self._fh = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - held for the actor's life
+        self._actor = actor
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self._fh is None:
+            return
+        line = json.dumps({"event": event, "t": time.time(), "actor": self._actor, **fields}, sort_keys=True)
+        with self._lock:
+            self._fh.write(line + "\n")
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class ActorLoop:
+    """Runs one actor until :meth:`stop` (or a signal handler calling it). Not reentrant."""
+
+    def __init__(self, config: ActorConfig, *, name: str | None = None, store: ObjectStore | None = None) -> None:
+        self.config = config
+        self.name = name or config.region or "actor"
+        self._store = store
+        self._stop = threading.Event()
+        self.events = EventLog(config.events, self.name)
+        self.actor_id: str | None = None
+        self.backend: GenerationBackend | None = None
+        self.weights: Any = None  # deltarl.actor.weights.Weights, built in run()
+        self.timings: list[CommitTiming] = []
+        self.results_admitted = 0
+        self.results_rejected: dict[str, int] = {}
+
+    # --- control ---------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to finish its current batch and exit (safe from signal handlers and threads)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # --- the loop ----------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Bootstrap, register, then lease/generate/report/commit until stopped."""
+        from deltarl.coordinator.client import SyncCoordinatorClient
+        from deltarl.storage.open import open_store
+
+        cfg = self.config
+        own_store = self._store is None
+        store = self._store if self._store is not None else open_store(cfg.store)
+        client: SyncCoordinatorClient | None = None
+        heartbeat: threading.Thread | None = None
+        try:
+            self._setup(store)
+            if self.stopping:
+                return
+            client = SyncCoordinatorClient(cfg.coordinator, cfg.resolved_token())
+            reg = client.register(region=cfg.region, backend=cfg.backend,
+                                  capabilities={"name": self.name, "throttle": cfg.throttle})
+            self.actor_id = reg.actor_id
+            self.events.emit("registered", actor_id=reg.actor_id, version=self.weights.version)
+            log.info("actor %s registered as %s at version %d", self.name, reg.actor_id, self.weights.version)
+            heartbeat = threading.Thread(target=self._heartbeat, args=(client, reg.heartbeat_interval_s),
+                                         name="actor-heartbeat", daemon=True)
+            heartbeat.start()
+            while not self.stopping:
+                self._safe_point()
+                grant = client.lease(reg.actor_id, cfg.max_prompts)
+                if grant is None:
+                    self._stop.wait(cfg.idle_poll_s)
+                    continue
+                self._serve(client, grant)
+        finally:
+            self._stop.set()
+            if heartbeat is not None:
+                heartbeat.join(timeout=10)
+            if client is not None:
+                client.close()
+            self._write_state()
+            if self.weights is not None:
+                self.weights.close()
+            held = None if self.weights is None else self.weights.held
+            self.events.emit("exit", version=None if held is None else held[0],
+                             admitted=self.results_admitted, rejected=self.results_rejected)
+            self.events.close()
+            if own_store:
+                store.close()
+
+    def _setup(self, store: ObjectStore) -> None:
+        """Wait for the run, read its model spec, bootstrap the newest version into a backend."""
+        from deltarl.actor.weights import Weights
+        from deltarl.trainer.tasks import TaskSpec, build_task
+        from deltarl.trainer.tokenizer import load_tokenizer
+
+        cfg = self.config
+        if cfg.torch_threads:
+            import torch
+
+            torch.set_num_threads(cfg.torch_threads)
+        info = self._wait_model_json(store)
+        if info is None:
+            return
+        self.model_info = info
+        self.tokenizer = load_tokenizer(info.tokenizer)
+        self.task = build_task(TaskSpec(**info.task)) if info.task else None
+        t0 = time.perf_counter()
+        self.backend = self._build_backend()
+        self.weights = Weights(cfg, store)
+        if not self.weights.bootstrap(self.backend.state_dict_for_update(), timeout_s=cfg.bootstrap_timeout_s, stop=self._stop):
+            return
+        self.events.emit("bootstrap", version=self.weights.version, version_id=self.weights.version_id,
+                         seconds=round(time.perf_counter() - t0, 4))
+        log.info("actor %s bootstrapped version %d in %.2fs", self.name, self.weights.version, time.perf_counter() - t0)
+
+    def _wait_model_json(self, store: ObjectStore) -> Any:
+        from deltarl.trainer.loop import read_model_json
+
+        deadline = time.monotonic() + self.config.bootstrap_timeout_s
+        while not self.stopping:
+            try:
+                return read_model_json(store, self.config.run)
+            except ObjectNotFound:
+                if time.monotonic() > deadline:
+                    raise RunError(f"run {self.config.run!r} has no model.json after {self.config.bootstrap_timeout_s}s") from None
+                self._stop.wait(0.2)
+        return None
+
+    def _build_backend(self) -> GenerationBackend:
+        """The generation backend with the run's model (its weights are overwritten by the bootstrap)."""
+        cfg = self.config
+        if cfg.backend == "vllm":
+            from deltarl.actor.backends import vllm_ext  # noqa: F401 - fails clearly without vLLM
+
+            raise RunError("the vLLM backend runs under vLLM's own server (see deltarl.actor.backends.vllm_ext)")
+        from deltarl.actor.backends.hf import HFBackend
+
+        tok = self.tokenizer
+        return HFBackend.from_spec(self.model_info.model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                   device=cfg.device, seed=cfg.seed, throttle=cfg.throttle,
+                                   max_batch=cfg.max_batch)
+
+    def _heartbeat(self, client: Any, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                client.heartbeat(self.actor_id)
+            except CoordinatorError as err:
+                log.warning("heartbeat failed: %s", err)
+
+    # --- safe point: commit a staged version ----------------------------------------------------
+
+    def _safe_point(self) -> CommitTiming | None:
+        """Commit the staged version if one is ready (between batches only)."""
+        if not self.weights.ready():
+            return None
+        timing = self.weights.commit()
+        if timing is None:
+            return None
+        self.timings.append(timing)
+        self.events.emit("commit", version=timing.version, version_id=timing.version_id,
+                         publish_to_staged_s=timing.publish_to_staged_s, publish_to_commit_s=timing.publish_to_commit_s,
+                         pause_ms=timing.pause_ms, digest_checked=timing.digest_checked,
+                         fetch=self.weights.fetch_stats())
+        return timing
+
+    def _ensure_accepted(self, accepted: Sequence[str]) -> bool:
+        """Bring the weights to a version the step accepts (waiting for staging if needed)."""
+        deadline = time.monotonic() + self.config.catch_up_timeout_s
+        while self.weights.version_id not in accepted:
+            if self.stopping or time.monotonic() > deadline:
+                return False
+            if self._safe_point() is None:
+                self.weights.wait_ready(min(0.5, max(0.0, deadline - time.monotonic())))
+        return True
+
+    # --- one lease ---------------------------------------------------------------------------------
+
+    def _serve(self, client: Any, grant: LeaseGrant) -> None:
+        lease = grant.lease
+        if not self._ensure_accepted(grant.accepted_versions):
+            log.warning("lease %s: no accepted version staged in time (have %s); letting it lapse",
+                        lease.lease_id, self.weights.version_id[:12])
+            self.events.emit("lapsed", lease_id=lease.lease_id, step=lease.step)
+            return
+        result = self._generate(grant)
+        for attempt in range(3):
+            try:
+                ack = client.report(result)
+                self.results_admitted += 1
+                self.events.emit("result", step=lease.step, lease_id=lease.lease_id, admitted=True,
+                                 duplicate=ack.duplicate, prompts=len(grant.prompts), samples=len(result.samples),
+                                 tokens=result.tokens, version=self.weights.version, gen_seconds=result.gen_seconds)
+                return
+            except AdmissionRejected as err:
+                self.results_rejected[err.reason] = self.results_rejected.get(err.reason, 0) + 1
+                log.warning("lease %s rejected: %s (%s)", lease.lease_id, err.reason, err)
+                self.events.emit("result", step=lease.step, lease_id=lease.lease_id, admitted=False, reason=err.reason)
+                return
+            except CoordinatorError as err:
+                log.warning("reporting lease %s failed (attempt %d): %s", lease.lease_id, attempt + 1, err)
+                self._stop.wait(0.5 * (attempt + 1))
+        self.events.emit("result", step=lease.step, lease_id=lease.lease_id, admitted=False, reason="unreachable")
+
+    def _generate(self, grant: LeaseGrant) -> RolloutResult:
+        from deltarl.coordinator.records import RolloutResult, Sample
+
+        assert self.backend is not None
+        assert self.actor_id is not None
+        info = self.model_info
+        by_group: dict[int, list[PromptItem]] = {}
+        for p in grant.prompts:
+            by_group.setdefault(p.group_size, []).append(p)
+        started = time.time()
+        t0 = time.perf_counter()
+        samples: list[Sample] = []
+        for group, prompts in by_group.items():
+            ids = [p.token_ids if p.token_ids else self._encode(p.text) for p in prompts]
+            gens = self.backend.generate(ids, max_new_tokens=info.max_new_tokens, temperature=info.temperature, n=group)
+            for k, (p, pids) in enumerate(zip(prompts, ids, strict=True)):
+                for gen in gens[k * group : (k + 1) * group]:
+                    samples.append(self._sample(p, pids, gen, Sample))
+        gen_s = time.perf_counter() - t0
+        return RolloutResult(
+            step=grant.lease.step, lease_id=grant.lease.lease_id, actor_id=self.actor_id,
+            version_id=self.weights.version_id, samples=samples, gen_seconds=gen_s,
+            tokens=sum(len(s.completion_token_ids) for s in samples), started_at=started,
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        from deltarl.trainer.tokenizer import encode_prompt
+
+        return encode_prompt(self.tokenizer, text, chat_template=self.model_info.tokenizer.chat_template)
+
+    def _sample(self, p: PromptItem, prompt_ids: list[int], gen: Generation, sample_cls: Any) -> Any:
+        text = self.tokenizer.decode(gen.completion_token_ids)
+        reward = None
+        if self.task is not None and p.answer is not None:
+            reward = float(self.task.score(p.answer, text, gen.finish_reason))
+        return sample_cls(prompt_id=p.prompt_id, prompt_token_ids=list(prompt_ids),
+                          completion_token_ids=gen.completion_token_ids, completion_text=text,
+                          logprobs=gen.logprobs, reward=reward, finish_reason=gen.finish_reason)
+
+    # --- exit --------------------------------------------------------------------------------------
+
+    def _write_state(self) -> None:
+        """Write ``{version, version_id, state_digest}`` of the live weights to ``config.state_out``."""
+        path = self.config.state_out
+        held = None if self.weights is None else self.weights.held
+        if not path or self.backend is None or held is None:
+            return
+        from deltarl.pipeline import state_digest
+
+        try:
+            record = {"actor": self.name, "actor_id": self.actor_id, "version": held[0], "version_id": held[1],
+                      "state_digest": state_digest(self.backend.state_dict_for_update())}
+            with open(path + ".tmp", "w") as fh:
+                json.dump(record, fh, sort_keys=True)
+            import os
+
+            os.replace(path + ".tmp", path)
+        except (OSError, DeltaRLError) as err:
+            log.error("could not write the actor state to %s: %s", path, err)

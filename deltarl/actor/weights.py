@@ -1,0 +1,201 @@
+"""The actor loop's handle on its weights: the async subscriber and fetcher, driven from a sync thread.
+
+The subscriber and its fetcher live on a private event loop in a background thread, where they
+prefetch and stage the next version while the actor's own thread generates. Every call that
+touches the live state (bootstrap, commit) runs on that loop while the actor's thread waits, so
+the state is written only at the safe point. A small watcher records the wall-clock moment each
+version becomes staged, for the publish → staged timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Coroutine, MutableMapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from deltarl.errors import ObjectNotFound, RunError, TransferError
+
+if TYPE_CHECKING:
+    from deltarl.actor.config import ActorConfig
+    from deltarl.actor.loop import CommitTiming
+    from deltarl.actor.subscriber import Subscriber
+    from deltarl.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+def _timed_subscriber() -> type[Subscriber]:
+    """The subscriber, noting the wall-clock moment each version is staged (exact, not polled)."""
+    from deltarl.actor.subscriber import Subscriber
+
+    class TimedSubscriber(Subscriber):
+        def __init__(self, staged_at: dict[int, float], *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._note = staged_at
+
+        async def _stage_next(self) -> None:
+            await super()._stage_next()
+            if self.staged_version is not None:
+                self._note.setdefault(self.staged_version, time.time())
+
+    return TimedSubscriber
+
+
+class Weights:
+    """Bootstrap, background staging and safe-point commits of one actor's live state."""
+
+    def __init__(self, config: ActorConfig, store: ObjectStore) -> None:
+        self.config = config
+        self.store = store
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="actor-weights", daemon=True)
+        self._thread.start()
+        self._sub: Subscriber | None = None
+        self._fetcher: Any = None
+        self._watch: asyncio.Task[None] | None = None
+        self._staged_at: dict[int, float] = {}
+        self._ready = threading.Event()
+
+    def _call(self, coro: Coroutine[Any, Any, R], timeout: float | None = None) -> R:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # --- state ---------------------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        assert self._sub is not None
+        assert self._sub.version is not None
+        return self._sub.version
+
+    @property
+    def version_id(self) -> str:
+        assert self._sub is not None
+        assert self._sub.version_id is not None
+        return self._sub.version_id
+
+    @property
+    def held(self) -> tuple[int, str] | None:
+        """``(version, version_id)`` of the live state, or None before the bootstrap."""
+        if self._sub is None or self._sub.version is None or self._sub.version_id is None:
+            return None
+        return self._sub.version, self._sub.version_id
+
+    def fetch_stats(self) -> dict[str, Any]:
+        return {} if self._fetcher is None else dataclasses.asdict(self._fetcher.stats)
+
+    # --- bootstrap -------------------------------------------------------------------------------------
+
+    def bootstrap(self, state: MutableMapping[str, Any], *, timeout_s: float, stop: threading.Event) -> bool:
+        """Load the newest keyframe and the deltas after it into ``state`` (the live tensors), waiting
+        up to ``timeout_s`` for the run's first version. Returns False if ``stop`` was set first."""
+        self._call(self._open(state))
+        deadline = time.monotonic() + timeout_s
+        while not stop.is_set():
+            try:
+                info = self._call(self._bootstrap())
+                log.info("bootstrapped version %d (%s)", info.version, info.version_id[:12])
+                self._call(self._start())
+                return True
+            except (ObjectNotFound, TransferError) as err:
+                if time.monotonic() > deadline:
+                    raise RunError(f"run {self.config.run!r}: no version to bootstrap from after {timeout_s}s: {err}") from err
+                stop.wait(0.2)
+        return False
+
+    async def _open(self, state: MutableMapping[str, Any]) -> None:
+        from deltarl.actor.fetcher import Fetcher
+
+        cfg = self.config
+        self._fetcher = Fetcher([*cfg.relay_urls(), self.store], streams=cfg.streams, cooldown_s=5.0)
+        self._sub = _timed_subscriber()(self._staged_at, state, cfg.run, self._fetcher, poll_wait_s=5.0, poll_interval_s=cfg.head_poll_s,
+                               verify_digest=cfg.verify_digest)
+
+    async def _bootstrap(self) -> Any:
+        assert self._sub is not None
+        return await self._sub.bootstrap()
+
+    async def _start(self) -> None:
+        assert self._sub is not None
+        self._sub.start()
+        self._watch = asyncio.ensure_future(self._watcher())
+
+    async def _watcher(self) -> None:
+        """Wake :meth:`wait_ready` when a version is staged (and note its time if the subscriber did not)."""
+        assert self._sub is not None
+        while True:
+            v = self._sub.staged_version
+            if v is not None:
+                if v not in self._staged_at:
+                    self._staged_at[v] = time.time()
+                self._ready.set()
+            await asyncio.sleep(0.005)
+
+    # --- the safe point ----------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        return self._sub is not None and self._sub.ready()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block up to ``timeout`` s for a staged version."""
+        if self.ready():
+            return True
+        self._ready.clear()
+        return self._ready.wait(timeout) and self.ready()
+
+    def commit(self) -> CommitTiming | None:
+        """Commit the staged version in place (rolled back on failure); its timings, or None if none."""
+        from deltarl.actor.loop import CommitTiming, parse_utc
+
+        if not self.ready():
+            return None
+        info = self._call(self._commit())
+        self._ready.clear()
+        manifest, _ = self._call(self._manifest(info.version))
+        published = parse_utc(manifest.created_at)
+        staged_at = self._staged_at.pop(info.version, None)
+        timing = CommitTiming(
+            version=info.version,
+            version_id=info.version_id,
+            publish_to_staged_s=None if staged_at is None else round(max(0.0, staged_at - published), 4),
+            publish_to_commit_s=round(max(0.0, time.time() - published), 4),
+            pause_ms=round(info.pause_s * 1000, 3),
+            digest_checked=info.state_digest_ok is True,
+        )
+        log.info("committed version %d: pause %.2f ms, publish→staged %s s%s", info.version, timing.pause_ms,
+                 timing.publish_to_staged_s, ", digest ok" if timing.digest_checked else "")
+        return timing
+
+    async def _commit(self) -> Any:
+        assert self._sub is not None
+        return self._sub.commit()
+
+    async def _manifest(self, version: int) -> Any:
+        assert self._sub is not None
+        return await self._sub.manifest(version)
+
+    # --- lifetime ------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if not self._loop.is_closed() and self._thread.is_alive():
+            try:
+                self._call(self._close(), timeout=30)
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(timeout=30)
+        if not self._thread.is_alive() and not self._loop.is_closed():
+            self._loop.close()
+
+    async def _close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+        if self._sub is not None:
+            await self._sub.close()
+        if self._fetcher is not None:
+            await self._fetcher.close()
