@@ -4,8 +4,9 @@ For each admitted record under ``<run>/rollouts/step-<n>/results/`` it checks th
 
 * its version id is in the run's verified version chain (``RunReader.chain``: parent links hashed);
 * the step accepted that version (the step's stored spec);
-* its lease was valid when admitted: the lease was recorded under ``<run>/coordinator/leases/``
-  before, names the same actor, step and prompts, and ``granted_at <= admitted_at <= deadline``;
+* its lease was valid when admitted: the lease was recorded under ``<run>/coordinator/leases/``,
+  is held by the reporting (registered) actor, names the same step and prompts, and
+  ``granted_at <= admitted_at <= deadline``;
 * the record is self-consistent (result sha256, ``<lease_id>.json`` key, prompts x group sizes);
 * no prompt of a step is admitted twice, and a closed step's manifest lists exactly its records
   and covers every prompt.
@@ -89,6 +90,8 @@ class _Auditor:
         self.cs = CoordinatorStore(store, run)
         self.chain = chain
         self.report = AuditReport(run=run, versions_in_chain=len(chain))
+        prefix = self.cs.actors_prefix
+        self.actors = {k[len(prefix) : -len(".json")] for k in store.list(prefix)}
 
     def fail(self, st: StepAudit | None, key: str, check: str, detail: str) -> None:
         self.report.failures.append(Failure(None if st is None else st.step, key, check, detail))
@@ -150,6 +153,8 @@ class _Auditor:
             self.fail(st, key, "lease_id", "key, result and lease name different leases")
         if res.actor_id != lease.actor_id:
             self.fail(st, key, "lease_holder", f"result from {res.actor_id}, lease held by {lease.actor_id}")
+        if lease.actor_id not in self.actors:
+            self.fail(st, key, "actor_registered", f"actor {lease.actor_id} never registered")
         if not lease.granted_at <= rec.admitted_at <= lease.deadline:
             self.fail(st, key, "lease_valid", f"admitted at {rec.admitted_at:.3f} outside the lease "
                       f"[{lease.granted_at:.3f}, {lease.deadline:.3f}]")

@@ -70,8 +70,12 @@ class CoordinatorStore:
     def result_key(self, step: int, lease_id: str) -> str:
         return self.results_prefix(step) + f"{lease_id}.json"
 
+    @property
+    def actors_prefix(self) -> str:
+        return self.layout.coordinator_prefix + "actors/"
+
     def actor_key(self, actor_id: str) -> str:
-        return self.layout.coordinator_prefix + f"actors/{actor_id}.json"
+        return self.actors_prefix + f"{actor_id}.json"
 
     def leases_prefix(self, step: int) -> str:
         return self.layout.coordinator_prefix + f"leases/step-{step:0{VERSION_DIGITS}d}/"
@@ -147,7 +151,7 @@ class CoordinatorStore:
         return out
 
     def actors(self) -> list[ActorRecord]:
-        recs = [decode(ActorRecord, self.store.get(k)) for k in self.store.list(self.layout.coordinator_prefix + "actors/")]
+        recs = [decode(ActorRecord, self.store.get(k)) for k in self.store.list(self.actors_prefix)]
         return sorted(recs, key=lambda r: (r.registered_at, r.actor_id))
 
     def leases(self, step: int) -> list[LeaseRecord]:

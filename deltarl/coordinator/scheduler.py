@@ -19,6 +19,7 @@ the caller writes the record to the store, then calls :meth:`Scheduler.complete_
 
 from __future__ import annotations
 
+import itertools
 import logging
 import statistics
 import time
@@ -66,7 +67,10 @@ class Scheduler:
     ) -> None:
         self.config = config or SchedulerConfig()
         self._clock = clock
-        self._new_id = new_id or (lambda prefix: f"{prefix}-{uuid.uuid4().hex}")
+        if new_id is None:  # unique across restarts (a fresh random prefix), cheap per id
+            epoch, counter = uuid.uuid4().hex[:12], itertools.count()
+            new_id = lambda prefix: f"{prefix}-{epoch}-{next(counter):x}"  # noqa: E731
+        self._new_id = new_id
         self.actors: dict[str, ActorState] = {}
         self.leases: dict[str, LeaseState] = {}
         self.steps: dict[int, Step] = {}
@@ -177,14 +181,13 @@ class Scheduler:
 
     # --- leases -----------------------------------------------------------------------------------
 
-    def _outstanding(self, actor: ActorState, now: float) -> float:
-        """Estimated tokens still to generate on the actor's active leases."""
+    def _outstanding(self, actor: ActorState, now: float, rate: float) -> float:
+        """Estimated tokens still to generate on the actor's active leases at speed ``rate``."""
         if not actor.leases:
             return 0.0
         recs = [self.leases[i].record for i in actor.leases]
         start = max(min(r.granted_at for r in recs), actor.last_admit_at)
-        done = self.rate_of(actor.record.actor_id) * max(0.0, now - start)
-        return max(0.0, sum(r.expected_tokens for r in recs) - done)
+        return max(0.0, sum(r.expected_tokens for r in recs) - rate * max(0.0, now - start))
 
     def _pool_tokens(self) -> float:
         return sum(st.pool.samples for st in self.steps.values() if not st.closed) * self.tokens_per_sample
@@ -194,11 +197,10 @@ class Scheduler:
         live = [a for a in self.actors.values() if a.alive]
         if not live:
             return {}
-        outstanding = {a.record.actor_id: self._outstanding(a, now) for a in live}
-        if self.config.policy == "equal":
-            weights = dict.fromkeys(outstanding, 1.0)
-        else:
-            weights = {aid: self.rate_of(aid) for aid in outstanding}
+        prior = self._prior_rate()
+        rates = {a.record.actor_id: a.rate if a.measured else prior for a in live}
+        outstanding = {a.record.actor_id: self._outstanding(a, now, rates[a.record.actor_id]) for a in live}
+        weights = dict.fromkeys(rates, 1.0) if self.config.policy == "equal" else rates
         total = self._pool_tokens() + sum(outstanding.values())
         wsum = sum(weights.values())
         return {aid: total * weights[aid] / wsum - outstanding[aid] for aid in outstanding}
@@ -341,7 +343,7 @@ class Scheduler:
         if result.prompt_counts() != wanted:
             return self._reject(Reason.PROMPT_MISMATCH, "samples do not cover the leased prompts x group sizes")
         lease.status = LeaseStatus.COMMITTING
-        return Decision(kind="admit", lease=rec)
+        return Decision(kind="admit", lease=rec, at=now)
 
     def abort_admission(self, lease_id: str) -> None:
         """The record could not be written: the lease is active again (and may now expire)."""

@@ -143,7 +143,7 @@ class Coordinator:
         if d.kind == "duplicate":
             return Ack(admitted=True, duplicate=True, key=d.key)
         assert d.lease is not None
-        record = AdmittedRecord(step=result.step, result=result, lease=d.lease, admitted_at=self._clock(),
+        record = AdmittedRecord(step=result.step, result=result, lease=d.lease, admitted_at=d.at,
                                 result_sha256=digest)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending[result.lease_id] = fut

@@ -47,6 +47,7 @@ class Decision:
     reason: Reason | None = None
     message: str = ""
     key: str | None = None
+    at: float = 0.0  # the time of the decision: an admitted record's ``admitted_at``
 
 
 @dataclass
