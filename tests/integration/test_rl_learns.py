@@ -20,10 +20,11 @@ from tests.fixtures.models import LocalRollouts  # noqa: E402
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
-def test_reward_rises_within_25_steps(torch_threads: Any) -> None:
+@pytest.mark.parametrize("lag", [0, 1], ids=["on-policy", "one-step-stale"])
+def test_reward_rises_within_25_steps(torch_threads: Any, lag: int) -> None:
     store, run = MemoryStore(), "rl"
     cfg = TrainerConfig.tiny(run=run, steps=25, torch_threads=1)
-    actor = LocalRollouts(store, run)
+    actor = LocalRollouts(store, run, lag=lag)
     with Publisher(store, run, keyframe_interval=10) as pub:
         loop = TrainerLoop(cfg, coordinator=actor, publisher=pub, store=store)
         t0 = time.perf_counter()
@@ -35,6 +36,8 @@ def test_reward_rises_within_25_steps(torch_threads: Any) -> None:
           + " ".join(f"{r:.2f}" for r in rewards))
     changed = [r.publish.stats.changed_fraction for r in reports]
     print("changed fraction per step: " + " ".join(f"{c:.3f}" for c in changed))
+    print("ratio mean / clip fraction per step: " + " ".join(f"{r.stats.ratio_mean:.3f}/{r.stats.clip_frac:.3f}" for r in reports))
+    assert sum(r.stale_samples for r in reports) == (24 * 32 * 8 if lag else 0)
     assert last > first + 0.2, rewards
     assert elapsed < 120
     # the actor's live weights, replay and the trainer's export are the same bits
