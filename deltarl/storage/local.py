@@ -52,7 +52,9 @@ _READ_CHUNK = 1 << 20
 class LocalStore(ObjectStore):
     """Objects as files under ``root`` (created if missing)."""
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, sweep_after_s: float = 3600.0) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, fsync: bool = True, sweep_after_s: float = 3600.0
+    ) -> None:
         self.root = Path(root).expanduser().absolute()
         self.url = str(self.root)
         self.fsync = fsync
@@ -230,7 +232,9 @@ class LocalStore(ObjectStore):
             rel = "" if rel == "." else rel + "/"
             if not rel:
                 dirnames[:] = [d for d in dirnames if d != TMP_DIR]
-            dirnames[:] = [d for d in dirnames if (rel + d + "/").startswith(prefix) or prefix.startswith(rel + d + "/")]
+            dirnames[:] = [
+                d for d in dirnames if (rel + d + "/").startswith(prefix) or prefix.startswith(rel + d + "/")
+            ]
             keys.extend(rel + name for name in filenames if (rel + name).startswith(prefix))
         yield from sorted(keys)
 

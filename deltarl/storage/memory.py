@@ -89,7 +89,9 @@ class MemoryStore(ObjectStore):
         validate_prefix(prefix)
         with self._lock:
             keys = sorted(self._objects)
-        yield from itertools.takewhile(lambda k: k.startswith(prefix), keys[bisect.bisect_left(keys, prefix) :])
+        yield from itertools.takewhile(
+            lambda k: k.startswith(prefix), keys[bisect.bisect_left(keys, prefix) :]
+        )
 
     def delete(self, key: str) -> None:
         validate_key(key)

@@ -33,7 +33,6 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import boto3
@@ -50,6 +49,7 @@ from deltarl.errors import (
     StoreError,
     TransientStoreError,
 )
+from deltarl.storage import s3_multipart
 from deltarl.storage.keys import check_range_args, validate_key, validate_prefix
 from deltarl.storage.retry import RetryPolicy, is_transient
 from deltarl.storage.store import ObjectInfo, ObjectStore
@@ -64,8 +64,6 @@ ENDPOINT_ENV_VARS = ("DELTARL_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _PRECONDITION_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
 _RANGE_CODES = frozenset({"InvalidRange", "416"})
-_MAX_PARTS = 10_000
-_MIN_PART = 5 << 20
 
 
 def _code(err: botocore.exceptions.ClientError) -> str:
@@ -130,7 +128,7 @@ class S3Store(ObjectStore):
         self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         self.retry = retry if retry is not None else RetryPolicy()
         self.list_page_size = list_page_size
-        if part_size < _MIN_PART or multipart_threshold < part_size or multipart_concurrency < 1:
+        if part_size < s3_multipart.MIN_PART or multipart_threshold < part_size or multipart_concurrency < 1:
             raise ConfigError(
                 f"need part_size >= 5 MiB <= multipart_threshold and multipart_concurrency >= 1, got "
                 f"{part_size}, {multipart_threshold}, {multipart_concurrency}"
@@ -226,66 +224,53 @@ class S3Store(ObjectStore):
                 return None, attempts > 1
             raise
 
-    def _write_multipart(self, key: str, data: bytes, op: str, condition: dict[str, str]) -> tuple[str | None, bool]:
-        """Parallel multipart upload; the condition applies to ``CompleteMultipartUpload``, so the
-        object appears whole or not at all. An unfinished upload is aborted."""
-        full = self._full(key)
-        size = max(self.part_size, -(-len(data) // _MAX_PARTS))
-        view = memoryview(data)
-        upload_id = self._call(op, key, lambda: self._client.create_multipart_upload(Bucket=self.bucket, Key=full))[
-            "UploadId"
-        ]
-        finished = False
-
-        def upload_part(i: int) -> dict[str, Any]:
-            chunk = view[i * size : (i + 1) * size]
-            resp = self._call(
-                op,
-                key,
-                lambda: self._client.upload_part(
-                    Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=i + 1, Body=bytes(chunk)
-                ),
-            )
-            return {"PartNumber": i + 1, "ETag": resp["ETag"]}
-
+    def _write_multipart(
+        self, key: str, data: bytes, op: str, condition: dict[str, str]
+    ) -> tuple[str | None, bool]:
         attempts = 0
 
-        def complete() -> Any:
-            nonlocal attempts
-            attempts += 1
-            return self._client.complete_multipart_upload(
-                Bucket=self.bucket, Key=full, UploadId=upload_id, MultipartUpload={"Parts": parts}, **condition
-            )
+        def counted(fn: Callable[[], Any]) -> Any:
+            def once() -> Any:
+                nonlocal attempts
+                attempts += 1
+                return fn()
+
+            return self._call(op, key, once)
 
         try:
-            count = -(-len(data) // size)
-            with ThreadPoolExecutor(min(count, self.multipart_concurrency), thread_name_prefix="s3-part") as pool:
-                parts = list(pool.map(upload_part, range(count)))
-            try:
-                etag = _strip(self._call(op, key, complete)["ETag"])
-                finished = True
-                return etag, attempts > 1
-            except StoreError as err:
-                if _is_precondition(err):
-                    return None, attempts > 1
-                if attempts > 1 and _is_code(err, "NoSuchUpload"):  # an earlier attempt completed it
-                    finished = True
-                    return None, True
-                raise
-        finally:
-            if not finished:
-                self._abort(key, full, upload_id)
-
-    def _abort(self, key: str, full: str, upload_id: str) -> None:
-        try:
-            self._call(
-                "abort", key, lambda: self._client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+            resp = s3_multipart.upload(
+                self._client,
+                self.bucket,
+                self._full(key),
+                data,
+                condition=condition,
+                part_size=self.part_size,
+                concurrency=self.multipart_concurrency,
+                call=functools.partial(self._call, op, key),
+                call_complete=counted,
             )
-        except StoreError as err:  # the bucket's lifecycle rules must reclaim it then
-            log.warning("%s: could not abort multipart upload of %r: %s", self.url, key, err)
+        except StoreError as err:
+            if _is_precondition(err):
+                return None, attempts > 1
+            if attempts > 1 and _is_code(err, "NoSuchUpload"):  # an earlier attempt completed it
+                return None, True
+            raise
+        return _strip(resp["ETag"]), attempts > 1
 
     def _holds(self, key: str, data: bytes) -> str | None:
-        """The object's ETag if it exists and holds exactly ``data``, else None."""
+        """The object's ETag if it exists and holds exactly ``data``, else None.
+
+        Decided from ``HEAD`` when the size differs or the ETag is the one S3 computes for these
+        bytes (MD5, or MD5 of part MD5s); only an unrecognised ETag (e.g. SSE-KMS) costs a read.
+        """
+        try:
+            info = self.head(key)
+        except ObjectNotFound:
+            return None
+        if info.size != len(data):
+            return None
+        if info.etag == self.predicted_etag(data):
+            return info.etag
         full = self._full(key)
 
         def read() -> tuple[bytes, str]:
@@ -297,6 +282,10 @@ class S3Store(ObjectStore):
         except ObjectNotFound:
             return None
         return etag if body == data else None
+
+    def predicted_etag(self, data: bytes) -> str:
+        """The ETag this store's upload of ``data`` gets from S3 (without SSE-KMS)."""
+        return s3_multipart.predicted_etag(data, self.multipart_threshold, self.part_size)
 
     # --- ObjectStore ------------------------------------------------------------------------------
 
@@ -384,10 +373,16 @@ class S3Store(ObjectStore):
         root = f"{self.prefix}/" if self.prefix else ""
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": root + prefix, "MaxKeys": self.list_page_size}
+            kwargs: dict[str, Any] = {
+                "Bucket": self.bucket,
+                "Prefix": root + prefix,
+                "MaxKeys": self.list_page_size,
+            }
             if token:
                 kwargs["ContinuationToken"] = token
-            page: dict[str, Any] = self._call("list", prefix, functools.partial(self._client.list_objects_v2, **kwargs))
+            page: dict[str, Any] = self._call(
+                "list", prefix, functools.partial(self._client.list_objects_v2, **kwargs)
+            )
             for obj in page.get("Contents", ()):
                 yield obj["Key"][len(root) :]
             token = page.get("NextContinuationToken")

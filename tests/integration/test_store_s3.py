@@ -76,7 +76,9 @@ class DroppingProxy:
             up_reader, up_writer = await asyncio.open_connection(*self._upstream)
             try:
                 drop = n < self.refuse + self.drop_responses
-                await asyncio.gather(self._pipe(reader, up_writer, cut=False), self._pipe(up_reader, writer, cut=drop))
+                await asyncio.gather(
+                    self._pipe(reader, up_writer, cut=False), self._pipe(up_reader, writer, cut=drop)
+                )
             finally:
                 up_writer.close()
         except ConnectionError as err:
@@ -186,7 +188,9 @@ def test_prefix_scopes_keys(bucket: S3Location) -> None:
     assert sorted(bucket.open().list()) == ["team/a/HEAD", "team/b/HEAD"]
 
 
-def test_open_store_s3_endpoint_from_option_and_env(bucket: S3Location, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_open_store_s3_endpoint_from_option_and_env(
+    bucket: S3Location, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = open_store(f"{bucket.url}/runs", **bucket.options)
     assert isinstance(store, S3Store)
     store.put("x", b"1")
@@ -207,6 +211,7 @@ def test_multipart_upload_is_conditional_and_cleans_up(server: str, request: pyt
     data = random.Random(0).randbytes((12 << 20) + 7)  # three parts, the last one short
     etag = store.put_if_absent("keyframes/000000000000.safetensors", data)
     assert etag.endswith("-3")  # a multipart ETag
+    assert etag == store.predicted_etag(data)  # the ambiguity check can decide from HEAD alone
     assert store.get("keyframes/000000000000.safetensors") == data
     assert store.head("keyframes/000000000000.safetensors").etag == etag
     with pytest.raises(ObjectExists):
@@ -216,3 +221,11 @@ def test_multipart_upload_is_conditional_and_cleans_up(server: str, request: pyt
     assert store.head("keyframes/000000000000.safetensors").size == 12 << 20
     uploads = store._client.list_multipart_uploads(Bucket=location.bucket)
     assert not uploads.get("Uploads")  # the refused upload was aborted
+
+
+@pytest.mark.parametrize("size", [5, (12 << 20) + 7])
+def test_expected_etag_matches_server(bucket: S3Location, size: int) -> None:
+    """The ambiguity check trusts a HEAD whose ETag is the one we predict: it must match S3's."""
+    store = bucket.open(multipart_threshold=5 << 20, part_size=5 << 20)
+    data = random.Random(size).randbytes(size)
+    assert store.put("obj", data) == store.predicted_etag(data)

@@ -8,7 +8,9 @@ from deltarl.errors import InvalidKey, InvalidRange
 from deltarl.storage.keys import clamp_range, etag_of, validate_key, validate_prefix
 
 
-@pytest.mark.parametrize("key", ["a", "run/HEAD", "r/versions/000000000042/seg-00000.bin", ".hidden", "a/.b", "a..b"])
+@pytest.mark.parametrize(
+    "key", ["a", "run/HEAD", "r/versions/000000000042/seg-00000.bin", ".hidden", "a/.b", "a..b"]
+)
 def test_valid_keys(key: str) -> None:
     assert validate_key(key) == key
 

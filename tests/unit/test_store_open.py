@@ -36,7 +36,16 @@ def test_memory_url_is_fresh_each_call() -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["", "ftp://host/x", "file://otherhost/x", "file://", "s3://", "s3:///prefix", "memory://x?y=1", "s3://b/p#frag"],
+    [
+        "",
+        "ftp://host/x",
+        "file://otherhost/x",
+        "file://",
+        "s3://",
+        "s3:///prefix",
+        "memory://x?y=1",
+        "s3://b/p#frag",
+    ],
 )
 def test_bad_urls(url: str) -> None:
     with pytest.raises(ConfigError):

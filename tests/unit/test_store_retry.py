@@ -55,7 +55,9 @@ def client_error(code: str, status: int, message: str = "") -> ClientError:
         TimeoutError("timed out"),
         TransientStoreError("retry me"),
     ],
-    ids=lambda e: type(e).__name__ + ("-" + e.response["Error"]["Code"] if isinstance(e, ClientError) else ""),
+    ids=lambda e: (
+        type(e).__name__ + ("-" + e.response["Error"]["Code"] if isinstance(e, ClientError) else "")
+    ),
 )
 def test_transient(err: BaseException) -> None:
     assert is_transient(err)
@@ -75,7 +77,9 @@ def test_transient(err: BaseException) -> None:
         ValueError("bad"),
         KeyError("k"),
     ],
-    ids=lambda e: type(e).__name__ + ("-" + e.response["Error"]["Code"] if isinstance(e, ClientError) else ""),
+    ids=lambda e: (
+        type(e).__name__ + ("-" + e.response["Error"]["Code"] if isinstance(e, ClientError) else "")
+    ),
 )
 def test_permanent(err: BaseException) -> None:
     assert not is_transient(err)
@@ -136,7 +140,9 @@ def test_jitter_spreads_delays() -> None:
     assert p.delay(10_000) <= p.max_delay  # no overflow for absurd retry counts
 
 
-@pytest.mark.parametrize("kw", [{"attempts": 0}, {"base_delay": -1}, {"base_delay": 2, "max_delay": 1}, {"multiplier": 0.5}])
+@pytest.mark.parametrize(
+    "kw", [{"attempts": 0}, {"base_delay": -1}, {"base_delay": 2, "max_delay": 1}, {"multiplier": 0.5}]
+)
 def test_bad_policy(kw: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         RetryPolicy(**kw)  # type: ignore[arg-type]
