@@ -1,0 +1,38 @@
+"""``deltarl demo``: the whole RL loop on one machine, nothing to set up."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+HELP = "run the whole loop on this machine: coordinator, relay, trainer and unequal actors on a tiny model (a few minutes)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=25, metavar="N", help="training steps (default 25)")
+    parser.add_argument("--actors", type=int, default=3, metavar="N", help="actor processes of unequal speed (default 3)")
+    parser.add_argument("--store", default=None, metavar="URL",
+                        help="store URL (default: the --out folder); s3://bucket/prefix works with --endpoint-url")
+    parser.add_argument("--endpoint-url", default=None, metavar="URL",
+                        help="S3 endpoint for an s3:// store (MinIO, SeaweedFS); also $DELTARL_S3_ENDPOINT")
+    parser.add_argument("--out", type=Path, default=Path("deltarl-runs"), metavar="DIR",
+                        help="folder of the local store and of the demo's logs and report (default ./deltarl-runs)")
+    parser.add_argument("--run", default=None, metavar="RUN", help="run name (default demo-<UTC time>)")
+    parser.add_argument("--prompts", type=int, default=32, metavar="N", help="prompts per step (default 32)")
+    parser.add_argument("--group-size", type=int, default=8, metavar="G", help="completions per prompt (default 8)")
+    parser.add_argument("--no-live", action="store_true", help="print one line per step instead of the live table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from deltarl.demo.runner import DemoOptions, run_demo
+
+    if args.steps < 1 or not 1 <= args.actors <= 8 or args.prompts < 1 or args.group_size < 2:
+        print("deltarl demo: need --steps >= 1, 1 <= --actors <= 8, --prompts >= 1, --group-size >= 2")
+        return 2
+    if args.endpoint_url:
+        os.environ["DELTARL_S3_ENDPOINT"] = args.endpoint_url  # inherited by every child process
+    options = DemoOptions(steps=args.steps, actors=args.actors, store=args.store, out=args.out, run=args.run,
+                          prompts_per_step=args.prompts, group_size=args.group_size,
+                          live=False if args.no_live else None)
+    return run_demo(options)

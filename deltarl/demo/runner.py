@@ -1,0 +1,316 @@
+"""``deltarl demo``: the whole RL loop as a real deployment on one machine.
+
+A coordinator, one relay and N actors run as separate ``deltarl`` processes; the GRPO trainer runs in
+this process and publishes every version to the store (a local folder by default). Actors of unequal
+speed (throttles) fetch each version through the relay, stage it while they generate and commit it
+between batches. A live table shows every step; at the end the demo checks that every actor and a
+replay from the store hold the trainer's exact bits, audits every stored rollout, and draws a PNG.
+"""
+
+from __future__ import annotations
+
+import _thread
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from deltarl.demo.procs import Child, ChildError, stop_all
+from deltarl.demo.view import DemoView, StepRow
+
+log = logging.getLogger(__name__)
+
+#: Throttles of the demo's actors, in order: unequal speeds, like a fleet of H100/A100/L40s.
+THROTTLES = (1.0, 1.7, 2.6, 3.5, 4.5, 6.0, 8.0, 10.0)
+
+
+@dataclass
+class DemoOptions:
+    """What ``deltarl demo`` runs; the defaults finish in a few minutes on 2 CPU cores."""
+
+    steps: int = 25
+    actors: int = 3
+    store: str | None = None
+    out: Path = Path("deltarl-runs")
+    run: str | None = None
+    prompts_per_step: int = 32
+    group_size: int = 8
+    keyframe_interval: int = 10
+    digest_interval: int = 5
+    trainer_threads: int | None = None
+    throttles: Sequence[float] = THROTTLES
+    live: bool | None = None  # None: live table when stdout is a terminal
+
+
+@dataclass
+class ActorRun:
+    """One actor child and what its events told us."""
+
+    name: str
+    throttle: float
+    child: Child
+    events: Path
+    state_out: Path
+    actor_id: str | None = None
+    version: int = -1
+    commits: list[dict[str, Any]] = field(default_factory=list)
+    offset: int = 0
+    exit_code: int | None = None
+    state: dict[str, Any] | None = None
+
+
+class _Counting:
+    """The trainer's coordinator, counting each step's admitted prompts per actor for the view."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.prompts: dict[int, dict[str, int]] = {}
+
+    def open_step(self, spec: Any) -> Any:
+        return self.inner.open_step(spec)
+
+    def wait_results(self, step: int, *, timeout: float) -> list[Any]:
+        results = list(self.inner.wait_results(step, timeout=timeout))
+        counts: dict[str, int] = {}
+        for r in results:
+            counts[r.actor_id] = counts.get(r.actor_id, 0) + len(r.prompt_counts())
+        self.prompts[step] = counts
+        return results
+
+
+class Demo:
+    """Runs the demo once; :meth:`run` returns the process exit status."""
+
+    def __init__(self, options: DemoOptions, console: Console | None = None) -> None:
+        self.o = options
+        self.console = console or Console()
+        if not self.console.is_terminal and self.console.width < 140:
+            self.console.width = 140  # logs and CI: lines wide enough for the tables
+        self.run_name = options.run or time.strftime("demo-%Y%m%d-%H%M%S", time.gmtime())
+        self.out = options.out.resolve()
+        self.store_url = options.store or str(self.out)
+        self.work = self.out / "_reports" / self.run_name
+        self.token = secrets.token_urlsafe(18)
+        self.children: list[Child] = []
+        self.actors: list[ActorRun] = []
+        self.rows: dict[int, StepRow] = {}
+        self.view: DemoView | None = None
+        self._stop_poll = threading.Event()
+        self._failure: str | None = None
+
+    # --- orchestration -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        from deltarl.errors import DeltaRLError
+
+        t0 = time.perf_counter()
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.console.print(f"[bold]deltarl demo[/bold]: run [cyan]{self.run_name}[/cyan] in store [cyan]{self.store_url}[/cyan]; "
+                           f"{self.o.steps} steps, {self.o.actors} actors; logs in {self.work}")
+        poller = threading.Thread(target=self._poll, name="demo-events", daemon=True)
+        try:
+            coordinator, relay = self._start_services()
+            self._start_actors(coordinator, relay)
+            poller.start()
+            trainer, export = self._train(coordinator)
+            train_s = time.perf_counter() - t0
+            self._await_final(trainer.version_ids[-1], len(trainer.version_ids) - 1)
+            self._stop_poll.set()
+            self._stop_children()
+            ok = self._finish(trainer, export, train_s, time.perf_counter() - t0)
+            return 0 if ok else 1
+        except KeyboardInterrupt:
+            self.console.print(f"[yellow]interrupted[/yellow]{': ' + self._failure if self._failure else ''}; stopping every process")
+            return 130 if self._failure is None else 1
+        except (DeltaRLError, ChildError, OSError) as err:
+            self.console.print(f"[red]demo failed:[/red] {err}")
+            self.console.print(f"logs: {self.work}")
+            return 1
+        finally:
+            self._stop_poll.set()
+            self._stop_children()
+
+    def _env(self) -> dict[str, str]:
+        return {"DELTARL_COORDINATOR_TOKEN": self.token, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+    def _start_services(self) -> tuple[str, str]:
+        from deltarl.coordinator.config import CoordinatorConfig, SchedulerConfig, ServiceConfig
+
+        cfg = CoordinatorConfig(
+            scheduler=SchedulerConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=15.0, lease_margin_s=20.0,
+                                      prior_tokens_per_sample=6.0, chunks=3),
+            service=ServiceConfig(tick_interval_s=0.2),
+        )
+        cfg_path = self.work / "coordinator.json"
+        cfg_path.write_text(cfg.model_dump_json(indent=1))
+        coord = Child("coordinator", ["coordinator", "--store", self.store_url, "--run", self.run_name,
+                                      "--listen", "127.0.0.1:0", "--config", str(cfg_path)],
+                      self.work / "coordinator.log", self._env())
+        self.children.append(coord)
+        relay = Child("relay", ["relay", "--upstream", self.store_url, "--listen", "127.0.0.1:0",
+                                "--cache-dir", str(self.work / "relay-cache"), "--cache-bytes", "1G", "--head-ttl", "0.05"],
+                      self.work / "relay.log", self._env())
+        self.children.append(relay)
+        coord_url = coord.wait_for(r"listening on (http://\S+)").group(1)
+        relay_url = relay.wait_for(r" on (http://\S+)").group(1)
+        return coord_url, relay_url
+
+    def _start_actors(self, coordinator: str, relay: str) -> None:
+        for i in range(self.o.actors):
+            name = f"actor-{i + 1}"
+            throttle = self.o.throttles[i % len(self.o.throttles)]
+            events, state_out = self.work / f"{name}.events.jsonl", self.work / f"{name}.state.json"
+            child = Child(name, ["actor", "--coordinator", coordinator, "--store", self.store_url, "--run", self.run_name,
+                                 "--relay", relay, "--throttle", str(throttle), "--seed", str(i + 1), "--name", name,
+                                 "--events", str(events), "--state-out", str(state_out)],
+                          self.work / f"{name}.log", self._env())
+            self.children.append(child)
+            self.actors.append(ActorRun(name, throttle, child, events, state_out))
+
+    def _train(self, coordinator: str) -> tuple[Any, dict[str, Any]]:
+        from deltarl.coordinator.client import SyncCoordinatorClient
+        from deltarl.storage.open import open_store
+        from deltarl.storage.publisher import Publisher
+        from deltarl.trainer.config import TrainerConfig
+        from deltarl.trainer.loop import ClientCoordinator, StepReport, TrainerLoop
+
+        o = self.o
+        cfg = TrainerConfig.tiny(store=self.store_url, run=self.run_name, steps=o.steps, prompts_per_step=o.prompts_per_step,
+                                 group_size=o.group_size, torch_threads=o.trainer_threads, result_timeout_s=600)
+        store = open_store(self.store_url)
+        names = [a.name for a in self.actors]
+        title = f"deltarl demo: run {self.run_name}, {o.actors} actors (throttle " + \
+            "/".join(f"{a.throttle:g}" for a in self.actors) + "), tiny Qwen3 on addition"
+        live = o.live if o.live is not None else self.console.is_terminal
+        self.view = DemoView(names, title=title, console=self.console)
+        self.view.status = "starting: actors load the model and bootstrap version 0 through the relay"
+        counting: _Counting | None = None
+
+        def on_step(r: StepReport) -> None:
+            st = r.publish.stats
+            prompts = counting.prompts.get(r.step, {}) if counting is not None else {}
+            row = StepRow(step=r.step, version=r.version, reward=r.stats.reward_mean,
+                          changed_fraction=st.changed_fraction, delta_bytes=st.encoded_bytes, full_bytes=st.full_bytes,
+                          wait_s=r.wait_s, publish_s=r.publish_s,
+                          prompts={self._name_of(a): n for a, n in prompts.items()})
+            self.rows[r.step] = row
+            assert self.view is not None
+            self.view.add_step(row)
+            self._apply_commits()
+            self.view.set_status(f"step {r.step}/{o.steps}: training {r.stats.seconds:.2f}s, publish {r.publish_s:.2f}s, "
+                                 f"waited {r.wait_s:.2f}s for {r.stats.samples} samples")
+
+        try:
+            with SyncCoordinatorClient(coordinator, self.token) as client, Publisher(
+                store, self.run_name, keyframe_interval=o.keyframe_interval, digest_interval=o.digest_interval
+            ) as publisher:
+                counting = _Counting(ClientCoordinator(client, poll_s=5.0))
+                loop = TrainerLoop(cfg, coordinator=counting, publisher=publisher, store=store, on_step=on_step)
+                if live:
+                    with self.view:
+                        loop.run()
+                else:
+                    loop.run()
+                export = loop.trainer.export_bf16()
+        finally:
+            store.close()
+        return loop, export
+
+    # --- actor events ------------------------------------------------------------------------------
+
+    def _name_of(self, actor_id: str) -> str:
+        return next((a.name for a in self.actors if a.actor_id == actor_id), actor_id[:12])
+
+    def _read_events(self, a: ActorRun) -> None:
+        try:
+            with open(a.events) as fh:
+                fh.seek(a.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return
+        end = chunk.rfind("\n") + 1
+        a.offset += len(chunk[:end].encode())
+        for line in chunk[:end].splitlines():
+            ev = json.loads(line)
+            if ev["event"] == "registered":
+                a.actor_id = ev["actor_id"]
+                a.version = max(a.version, ev["version"])
+            elif ev["event"] == "bootstrap":
+                a.version = max(a.version, ev["version"])
+            elif ev["event"] == "commit":
+                a.commits.append(ev)
+                a.version = max(a.version, ev["version"])
+
+    def _apply_commits(self) -> None:
+        if self.view is None:
+            return
+        for a in self.actors:
+            for c in a.commits:
+                if c.get("publish_to_staged_s") is not None:
+                    self.view.set_staged(c["version"], a.name, c["publish_to_staged_s"], c.get("pause_ms"))
+
+    def _poll(self) -> None:
+        """Follow the actors' events; stop the demo if a service or every actor dies."""
+        while not self._stop_poll.wait(0.25):
+            for a in self.actors:
+                self._read_events(a)
+            self._apply_commits()
+            if self.view is not None:
+                self.view.refresh()
+            dead = [c for c in self.children if not c.alive]
+            services_dead = [c.name for c in dead if c.name in ("coordinator", "relay")]
+            if services_dead or (self.actors and all(not a.child.alive for a in self.actors)):
+                what = ", ".join(c.name for c in dead)
+                self._failure = f"{what} exited unexpectedly (logs in {self.work})"
+                _thread.interrupt_main()
+                return
+
+    def _await_final(self, final_id: str, final_version: int, timeout: float = 60.0) -> None:
+        """Wait until every live actor has committed the final version (they do so while idle)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for a in self.actors:
+                self._read_events(a)
+            if all(a.version >= final_version for a in self.actors if a.child.alive):
+                break
+            time.sleep(0.1)
+        self._apply_commits()
+        if self.view is not None:
+            self.view.set_status("done")
+
+    def _stop_children(self) -> None:
+        actors = [c for c in self.children if c.name.startswith("actor-")]
+        codes = stop_all(actors, timeout=20)
+        for a in self.actors:
+            if a.name in codes and a.exit_code is None:
+                a.exit_code = codes[a.name]
+        stop_all([c for c in self.children if c not in actors], timeout=20)
+        self.children = []
+
+    # --- the end -----------------------------------------------------------------------------------
+
+    def _finish(self, trainer: Any, export: dict[str, Any], train_s: float, wall_s: float) -> bool:
+        from deltarl.demo.summary import Summary
+
+        for a in self.actors:
+            self._read_events(a)
+            if a.state_out.exists():
+                a.state = json.loads(a.state_out.read_text())
+        self._apply_commits()
+        summary = Summary(self, trainer, export, train_s, wall_s)
+        return summary.show()
+
+
+def run_demo(options: DemoOptions, console: Console | None = None) -> int:
+    """Run the demo; return the exit status (0 when every check passed)."""
+    if os.environ.get("DELTARL_S3_ENDPOINT") is None and options.store and options.store.startswith("s3://"):
+        log.info("no DELTARL_S3_ENDPOINT: using the AWS default endpoint for %s", options.store)
+    return Demo(options, console).run()
