@@ -83,6 +83,13 @@ _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
 _PERMANENT_TYPES: tuple[type[BaseException], ...] = (be.SSLError,)  # a bad certificate stays bad
 
 
+def describe(err: BaseException) -> str:
+    """A short label for logs: the exception type, plus the S3 error code if there is one."""
+    response = getattr(err, "response", None)
+    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    return f"{type(err).__name__} {code}" if code else type(err).__name__
+
+
 def is_transient(err: BaseException) -> bool:
     """Whether ``err`` is worth retrying (decided by type and structured S3 error code)."""
     if isinstance(err, _PERMANENT_TYPES):
@@ -138,7 +145,7 @@ class RetryPolicy:
                 log.warning(
                     "%s failed (%s), retry %d/%d in %.2fs",
                     what,
-                    type(err).__name__,
+                    describe(err),
                     attempt + 1,
                     self.attempts - 1,
                     wait,

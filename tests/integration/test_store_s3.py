@@ -21,25 +21,35 @@ pytestmark = pytest.mark.s3
 log = logging.getLogger(__name__)
 
 
-class DroppingProxy:
-    """A loopback TCP proxy that misbehaves on its first connections.
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n'
+    b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+)
 
-    The first ``refuse`` connections are closed as soon as they are accepted (the request is lost);
-    the next ``drop_responses`` are forwarded upstream but cut the moment the response starts (the
-    request took effect, the client never hears so; an interim ``100 Continue`` still passes). Later connections are relayed faithfully.
+
+class FaultyProxy:
+    """A loopback TCP proxy in front of an S3 server whose first connections misbehave.
+
+    ``faults[i]`` says what happens to connection ``i`` (later ones are relayed faithfully):
+
+    * ``"refuse"``: closed as soon as accepted (the request is lost);
+    * ``"drop"``: forwarded upstream, but cut the moment the response starts (the request took
+      effect, the client never hears so; an interim ``100 Continue`` still passes);
+    * ``"throttle"``: answered ``503 SlowDown`` like S3 under load, without reaching upstream;
+    * ``"stall"``: the request is read and never answered (the client's read timeout fires).
     """
 
-    def __init__(self, upstream: str, *, refuse: int = 0, drop_responses: int = 0) -> None:
+    def __init__(self, upstream: str, faults: list[str]) -> None:
         parts = urlsplit(upstream)
         self._upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
-        self.refuse, self.drop_responses = refuse, drop_responses
+        self.faults = faults
         self.connections = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def __enter__(self) -> DroppingProxy:
+    def __enter__(self) -> FaultyProxy:
         self._thread.start()
         self._server = asyncio.run_coroutine_threadsafe(
             asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop
@@ -70,18 +80,28 @@ class DroppingProxy:
         assert task is not None
         self._tasks.add(task)
         n, self.connections = self.connections, self.connections + 1
+        fault = self.faults[n] if n < len(self.faults) else None
         try:
-            if n < self.refuse:
+            if fault == "refuse":
+                return
+            if fault in ("throttle", "stall"):
+                await reader.readuntil(b"\r\n\r\n")  # the request head (boto waits on 100-continue)
+                if fault == "stall":
+                    await reader.read()  # until the client times out and hangs up
+                    return
+                head = f"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {len(SLOW_DOWN)}\r\n"
+                writer.write(head.encode() + b"Connection: close\r\n\r\n" + SLOW_DOWN)
+                await writer.drain()
                 return
             up_reader, up_writer = await asyncio.open_connection(*self._upstream)
             try:
-                drop = n < self.refuse + self.drop_responses
                 await asyncio.gather(
-                    self._pipe(reader, up_writer, cut=False), self._pipe(up_reader, writer, cut=drop)
+                    self._pipe(reader, up_writer, cut=False),
+                    self._pipe(up_reader, writer, cut=fault == "drop"),
                 )
             finally:
                 up_writer.close()
-        except ConnectionError as err:
+        except (ConnectionError, asyncio.IncompleteReadError) as err:
             log.debug("proxy connection %d ended: %s", n, err)  # the cut, or a peer going away
         finally:
             writer.transport.abort()
@@ -110,15 +130,32 @@ def bucket(moto_s3: S3Location) -> S3Location:
 
 def test_dropped_connections_are_retried(bucket: S3Location) -> None:
     bucket.open().put("k", b"value")
-    with DroppingProxy(bucket.endpoint_url, refuse=3) as proxy:
+    with FaultyProxy(bucket.endpoint_url, ["refuse"] * 3) as proxy:
         store = S3Store(bucket.bucket, endpoint_url=proxy.url, retry=fast_retry())
         assert store.get("k") == b"value"
         assert proxy.connections == 4  # three refused, the fourth served
         store.close()
 
 
+def test_throttling_and_stalls_are_retried(bucket: S3Location, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="deltarl.storage")
+    bucket.open().put("k", b"value")
+    faults = ["throttle", "stall", "throttle"]
+    with FaultyProxy(bucket.endpoint_url, faults) as proxy:
+        store = S3Store(bucket.bucket, endpoint_url=proxy.url, retry=fast_retry(), read_timeout=0.5)
+        assert store.get("k") == b"value"
+        assert store.put_if_absent("new", b"1")
+        assert proxy.connections == 5  # three faults, then the get and the put
+        store.close()
+    retried = [r.getMessage() for r in caplog.records if r.name == "deltarl.storage.retry"]
+    assert len(retried) == 3
+    assert "ClientError SlowDown" in retried[0]
+    assert "ReadTimeoutError" in retried[1]
+    assert "ClientError SlowDown" in retried[2]
+
+
 def test_gives_up_with_transient_error(bucket: S3Location) -> None:
-    with DroppingProxy(bucket.endpoint_url, refuse=100) as proxy:
+    with FaultyProxy(bucket.endpoint_url, ["refuse"] * 100) as proxy:
         store = S3Store(bucket.bucket, endpoint_url=proxy.url, retry=fast_retry(attempts=3))
         with pytest.raises(TransientStoreError, match="gave up"):
             store.get("k")
@@ -129,7 +166,7 @@ def test_gives_up_with_transient_error(bucket: S3Location) -> None:
 def test_put_if_absent_whose_response_was_lost(bucket: S3Location, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="deltarl.storage")
     direct = bucket.open()
-    with DroppingProxy(bucket.endpoint_url, drop_responses=1) as proxy:
+    with FaultyProxy(bucket.endpoint_url, ["drop"]) as proxy:
         store = S3Store(bucket.bucket, endpoint_url=proxy.url, retry=fast_retry())
         etag = store.put_if_absent("seg", b"our bytes")  # landed; the retry sees 412 and reads back
         assert direct.get("seg") == b"our bytes"
@@ -143,7 +180,7 @@ def test_put_if_absent_whose_response_was_lost(bucket: S3Location, caplog: pytes
 def test_put_if_absent_lost_response_but_someone_else_won(bucket: S3Location) -> None:
     direct = bucket.open()
     direct.put_if_absent("seg", b"theirs")
-    with DroppingProxy(bucket.endpoint_url, refuse=1) as proxy:
+    with FaultyProxy(bucket.endpoint_url, ["refuse"]) as proxy:
         store = S3Store(bucket.bucket, endpoint_url=proxy.url, retry=fast_retry())
         with pytest.raises(ObjectExists):
             store.put_if_absent("seg", b"ours")
@@ -155,7 +192,7 @@ def test_cas_whose_response_was_lost(bucket: S3Location, caplog: pytest.LogCaptu
     caplog.set_level(logging.INFO, logger="deltarl.storage")
     direct = bucket.open()
     etag0 = direct.cas("HEAD", b"0", None)
-    with DroppingProxy(bucket.endpoint_url, drop_responses=1) as proxy:
+    with FaultyProxy(bucket.endpoint_url, ["drop"]) as proxy:
         store = S3Store(bucket.bucket, endpoint_url=proxy.url, retry=fast_retry())
         etag1 = store.cas("HEAD", b"1", etag0)
         assert direct.get("HEAD") == b"1"
