@@ -14,8 +14,9 @@ Semantics (see :mod:`deltarl.storage.store` for the contract):
   412 → ``PreconditionFailed``; a missing key → ``ObjectNotFound`` (AWS and moto answer 404,
   SeaweedFS 412, so a 412 is followed by a ``HEAD`` to tell the two apart).
 * A conditional write retried after a dropped connection is ambiguous: the first attempt may have
-  landed. If the retry then hits the precondition, the store reads the object back and, if it
-  holds exactly our bytes, reports success.
+  landed. If the retry then hits the precondition, the store checks whether the object holds
+  exactly our bytes (size and predicted ETag from ``HEAD``; a full read only for an ETag it cannot
+  predict, e.g. SSE-KMS) and if so reports success.
 * Ranged reads send ``Range: bytes=a-(b-1)``; S3 answers 416 for a start at or past the end,
   which the contract allows when ``start == size`` (empty result), so a 416 is followed by ``HEAD``.
 * Objects above ``multipart_threshold`` (64 MiB) go up as a parallel multipart upload (S3 caps a
