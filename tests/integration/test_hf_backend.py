@@ -106,7 +106,7 @@ def test_staged_update_commits_in_place_and_rolls_back(tiny_backend: HFBackend, 
     before = tiny_backend.generate(PROMPTS, **greedy)
     staged = stage_delta(live, segments, base="v0")
     assert state_digest(live) == state_digest(v0)  # staging writes nothing
-    staged.commit()
+    tiny_backend.commit(staged)
     assert state_digest(live) == state_digest(v1)  # bit for bit the trainer's export
     after = tiny_backend.generate(PROMPTS, **greedy)
     assert after != before
@@ -162,3 +162,25 @@ def test_throttle_slows_generation(tiny_spec: Any, tiny_model: Any) -> None:
     assert slow.tokens_per_second < fast.tokens_per_second
     with pytest.raises(ValueError, match="throttle"):
         HFBackend.from_spec(tiny_spec, eos_token_id=258, pad_token_id=256, throttle=0.5)
+
+
+def test_commit_refuses_a_moved_state_and_load_state(tiny_backend: HFBackend, tiny_model: Any) -> None:
+    from deltarl.errors import StagingError
+    from deltarl.pipeline import encode_delta, stage_delta, state_digest
+
+    v0 = export_bf16(tiny_model)
+    v1 = {k: (v.float() * 1.5).to(torch.bfloat16) for k, v in v0.items()}
+    live = tiny_backend.state_dict_for_update()
+    staged = stage_delta(live, encode_delta(v0, v1, base="v0"), base="v0")
+    other = {k: (v.float() - 1.0).to(torch.bfloat16) for k, v in v0.items()}
+    tiny_backend.load_state(other)  # the served weights move on after staging
+    assert state_digest(live) == state_digest(other)
+    with pytest.raises(StagingError):
+        tiny_backend.commit(staged)
+    assert state_digest(live) == state_digest(other)  # nothing half-applied
+    tiny_backend.load_state(v0)
+    t0 = time.perf_counter()
+    tiny_backend.commit(staged)
+    pause = time.perf_counter() - t0
+    assert state_digest(live) == state_digest(v1)
+    assert pause < 1.0  # the in-place write of the tiny model: milliseconds

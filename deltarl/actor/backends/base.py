@@ -13,6 +13,9 @@ Contract:
   ``StagedUpdate`` commits into, and whose ``state_digest`` equals the trainer's export. A backend
   whose live parameters are not laid out by HF name (vLLM: fused, sharded) returns a host shadow
   and applies committed changes with ``apply_sparse``.
+* ``commit(staged)`` commits a codec ``StagedUpdate`` that was staged against
+  ``state_dict_for_update()``: in place, all or nothing (a failure rolls back and re-raises);
+  ``load_state(state)`` overwrites every weight with a full exported state (joining from a keyframe).
 * ``tokens_per_second`` is an EMA of measured generation throughput (completion tokens over wall
   time, throttle included); ``None`` before the first batch.
 * Calls are not thread-safe: the actor loop generates and commits from one thread, between batches.
@@ -20,9 +23,9 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +58,14 @@ class GenerationBackend(Protocol):
 
     def state_dict_for_update(self) -> dict[str, torch.Tensor]:
         """Live inference tensors by exported name (writes in place change generation)."""
+        ...
+
+    def commit(self, staged: Any) -> None:
+        """Commit a ``StagedUpdate`` staged against ``state_dict_for_update()``; all or nothing."""
+        ...
+
+    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Overwrite every served weight with a full exported state."""
         ...
 
     @property

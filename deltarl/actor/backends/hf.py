@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from deltarl.actor.backends.base import FinishReason, Generation, ThroughputMeter
@@ -87,6 +87,21 @@ class HFBackend:
         from deltarl.trainer.model import live_parameters
 
         return live_parameters(self.model)
+
+    def commit(self, staged: Any) -> None:
+        """Commit a ``StagedUpdate`` staged against :meth:`state_dict_for_update` (rolled back on failure)."""
+        try:
+            staged.commit()
+        except BaseException:
+            log.error("commit failed; rolling back to the staged base")
+            staged.rollback()
+            raise
+
+    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Overwrite every parameter with a full exported state (names and shapes checked first)."""
+        from deltarl.trainer.model import load_bf16_into
+
+        load_bf16_into(self.model, dict(state))
 
     def generate(
         self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float, n: int = 1

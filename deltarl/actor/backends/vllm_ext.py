@@ -111,6 +111,11 @@ class DeltaRLWorkerExtension:
         """Drop the rollback values of the last apply (after the actor has committed it)."""
         self._deltarl_undo = None
 
+    def deltarl_load_full(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load a full HF-named state with vLLM's own loader (it fuses and shards)."""
+        self.model_runner.model.load_weights(weights=list(state.items()))
+        self._deltarl_undo = None
+
     def deltarl_local_shards(self) -> dict[str, torch.Tensor]:
         """This rank's parameters as CPU tensors (for digests and tests; copies the whole model)."""
         return {k: v.detach().cpu().clone() for k, v in self._deltarl_params().items()}
@@ -195,6 +200,15 @@ class VLLMBackend:
                 self.llm.reset_prefix_cache()
             raise
         self.llm.collective_rpc("deltarl_forget")
+        self.llm.reset_prefix_cache()
+
+    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Overwrite every served weight (and the shadow) with a full exported state."""
+        if set(state) != set(self._shadow):
+            raise TensorMismatch("state names differ from the served model's")
+        self.llm.collective_rpc("deltarl_load_full", args=(dict(state),))
+        for name, t in state.items():
+            self._shadow[name].copy_(t)
         self.llm.reset_prefix_cache()
 
     def generate(
