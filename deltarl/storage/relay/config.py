@@ -26,6 +26,8 @@ class RelayConfig:
     piece_bytes: int = 1 << 20
     #: Pieces of one object in flight from upstream at once (several TCP streams over a WAN).
     pull_streams: int = 4
+    #: Connections kept to an upstream relay (long-polls hold one each, so leave headroom).
+    upstream_connections: int = 32
     #: How long a fetched mutable object (HEAD) is reused for every poller: the coalescing window.
     head_ttl_s: float = 0.2
     #: How often a long-poll for a missing object asks a store upstream again.
@@ -44,6 +46,7 @@ class RelayConfig:
             (self.cache_bytes >= 0, "cache_bytes must be >= 0"),
             (self.piece_bytes >= 4096, "piece_bytes must be >= 4096"),
             (1 <= self.pull_streams <= 64, "pull_streams must be in [1, 64]"),
+            (1 <= self.upstream_connections <= 1024, "upstream_connections must be in [1, 1024]"),
             (0 <= self.head_ttl_s <= 60, "head_ttl_s must be in [0, 60]"),
             (0.001 <= self.poll_interval_s <= 10, "poll_interval_s must be in [0.001, 10]"),
             (0 <= self.max_wait_s <= 3600, "max_wait_s must be in [0, 3600]"),

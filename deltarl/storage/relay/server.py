@@ -37,7 +37,7 @@ from deltarl.storage.relay.metrics import RelayMetrics
 from deltarl.storage.relay.ranges import RangeNotSatisfiable, parse_range
 from deltarl.storage.relay.service import ObjectService
 from deltarl.storage.relay.upstream import Upstream, make_upstream
-from deltarl.storage.store import ObjectStore
+from deltarl.storage.store import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,7 @@ async def handle_put(request: web.Request) -> web.Response:
     inm = request.headers.get("If-None-Match")
     im = request.headers.get("If-Match")
     service = request.app[SERVICE]
+    etag: str | None = None
     try:
         etag = await service.upstream.put(
             key, data, if_none_match=inm is not None and inm.strip() == "*", if_match=strip_etag(im) if im else None
@@ -220,8 +221,8 @@ async def handle_put(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text=str(err)) from err
     except StoreError as err:
         raise web.HTTPBadGateway(text=str(err)) from err
-    finally:
-        service.landed(key)
+    finally:  # also after a failure: the key may have changed upstream all the same
+        service.landed(key, None if etag is None else ObjectInfo(key=key, size=len(data), etag=etag))
     return web.Response(status=201, headers={"ETag": f'"{etag}"'})
 
 
@@ -234,7 +235,7 @@ async def handle_delete(request: web.Request) -> web.Response:
     except StoreError as err:
         raise web.HTTPBadGateway(text=str(err)) from err
     finally:
-        service.landed(key)
+        service.landed(key, None)
     return web.Response(status=204)
 
 
@@ -255,7 +256,9 @@ async def _count(request: web.Request, handler: Callable[[web.Request], Awaitabl
 
 def create_app(upstream: str | ObjectStore | Upstream, config: RelayConfig) -> web.Application:
     """A relay application over ``upstream`` (a store, a store URL, or another relay's URL)."""
-    up = upstream if isinstance(upstream, Upstream) else make_upstream(upstream, token=config.upstream_token, poll_interval_s=config.poll_interval_s)
+    up = upstream if isinstance(upstream, Upstream) else make_upstream(
+        upstream, token=config.upstream_token, poll_interval_s=config.poll_interval_s, connections=config.upstream_connections
+    )
     metrics = RelayMetrics()
     app = web.Application(middlewares=[_count], client_max_size=1 << 40)
     app[CONFIG] = config

@@ -22,6 +22,7 @@ from deltarl.storage.relay.config import RelayConfig
 from deltarl.storage.relay.metrics import RelayMetrics
 from deltarl.storage.relay.pull import Pull
 from deltarl.storage.relay.upstream import Upstream
+from deltarl.storage.store import ObjectInfo
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class _Wait:
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
-        self.found: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.found: asyncio.Future[ObjectInfo] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
 
 
@@ -109,8 +110,7 @@ class ObjectService:
             pull = self._pulls.get(key)
             if pull is None:
                 self.metrics.cache_misses.inc()
-                pull = self._pulls[key] = Pull(key)
-                self._spawn(self._run_pull(pull))
+                pull = self._start_pull(key)
             else:
                 self.metrics.shared_pulls.inc()
             await pull.wait_ready()
@@ -121,8 +121,11 @@ class ObjectService:
             if not isinstance(pull.error, ObjectNotFound):
                 raise StoreError(f"upstream {self.upstream.url}: {key}: {pull.error}") from pull.error
             left = deadline - time.monotonic()
-            if left <= 0 or not await self.wait_for(key, left):
+            info = await self.wait_for(key, left) if left > 0 else None
+            if info is None:
                 raise ObjectNotFound(f"{key} is not in {self.upstream.url}")
+            if key not in self._pulls and key not in self.cache:
+                self._start_pull(key, info)  # its size is known: no second HEAD upstream
 
     async def stat(self, key: str, *, wait: float = 0.0) -> tuple[int, str]:
         """Size and ETag without starting a pull (HEAD requests)."""
@@ -136,22 +139,34 @@ class ObjectService:
             self.metrics.upstream_requests.labels("head").inc()
             info = await self.upstream.head(key)
         except ObjectNotFound:
-            if wait <= 0 or not await self.wait_for(key, min(wait, self.config.max_wait_s)):
+            waited = await self.wait_for(key, min(wait, self.config.max_wait_s)) if wait > 0 else None
+            if waited is None:
                 raise
-            self.metrics.upstream_requests.labels("head").inc()
-            info = await self.upstream.head(key)
+            info = waited
+            if key not in self._pulls and key not in self.cache:
+                self._start_pull(key, info)  # whoever long-polled for it is about to GET it: prefetch
         return info.size, info.etag
 
-    async def _run_pull(self, pull: Pull) -> None:
+    def _start_pull(self, key: str, info: ObjectInfo | None = None) -> Pull:
+        pull = self._pulls[key] = Pull(key)
+        self._spawn(self._run_pull(pull, info))
+        return pull
+
+    async def _run_pull(self, pull: Pull, known: ObjectInfo | None = None) -> None:
         key = pull.key
         try:
-            self.metrics.upstream_requests.labels("head").inc()
-            info = await self.upstream.head(key)
-        except Exception as err:
+            if known is not None:
+                info = known
+            else:
+                self.metrics.upstream_requests.labels("head").inc()
+                info = await self.upstream.head(key)
+        except Exception as err:  # handed to every reader of this pull
             self._pulls.pop(key, None)
             pull.fail(err)
             return
         self.metrics.upstream_pulls.inc()
+        # Look the expected sha256 up while the bytes travel, so the check at the end costs no round trip.
+        expected_task = asyncio.ensure_future(self._expected_sha256(key)) if self.config.verify else None
         size = pull.size = info.size
         pull.etag = info.etag
         pull.tmp_path = self.cache.temp_path()
@@ -182,12 +197,14 @@ class ObjectService:
                 self.metrics.bytes_in.inc(len(data))
                 pull.notify()
             sha = hasher.hexdigest()
-            expected = await self._expected_sha256(key) if self.config.verify else None
+            expected = await expected_task if expected_task is not None else None
             if expected is not None and expected != sha:
                 self.metrics.integrity_failures.inc()
                 raise IntegrityError(f"{key} from {self.upstream.url} has sha256 {sha}, its manifest says {expected}")
         except BaseException as err:
             os.close(fd)
+            if expected_task is not None and not expected_task.done():
+                expected_task.cancel()
             self._pulls.pop(key, None)
             pull.fail(err)
             if not isinstance(err, Exception):
@@ -266,8 +283,8 @@ class ObjectService:
 
     # --- long-poll for objects that do not exist yet --------------------------------------------
 
-    async def wait_for(self, key: str, timeout: float) -> bool:
-        """Hold until ``key`` exists upstream (or is pushed here); ``False`` after ``timeout``."""
+    async def wait_for(self, key: str, timeout: float) -> ObjectInfo | None:
+        """Hold until ``key`` exists upstream (or is pushed here); its info, or ``None`` after ``timeout``."""
         now = time.monotonic()
         w = self._waits.get(key)
         if w is None or w.found.done():
@@ -276,10 +293,9 @@ class ObjectService:
         w.deadline = max(w.deadline, now + timeout)
         self.metrics.waiters.inc()
         try:
-            await asyncio.wait_for(asyncio.shield(w.found), timeout)
-            return True
+            return await asyncio.wait_for(asyncio.shield(w.found), timeout)
         except asyncio.TimeoutError:
-            return False
+            return None
         finally:
             self.metrics.waiters.dec()
 
@@ -291,7 +307,7 @@ class ObjectService:
                     break
                 try:
                     self.metrics.upstream_requests.labels("wait_head").inc()
-                    await self.upstream.wait_head(key, left)
+                    info = await self.upstream.wait_head(key, left)
                 except ObjectNotFound:
                     continue
                 except TransientStoreError as err:
@@ -299,20 +315,20 @@ class ObjectService:
                     await asyncio.sleep(self.config.poll_interval_s)
                     continue
                 if not w.found.done():
-                    w.found.set_result(None)
+                    w.found.set_result(info)
         finally:
             if self._waits.get(key) is w:
                 del self._waits[key]
             if not w.found.done():
                 w.found.cancel()
 
-    def landed(self, key: str) -> None:
-        """A push wrote ``key``: wake its long-polls now and forget stale copies."""
+    def landed(self, key: str, info: ObjectInfo | None) -> None:
+        """A push wrote (``info``) or deleted (``None``) ``key``: forget stale copies, wake long-polls."""
         self.cache.remove(key)
         self._mutable.pop(key, None)
         w = self._waits.get(key)
-        if w is not None and not w.found.done():
-            w.found.set_result(None)
+        if info is not None and w is not None and not w.found.done():
+            w.found.set_result(info)
 
     # --- mutable objects (HEAD): coalesced reads ------------------------------------------------
 

@@ -136,12 +136,14 @@ class HTTPUpstream(Upstream):
         await self.client.close()
 
 
-def make_upstream(upstream: str | ObjectStore, *, token: str | None = None, poll_interval_s: float = 0.05) -> Upstream:
+def make_upstream(
+    upstream: str | ObjectStore, *, token: str | None = None, poll_interval_s: float = 0.05, connections: int = 32
+) -> Upstream:
     """An upstream from a store object, an ``http(s)://`` relay URL, or any store URL."""
     if isinstance(upstream, ObjectStore):
         return StoreUpstream(upstream, poll_interval_s=poll_interval_s)
     if upstream.startswith(("http://", "https://")):
-        return HTTPUpstream(upstream, token=token)
+        return HTTPUpstream(upstream, token=token, connections=connections)
     from deltarl.storage.open import open_store
 
     return StoreUpstream(open_store(upstream), poll_interval_s=poll_interval_s)
