@@ -48,7 +48,7 @@ from deltarl.coordinator.records import (
     sha256_of,
 )
 from deltarl.coordinator.scheduler import Reason, Scheduler, UnknownActor
-from deltarl.errors import CoordinatorError, FormatError
+from deltarl.errors import CoordinatorError, DeltaRLError, FormatError, StoreError
 from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,8 @@ class Coordinator:
         self._results: dict[int, Results] = {}
         self._closed: OrderedDict[int, Results] = OrderedDict()
         self._done: dict[int, asyncio.Event] = {}
-        self._pending: dict[str, asyncio.Future[None]] = {}
+        self._pending: dict[str, asyncio.Task[Ack]] = {}
+        self._closing: set[int] = set()
         self._tick_task: asyncio.Task[None] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self.started_at = clock()
@@ -103,6 +104,12 @@ class Coordinator:
         while True:
             await asyncio.sleep(self.config.service.tick_interval_s)
             self.scheduler.tick()
+            for step in self.scheduler.open_steps():  # a manifest write that failed is retried here
+                if self.scheduler.steps[step].complete and step not in self._closing:
+                    try:
+                        await self._close_step(step)
+                    except DeltaRLError as err:
+                        log.warning("closing step %d failed, will retry: %s", step, err)
 
     # --- actors -----------------------------------------------------------------------------------
 
@@ -133,7 +140,7 @@ class Coordinator:
         """Admit a result (durably, then acknowledge) or say why not."""
         pending = self._pending.get(result.lease_id)
         if pending is not None:  # the same lease is being written: wait, then answer as a retry
-            await asyncio.shield(pending)
+            await asyncio.wait([pending])
         digest = sha256_of(result)
         d = self.scheduler.begin_admission(result, digest)
         if d.kind == "reject":
@@ -145,23 +152,27 @@ class Coordinator:
         assert d.lease is not None
         record = AdmittedRecord(step=result.step, result=result, lease=d.lease, admitted_at=d.at,
                                 result_sha256=digest)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending[result.lease_id] = fut
+        # The admission runs as its own task: a client that disconnects (cancelling this handler)
+        # cannot leave a record in the store that the scheduler does not count.
+        task = asyncio.create_task(self._admit(record), name=f"admit-{result.lease_id}")
+        self._pending[result.lease_id] = task
+        task.add_done_callback(lambda _: self._pending.pop(result.lease_id, None))
+        return await asyncio.shield(task)
+
+    async def _admit(self, record: AdmittedRecord) -> Ack:
+        lease_id, step = record.lease.lease_id, record.step
         try:
             key = await self._io(self.cstore.put_admitted, record)
         except RecordConflict as err:
-            self.scheduler.abort_admission(result.lease_id)
+            self.scheduler.abort_admission(lease_id)
             return Ack(admitted=False, reason=Reason.ALREADY_ADMITTED.value, message=str(err))
         except BaseException:
-            self.scheduler.abort_admission(result.lease_id)
+            self.scheduler.abort_admission(lease_id)
             raise
-        finally:
-            del self._pending[result.lease_id]
-            fut.set_result(None)
         complete = self.scheduler.complete_admission(record, key)
-        self._results.setdefault(result.step, {})[result.lease_id] = (key, record)
+        self._results.setdefault(step, {})[lease_id] = (key, record)
         if complete:
-            await self._close_step(result.step)
+            await self._close_step(step)
         return Ack(admitted=True, key=key)
 
     # --- trainer ----------------------------------------------------------------------------------
@@ -185,10 +196,17 @@ class Coordinator:
         return StepOpened(step=spec.step, created=created and stored is spec)
 
     async def _close_step(self, step: int) -> None:
-        results = self._results.pop(step, {})
-        spec = self.scheduler.steps[step].spec
-        manifest = build_manifest(spec, results.values(), closed_at=self._clock())
-        await self._io(self.cstore.put_manifest, manifest)
+        if step in self._closing:
+            return
+        self._closing.add(step)
+        try:
+            results = self._results.get(step, {})
+            spec = self.scheduler.steps[step].spec
+            manifest = build_manifest(spec, results.values(), closed_at=self._clock())
+            await self._io(self.cstore.put_manifest, manifest)
+        finally:
+            self._closing.discard(step)
+        self._results.pop(step, None)
         self.scheduler.close_step(step)
         self._closed[step] = results
         while len(self._closed) > self.config.service.keep_closed_steps:
@@ -283,6 +301,9 @@ def _route(role: str | None, fn: Callable[[Coordinator, web.Request], Awaitable[
             return _error(404, str(err), "unknown")
         except CoordinatorError as err:
             return _error(409, str(err), "conflict")
+        except StoreError as err:
+            log.warning("%s %s: store failure: %s", request.method, request.path, err)
+            return _error(503, f"store failure: {err}", "store")
 
     return handler
 

@@ -177,3 +177,31 @@ async def test_long_poll_partial_death_and_closed_steps_from_store(coordinator_s
                 await trainer.step_results(99, timeout=0)
     finally:
         await runner.cleanup()
+
+
+async def test_cancelled_report_still_completes_its_admission(coordinator_store: ObjectStore) -> None:
+    """A client that hangs up mid-write: the record is durable and counted, and a retry is a duplicate."""
+    from deltarl.coordinator.records import LeaseGrant, LeaseRequest, RegisterRequest, StepSpec
+    from deltarl.coordinator.service import Coordinator
+
+    c = Coordinator(coordinator_store, RUN, service_config())
+    await c.start()
+    try:
+        await c.open_step(make_spec(0, 2))
+        aid = (await c.register(RegisterRequest())).actor_id
+        grant = (await c.lease(LeaseRequest(actor_id=aid))).grant
+        assert isinstance(grant, LeaseGrant)
+        result = make_result(grant)
+        handler = asyncio.create_task(c.report(result))
+        await asyncio.sleep(0)  # the admission task has started its store write
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        while c._pending:
+            await asyncio.sleep(0.01)
+        assert c.scheduler.leases[grant.lease.lease_id].status.value == "admitted"
+        assert (await c.report(result)).duplicate
+        assert isinstance(c.cstore.spec(0), StepSpec)
+        assert len(c.cstore.results(0)) == 1
+    finally:
+        await c.stop()
