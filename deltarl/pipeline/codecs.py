@@ -116,7 +116,10 @@ def decode_aurora(old: np.ndarray, payload: memoryview, changed: int) -> Decoded
     if gaps.size and int(gaps.max()) >= old.size:
         raise FormatError("aurora gap outside the chunk")
     pos = _check_positions(np.cumsum(gaps.astype(np.int64)), old.size)
-    return Decoded(pos, _raw_values(vals_b, changed, old.dtype))
+    vals = _raw_values(vals_b, changed, old.dtype)
+    if bool((vals == old[pos]).any()):
+        raise FormatError("a changed element decodes to its old value")
+    return Decoded(pos, vals)
 
 
 # --- rice: Rice-coded gaps + zstd'd zigzag difference bytes with escapes -------------------------
