@@ -142,3 +142,9 @@ def test_replay_does_not_alias_trainer_tensors(memory_store):
     a = replay(memory_store, "r", 2)
     a["embed.weight"].add_(torch.ones_like(a["embed.weight"]))
     assert states_equal(replay(memory_store, "r", 2), exports[2])
+
+
+def test_small_run_fixture(small_run):
+    store, exports = small_run
+    assert RunReader(store, "r").head().version == 9
+    assert states_equal(replay(store, "r", 6), exports[6])
