@@ -104,3 +104,31 @@ async def test_trainer_loop_over_http(coordinator_service: RunningCoordinator, t
     stored = [rec.result for rec in report.records]
     assert len(stored) == len(reported)
     assert all(f.ok for f in rescore_rollouts(store, RUN, stored, 50))
+
+
+async def test_trainer_command_over_http(
+    coordinator_service: RunningCoordinator, torch_threads: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from deltarl.cli import main
+
+    store = coordinator_service.store
+    config = tmp_path / "trainer.yaml"
+    config.write_text(
+        f"store: {store.url}\nrun: {RUN}\nsteps: 2\nprompts_per_step: 6\ngroup_size: 2\n"
+        "torch_threads: 1\ngrpo:\n  lr: 0.01\npublish:\n  keyframe_interval: 2\n"
+    )
+    stop, reported, errors = threading.Event(), [], []
+    actor = threading.Thread(target=_actor, args=(coordinator_service.url, store, stop, reported, errors))
+    actor.start()
+    argv = ["trainer", "--config", str(config), "--coordinator", coordinator_service.url, "--token", TRAINER_TOKEN]
+    try:
+        rc = await asyncio.wait_for(asyncio.to_thread(main, argv), timeout=120)
+    finally:
+        stop.set()
+        await asyncio.to_thread(actor.join, 30)
+    assert not errors, errors
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "step    1  version    1" in out
+    assert "step    2  version    2" in out
+    assert sorted(version_numbers(store, RUN).values()) == [0, 1, 2]
