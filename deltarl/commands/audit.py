@@ -74,11 +74,15 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         store.close()
+    if report.steps_in_store == 0:
+        print(f"deltarl audit: run {args.run!r} has no rollouts in {args.store}", file=sys.stderr)
+        return 1
     rescore_failed = sum(not _outcome_ok(o) for o in rescored)
     if args.json:
         print(json.dumps({
             "run": report.run, "ok": report.ok and not rescore_failed, "versions_in_chain": report.versions_in_chain,
             "steps": [dict(s.__dict__, versions=dict(s.versions)) for s in report.steps],
+            "chain": report.chain,
             "failures": [f.__dict__ for f in report.failures],
             "rescored": len(rescored), "rescore_failed": rescore_failed,
             "rescore_flagged": [_outcome_dict(o) for o in rescored if not _outcome_ok(o)],
@@ -97,16 +101,16 @@ def _print_tables(report: Any, rescored: list[Any], rescore_failed: int) -> None
     for col in ("step", "state", "results", "prompts", "samples", "tokens", "versions", "failures"):
         table.add_column(col, justify="right" if col not in ("state", "versions") else "left")
     for s in report.steps:
-        versions = ", ".join(f"{v[:10]}…×{n}" for v, n in s.versions.most_common(3))
+        versions = ", ".join(f"{report.version_label(v)}×{n}" for v, n in s.versions.most_common(4))
         table.add_row(str(s.step), s.state, str(s.results), str(s.prompts), str(s.samples), str(s.tokens),
                       versions, f"[red]{s.failures}[/red]" if s.failures else "0")
     console.print(table)
     if report.failures:
         ft = Table(title=f"{len(report.failures)} failed checks")
-        for col in ("step", "check", "key", "detail"):
+        for col in ("step", "check", "object", "detail"):
             ft.add_column(col)
         for f in report.failures[:50]:
-            ft.add_row("" if f.step is None else str(f.step), f.check, f.key, f.detail)
+            ft.add_row("" if f.step is None else str(f.step), f.check, f.key.rsplit("/", 1)[-1], f.detail)
         console.print(ft)
     if rescored:
         console.print(f"rescored {len(rescored)} samples: {rescore_failed} did not match within tolerance")

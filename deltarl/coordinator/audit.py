@@ -60,6 +60,13 @@ class AuditReport:
     steps: list[StepAudit] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     records: list[AdmittedRecord] = field(default_factory=list)
+    chain: dict[str, int] = field(default_factory=dict)
+    steps_in_store: int = 0
+
+    def version_label(self, version_id: str) -> str:
+        """``v<n>`` for a version in the chain, else ``?<id prefix>``."""
+        n = self.chain.get(version_id)
+        return f"v{n}" if n is not None else f"?{version_id[:8]}"
 
     @property
     def ok(self) -> bool:
@@ -89,7 +96,7 @@ class _Auditor:
     def __init__(self, store: ObjectStore, run: str, chain: dict[str, int]) -> None:
         self.cs = CoordinatorStore(store, run)
         self.chain = chain
-        self.report = AuditReport(run=run, versions_in_chain=len(chain))
+        self.report = AuditReport(run=run, versions_in_chain=len(chain), chain=chain)
         prefix = self.cs.actors_prefix
         self.actors = {k[len(prefix) : -len(".json")] for k in store.list(prefix)}
 
@@ -192,7 +199,9 @@ def audit_run(store: ObjectStore, run: str, steps: tuple[int | None, int | None]
     if chain_error is not None:
         auditor.fail(None, f"{run}/versions/", "chain", f"version chain unreadable: {chain_error}")
     lo, hi = steps
-    for n in auditor.cs.steps(with_spec=False):
+    stored = auditor.cs.steps(with_spec=False)
+    auditor.report.steps_in_store = len(stored)
+    for n in stored:
         if (lo is None or n >= lo) and (hi is None or n < hi):
             auditor.step(n)
     return auditor.report

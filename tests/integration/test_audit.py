@@ -66,6 +66,7 @@ async def test_clean_run_passes_and_cli_exits_zero(published: tuple[LocalStore, 
     assert main(["audit", RUN, "--store", store.url]) == 0
     assert "OK" in capsys.readouterr().out
     assert main(["audit", RUN, "--store", store.url, "--steps", "1:"]) == 0
+    assert main(["audit", "no-such-run", "--store", store.url]) == 1
     store.close()
 
 
