@@ -187,7 +187,7 @@ class Fetcher:
 
     def _plan(self, ref: ObjectRef) -> _Object:
         ranges = [(o, min(o + self.range_bytes, ref.size)) for o in range(0, ref.size, self.range_bytes)]
-        return _Object(ref=ref, buf=bytearray(ref.size), ranges=ranges, missing=set(range(len(ranges))))
+        return _Object(ref=ref, buf=bytearray(), ranges=ranges, missing=set(range(len(ranges))))  # buffer: on first range
 
     def _requeue_after_mismatch(self, obj: _Object, work: asyncio.Queue[tuple[_Object, int] | None]) -> None:
         self.stats.integrity_refetches += 1
@@ -201,7 +201,7 @@ class Fetcher:
         obj.source = nxt
         obj.used.clear()
         obj.missing = set(range(len(obj.ranges)))
-        obj.buf = bytearray(obj.ref.size)
+        obj.buf = bytearray()
         for idx in range(len(obj.ranges)):
             work.put_nowait((obj, idx))  # it re-enters `done` once these complete
 
@@ -221,6 +221,8 @@ class Fetcher:
                 obj.failed = err
                 done.put_nowait(obj)
                 continue
+            if len(obj.buf) != obj.ref.size:
+                obj.buf = bytearray(obj.ref.size)  # allocated when the first range lands
             obj.buf[start:end] = data
             obj.used.add(i)
             name = self.sources[i].name

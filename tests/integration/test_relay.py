@@ -241,3 +241,19 @@ async def test_chained_relays_carry_one_copy_per_hop(relay_chain: RelayChain) ->
     assert b["deltarl_relay_upstream_bytes_total"] == len(data)
     assert a["deltarl_relay_served_bytes_total"] == len(data)
     assert a["deltarl_relay_upstream_bytes_total"] == len(data)
+
+
+async def test_long_poll_through_a_chain(relay_chain: RelayChain) -> None:
+    data = os.urandom(500_000)
+
+    async def upload_later() -> None:
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(relay_chain.origin.put_if_absent, SEG, data)
+
+    async with RelayClient(relay_chain.b.url) as client:
+        task = asyncio.ensure_future(upload_later())
+        info, got = await asyncio.gather(client.head(SEG, wait=10), client.get(SEG, wait=10))
+        await task
+    assert (info.size, got) == (len(data), data)
+    assert relay_chain.a.counters()["deltarl_relay_upstream_pulls_total"] == 1
+    assert relay_chain.b.counters()["deltarl_relay_upstream_pulls_total"] == 1
