@@ -15,3 +15,17 @@ def test_makespan_within_10_percent_of_ideal_and_beats_equal_split() -> None:
         assert equal["makespan_s"] > ours["makespan_s"]
         assert ours["revoked"] == 1  # the dead actor's lease went back to the pool
         assert sum(ours["share"]) == 128
+
+
+def test_5000_and_2500_tok_s_split_300_prompts_200_100_and_finish_together() -> None:
+    from deltarl.coordinator.records import PromptItem, StepSpec
+    from deltarl.coordinator.simulate import Fleet
+
+    fleet = Fleet(base=[5000.0, 2500.0], factors=[[1.0], [1.0]], period=1e9, death={})
+    spec = StepSpec(step=0, prompts=[PromptItem(prompt_id=f"p{i}", text="") for i in range(300)], accepted_versions=["v1"])
+    lengths = {p.prompt_id: [500] for p in spec.prompts}
+    out = simulate(SchedulerConfig(prior_tokens_per_sample=500.0), fleet, spec, lengths)
+    fast, slow = out["share"]
+    assert abs(fast - 200) <= 3
+    assert fast + slow == 300
+    assert out["makespan_s"] <= 1.02 * fleet.ideal(300 * 500)  # they finish together
