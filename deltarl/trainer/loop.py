@@ -141,8 +141,11 @@ class TrainerLoop:
             if sample.reward is None:
                 raise RunError(f"sample of {sample.prompt_id!r} carries no reward and recompute_rewards is off")
             return float(sample.reward)
+        answer = self._answers.get(sample.prompt_id)
+        if answer is None:
+            raise RunError(f"a result holds prompt {sample.prompt_id!r}, which the current step did not open")
         text = self.tokenizer.decode(list(sample.completion_token_ids))
-        return self.task.score(self._answers[sample.prompt_id], text, sample.finish_reason)
+        return self.task.score(answer, text, sample.finish_reason)
 
     def model_info(self) -> RunModelInfo:
         """What ``<run>/model.json`` records for this configuration."""
