@@ -276,6 +276,20 @@ class Scheduler:
             del st.leased[pid]
         st.pool.push_front(back)
         self.counters[f"leases_{status.value}"] += 1
+        if status is LeaseStatus.EXPIRED:  # it could not do the work in time: it is at most this fast
+            actor = self.actors[rec.actor_id]
+            bound = rec.expected_tokens / max(self.now() - rec.granted_at, 1e-6)
+            if bound < self.rate_of(rec.actor_id):
+                actor.rate, actor.measured = bound, True
+
+    def _observe(self, actor: ActorState, tokens: int, seconds: float) -> None:
+        """Fold one measured speed into the actor's EMA (the first one replaces the prior)."""
+        if seconds <= 0 or tokens <= 0:
+            return
+        sample = tokens / seconds
+        a = self.config.ema_alpha
+        actor.rate = sample if not actor.measured else a * sample + (1 - a) * actor.rate
+        actor.measured = True
 
     def tick(self) -> list[str]:
         """Declare silent actors dead (revoking their leases) and expire overdue leases.
@@ -331,6 +345,10 @@ class Scheduler:
         if lease.status is LeaseStatus.ACTIVE and now > rec.deadline:
             self._release(lease, LeaseStatus.EXPIRED)
         if lease.status is LeaseStatus.EXPIRED:
+            if not lease.late_seen:  # rejected, but it tells how fast its actor really is
+                lease.late_seen = True
+                actor = self.actors[rec.actor_id]
+                self._observe(actor, result.tokens, now - max(rec.granted_at, actor.last_admit_at))
             return self._reject(Reason.LEASE_EXPIRED, f"lease {rec.lease_id} expired at {rec.deadline:.3f}")
         if lease.status is LeaseStatus.REVOKED:
             return self._reject(Reason.LEASE_REVOKED, f"lease {rec.lease_id} was revoked (actor declared dead)")
@@ -370,12 +388,7 @@ class Scheduler:
         actor = self.actors[rec.actor_id]
         actor.leases.discard(rec.lease_id)
         tokens, samples = record.result.tokens, len(record.result.samples)
-        elapsed = record.admitted_at - max(rec.granted_at, actor.last_admit_at)
-        if elapsed > 0 and tokens > 0:
-            sample = tokens / elapsed
-            a = self.config.ema_alpha
-            actor.rate = sample if not actor.measured else a * sample + (1 - a) * actor.rate
-            actor.measured = True
+        self._observe(actor, tokens, record.admitted_at - max(rec.granted_at, actor.last_admit_at))
         actor.last_admit_at = max(actor.last_admit_at, record.admitted_at)
         actor.admitted_prompts += len(rec.prompt_ids)
         actor.admitted_tokens += tokens

@@ -69,6 +69,7 @@ class LeaseState:
     status: LeaseStatus = LeaseStatus.ACTIVE
     digest: str | None = None
     key: str | None = None
+    late_seen: bool = False
 
 
 class Pool:

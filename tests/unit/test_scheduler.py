@@ -121,10 +121,12 @@ def test_expired_lease_returns_prompts_and_late_result_is_rejected() -> None:
     assert len(sched.steps[1].pool) == 3
     assert admit(sched, result_for(lease)) == ("reject", None, Reason.LEASE_EXPIRED)
     assert sched.rejections["lease_expired"] == 1
-    again = sched.request_lease(a)
-    assert again is not None
-    assert again.lease_id != lease.lease_id
-    assert admit(sched, result_for(again))[:2] == ("admit", True)
+    assert sched.rate_of(a) < sched.config.prior_tokens_per_second  # it proved slower than assumed
+    complete = False
+    while (again := sched.request_lease(a)) is not None:
+        assert again.lease_id != lease.lease_id
+        complete = bool(admit(sched, result_for(again))[1])
+    assert complete
     sched.check_invariants()
 
 

@@ -29,3 +29,17 @@ def test_5000_and_2500_tok_s_split_300_prompts_200_100_and_finish_together() -> 
     assert abs(fast - 200) <= 3
     assert fast + slow == 300
     assert out["makespan_s"] <= 1.02 * fleet.ideal(300 * 500)  # they finish together
+
+
+def test_an_actor_far_slower_than_the_prior_is_not_starved_by_expiring_probes() -> None:
+    from deltarl.coordinator.records import PromptItem, StepSpec
+    from deltarl.coordinator.simulate import Fleet
+
+    fleet = Fleet(base=[20.0], factors=[[1.0]], period=1e9, death={})  # 50x slower than the prior
+    spec = StepSpec(step=0, prompts=[PromptItem(prompt_id=f"p{i}", text="") for i in range(20)], accepted_versions=["v1"])
+    lengths = {p.prompt_id: [100] for p in spec.prompts}
+    cfg = SchedulerConfig(prior_tokens_per_second=1000.0, lease_margin_s=5.0, heartbeat_timeout_s=1e9)
+    out = simulate(cfg, fleet, spec, lengths)
+    assert out["share"] == [20]
+    assert out["expired"] <= 2
+    assert out["makespan_s"] <= 1.5 * fleet.ideal(20 * 100)
