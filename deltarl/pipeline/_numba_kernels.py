@@ -7,6 +7,7 @@ import numpy as np
 from numba import njit
 
 _BLOCK = 64
+_CLZ8 = np.array([8] + [7 - int(np.log2(b)) for b in range(1, 256)], dtype=np.int64)
 
 
 @njit(cache=True, nogil=True)
@@ -156,13 +157,20 @@ def rice_decode(unary, rem, ks, count, escape, out):
         while True:
             if up >= nbits_u:
                 return 1, esc
-            bit = (unary[up >> 3] >> (7 - (up & 7))) & 1
-            up += 1
-            if bit:
-                break
-            q += 1
-            if q > escape:
-                return 2, esc
+            off = up & 7
+            b = (np.int64(unary[up >> 3]) << off) & 0xFF
+            if b == 0:
+                q += 8 - off
+                up += 8 - off
+                if q > escape:
+                    return 2, esc
+                continue
+            z = _CLZ8[b]
+            q += z
+            up += z + 1
+            break
+        if q > escape:
+            return 2, esc
         if q == escape:
             esc[i] = True
         else:

@@ -26,18 +26,27 @@ from deltarl.pipeline.tensors import TensorSpec, flat_bits, is_cuda, tensor_tabl
 log = logging.getLogger(__name__)
 
 
+def _device_flat(name: str, value: Any) -> Any:
+    torch = sys.modules["torch"]
+    if not value.is_contiguous():
+        raise TensorMismatch(f"tensor {name!r} is not contiguous")
+    return value.detach().view(-1).view(torch.int16 if value.element_size() == 2 else torch.int32)
+
+
 def _old_range(name: str, value: Any, start: int, stop: int) -> np.ndarray:
     """Old bits of elements [start, stop) as a numpy array (a view for CPU tensors)."""
     if is_cuda(value):
-        torch = sys.modules["torch"]
-        signed = torch.int16 if value.element_size() == 2 else torch.int32
-        host = value.detach().reshape(-1)[start:stop].view(signed).cpu().numpy()
+        host = _device_flat(name, value)[start:stop].cpu().numpy()
         return host.view(np.uint16 if value.element_size() == 2 else np.uint32)
     return flat_bits(name, value)[start:stop]
 
 
 class StagedUpdate:
-    """A fully decoded delta, ready to be committed in place (and rolled back)."""
+    """A fully decoded delta, ready to be committed in place (and rolled back).
+
+    ``changed_elements`` counts the elements the update writes, ``tensors`` names the tensors
+    with at least one of them (sorted), ``base`` is the version id the update applies to.
+    """
 
     def __init__(
         self, state: Mapping[str, Any], base: str, staged: dict[str, tuple[np.ndarray, ...]]
@@ -77,9 +86,7 @@ class StagedUpdate:
 def _gather(name: str, value: Any, pos: np.ndarray) -> np.ndarray:
     if is_cuda(value):
         torch = sys.modules["torch"]
-        signed = torch.int16 if value.element_size() == 2 else torch.int32
-        flat = value.detach().reshape(-1).view(signed)
-        got = flat[torch.from_numpy(pos).to(value.device)].cpu().numpy()
+        got = _device_flat(name, value)[torch.from_numpy(pos).to(value.device)].cpu().numpy()
         return got.view(np.uint16 if value.element_size() == 2 else np.uint32)
     return flat_bits(name, value)[pos]
 
@@ -88,7 +95,7 @@ def _scatter(name: str, value: Any, pos: np.ndarray, vals: np.ndarray) -> None:
     if is_cuda(value):
         torch = sys.modules["torch"]
         signed = np.int16 if vals.dtype.itemsize == 2 else np.int32
-        flat = value.detach().view(-1).view(torch.int16 if signed is np.int16 else torch.int32)
+        flat = _device_flat(name, value)
         idx = torch.from_numpy(pos).to(value.device, non_blocking=True)
         src = torch.from_numpy(vals.view(signed)).to(value.device, non_blocking=True)
         flat.index_copy_(0, idx, src)

@@ -10,6 +10,7 @@ from deltarl.pipeline import (
     BF16,
     Stager,
     apply_delta,
+    check_compatible,
     delta_stats,
     encode_delta,
     iter_encode_delta,
@@ -145,3 +146,41 @@ def test_import_is_light() -> None:
 
     code = "import sys, deltarl.pipeline; assert 'torch' not in sys.modules and 'numba' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_check_compatible_and_tensor_table() -> None:
+    old, _ = _pair(6)
+    table = tensor_table(old)
+    assert [(t.name, t.dtype, t.shape) for t in table] == [
+        ("a.weight", "float32", (500, 100)),
+        ("b.bias", "float16", (5000,)),
+        ("c", "bfloat16", (50000,)),
+    ]
+    check_compatible(old, table)
+    with pytest.raises(TensorMismatch, match="missing"):
+        check_compatible({"a.weight": old["a.weight"]}, table)
+    with pytest.raises(TensorMismatch, match="float32"):
+        check_compatible({**old, "a.weight": old["a.weight"].astype(np.float16)}, table)
+
+
+def test_non_contiguous_and_read_only_states_are_refused() -> None:
+    old, new = _pair(7)
+    segs = encode_delta(old, new, base="b")
+    state = _copy(old)
+    state["a.weight"] = np.asfortranarray(state["a.weight"])
+    with pytest.raises(TensorMismatch, match="contiguous"):
+        stage_delta(state, segs, base="b")
+    state = _copy(old)
+    upd = stage_delta(state, segs, base="b")
+    state["b.bias"].flags.writeable = False
+    with pytest.raises(TensorMismatch, match="read-only"):
+        upd.commit()
+
+
+def test_empty_state_and_zero_size_tensors() -> None:
+    assert len(encode_delta({}, {}, base="e")) == 1
+    apply_delta({}, encode_delta({}, {}, base="e"), base="e")
+    z = {"z": np.zeros((0, 4), dtype=np.float32)}
+    segs = encode_delta(z, z, base="e")
+    assert delta_stats(segs).total_elements == 0
+    apply_delta({"z": np.zeros((0, 4), dtype=np.float32)}, segs, base="e")
