@@ -9,6 +9,7 @@ Routes (JSON bodies are the models in :mod:`deltarl.coordinator.records`)::
     POST /steps               trainer  StepSpec         -> StepOpened
     GET  /steps/{n}/results   trainer  ?timeout=S       -> StepResults (long-poll until complete or S)
     GET  /status              any      fleet view: actors, EMA speeds, shares, leases, steps, counters
+    GET  /metrics             any      the same as Prometheus text
 
 Every request carries ``Authorization: Bearer <token>``; an unknown token gets 401, a token of the
 wrong role 403. Store I/O runs in worker threads; the scheduler is touched only on the event loop.
@@ -29,6 +30,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from deltarl.coordinator.config import CoordinatorConfig
+from deltarl.coordinator.metrics import CoordinatorMetrics
 from deltarl.coordinator.persistence import CoordinatorStore, RecordConflict, build_manifest, recover
 from deltarl.coordinator.records import (
     Ack,
@@ -260,6 +262,7 @@ class UnknownStep(CoordinatorError, LookupError):
 
 COORDINATOR_KEY = web.AppKey("coordinator", Coordinator)
 TOKENS_KEY = web.AppKey("tokens", dict)
+METRICS_KEY = web.AppKey("metrics", CoordinatorMetrics)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -343,6 +346,13 @@ async def _status(c: Coordinator, r: web.Request) -> web.Response:
     return web.json_response(c.status())
 
 
+async def _metrics(c: Coordinator, r: web.Request) -> web.Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    body = r.app[METRICS_KEY].render(c.scheduler)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 def create_app(coordinator: Coordinator, *, start: bool = True) -> web.Application:
     """The aiohttp app; with ``start`` it recovers state on startup and stops the ticker on cleanup."""
     svc = coordinator.config.service
@@ -354,6 +364,7 @@ def create_app(coordinator: Coordinator, *, start: bool = True) -> web.Applicati
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app[COORDINATOR_KEY] = coordinator
     app[TOKENS_KEY] = tokens
+    app[METRICS_KEY] = CoordinatorMetrics()
     app.router.add_post("/register", _route("actor", _register))
     app.router.add_post("/lease", _route("actor", _lease))
     app.router.add_post("/result", _route("actor", _result))
@@ -361,6 +372,7 @@ def create_app(coordinator: Coordinator, *, start: bool = True) -> web.Applicati
     app.router.add_post("/steps", _route("trainer", _open_step))
     app.router.add_get("/steps/{step}/results", _route("trainer", _step_results))
     app.router.add_get("/status", _route(None, _status))
+    app.router.add_get("/metrics", _route(None, _metrics))
     if start:
         async def _startup(_: web.Application) -> None:
             await coordinator.start()

@@ -110,6 +110,12 @@ async def test_forged_results_are_rejected_with_reasons(coordinator_service: Run
         assert (await actor.report(make_result(grant))).admitted
         status = await actor.status()
         assert status["rejections"] == {"version_not_accepted": 1, "wrong_actor": 1, "unknown_lease": 1}
+    async with aiohttp.ClientSession() as s, \
+            s.get(url + "/metrics", headers={"Authorization": f"Bearer {ACTOR_TOKEN}"}) as r:
+        assert r.status == 200
+        text = await r.text()
+    assert 'deltarl_coordinator_rejections_total{reason="wrong_actor"} 1.0' in text
+    assert 'deltarl_coordinator_actors{alive="true"} 2.0' in text
     # Nothing forged reached the store.
     keys = list(coordinator_service.store.list(f"{RUN}/rollouts/step-000000000000/results/"))
     assert len(keys) == 1
