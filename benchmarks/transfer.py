@@ -174,7 +174,7 @@ async def bench_cut_through(tmp: Path, n_segments: int, seg_bytes: int, cut_thro
     blobs = [os.urandom(seg_bytes) for _ in range(n_segments)]
     refs = [ObjectRef.of(seg_key(1, i), b) for i, b in enumerate(blobs)]
     seg_time = seg_bytes * 8 / RATE
-    relays = Relays(tmp / f"cut-{cut_through}")
+    relays = Relays(Path(tempfile.mkdtemp(prefix=f"cut-{cut_through}-", dir=tmp)))  # fresh caches: new bytes, same keys
     try:
         opts = {"cut_through": cut_through, "piece_bytes": 256 << 10, "pull_streams": 8}
         front = await relays.start(origin, **opts)
@@ -283,7 +283,15 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
             out["fanout"] = await bench_fanout(tmp, 4 if q else 8, (1 if q else 2) << 20)
         if "cutthrough" in only:
             n, size = (6, 1 << 20) if q else (8, 4 << 20)
-            out["cut_through"] = [await bench_cut_through(tmp, n, size, ct) for ct in (True, False)]
+            runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+            for _ in range(args.repeat):  # alternate, so background load hits both alike
+                for ct in (True, False):
+                    runs[ct].append(await bench_cut_through(tmp, n, size, ct))
+            out["cut_through"] = []
+            for rs in runs.values():
+                times = sorted(r["first_landed_to_last_verified_s"] for r in rs)
+                best = min(rs, key=lambda r: r["first_landed_to_last_verified_s"])
+                out["cut_through"].append({**best, "runs_s": times, "median_s": times[len(times) // 2]})
         if "faults" in only:
             n, size = (4, 1 << 20) if q else (6, 2 << 20)
             out["faults"] = [
@@ -299,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller objects (about a minute)")
     parser.add_argument("--only", default="streams,fanout,cutthrough,faults")
+    parser.add_argument("--repeat", type=int, default=3, help="cut-through runs per mode (best and median reported)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
@@ -331,13 +340,14 @@ def main(argv: list[str] | None = None) -> int:
                   " / ".join(f"{c:.0f}" for c in f["relay_upstream_pulls"]), str(f["all_exact"]), f"{f['seconds']:.2f}")  # fmt: skip
         console.print(t)
     if "cut_through" in res:
-        t = Table(title="3. cut-through: first segment at the origin -> last segment verified at the actor, 2 WAN hops")
-        for col in ("relays", "segments", "elapsed s", "WAN transfer s", "one segment s", "excess (segments)"):
+        t = Table(title=f"3. cut-through: first segment at the origin -> last segment verified at the actor, 2 WAN hops "
+                        f"(best of {args.repeat})")  # fmt: skip
+        for col in ("relays", "segments", "best s", "median s", "WAN transfer s", "one segment s", "excess of best (segments)"):
             t.add_column(col, justify="right")
         for r in res["cut_through"]:
             t.add_row("cut-through" if r["cut_through"] else "store-and-forward", f"{r['segments']} x {r['segment_bytes'] >> 20} MiB",
-                      f"{r['first_landed_to_last_verified_s']:.2f}", f"{r['wan_transfer_s']:.2f}", f"{r['segment_time_s']:.2f}",
-                      f"{r['excess_over_transfer_in_segments']:.2f}")  # fmt: skip
+                      f"{r['first_landed_to_last_verified_s']:.2f}", f"{r['median_s']:.2f}", f"{r['wan_transfer_s']:.2f}",
+                      f"{r['segment_time_s']:.2f}", f"{r['excess_over_transfer_in_segments']:.2f}")  # fmt: skip
         console.print(t)
     if "faults" in res:
         t = Table(title="4. faults: 4 actors; sources in order: faulty relay (behind a link), relay 2, origin")
@@ -348,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                       str(r["integrity_refetches"]), f"{r['relay_integrity_failures']:.0f}",
                       ", ".join(f"{k}: {v / 2**20:.1f} MiB" for k, v in sorted(r["bytes_by_source"].items())))  # fmt: skip
         console.print(t)
-    doc = {"benchmark": "transfer", "quick": args.quick, "scale_of_1gbps": SCALE, "rate_bps": RATE, "rtt_s": RTT,
+    doc = {"benchmark": "transfer", "quick": args.quick, "load_average_at_end": os.getloadavg(), "scale_of_1gbps": SCALE, "rate_bps": RATE, "rtt_s": RTT,
            "window_bytes": WINDOW, "cpus": os.cpu_count(),
            "note": "emulated links (asyncio proxy) at 1/10 scale; measured on a shared 2-core box, noisy", **res}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)

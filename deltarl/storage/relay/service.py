@@ -175,26 +175,33 @@ class ObjectService:
         try:
             piece = self.config.piece_bytes
             offsets = list(range(0, size, piece))
-            inflight: list[tuple[int, asyncio.Task[bytes]]] = []
+            inflight: dict[asyncio.Task[bytes], int] = {}
+            landed: dict[int, bytes] = {}  # pieces that arrived ahead of the contiguous prefix
             nxt = 0
             pull.notify()
             while pull.prefix < size:
-                while len(inflight) < self.config.pull_streams and nxt < len(offsets):
+                # A new piece starts as soon as any finishes (no head-of-line wait), bounded so that
+                # early pieces held for hashing stay within 2 x pull_streams.
+                while len(inflight) < self.config.pull_streams and len(inflight) + len(landed) < 2 * self.config.pull_streams and nxt < len(offsets):
                     o = offsets[nxt]
                     nxt += 1
-                    inflight.append((o, asyncio.ensure_future(self._piece(key, o, min(o + piece, size)))))
-                o, task = inflight.pop(0)
+                    inflight[asyncio.ensure_future(self._piece(key, o, min(o + piece, size)))] = o
                 try:
-                    data = await task
+                    finished, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                    for task in finished:
+                        o = inflight.pop(task)
+                        landed[o] = task.result()
                 except BaseException:
-                    for _, t in inflight:
+                    for t in inflight:
                         t.cancel()
-                    await asyncio.gather(*(t for _, t in inflight), return_exceptions=True)
+                    await asyncio.gather(*inflight, return_exceptions=True)
                     raise
-                os.pwrite(fd, data, o)
-                hasher.update(data)
-                pull.prefix += len(data)
-                self.metrics.bytes_in.inc(len(data))
+                while pull.prefix in landed:
+                    data = landed.pop(pull.prefix)
+                    os.pwrite(fd, data, pull.prefix)
+                    hasher.update(data)
+                    pull.prefix += len(data)
+                    self.metrics.bytes_in.inc(len(data))
                 pull.notify()
             sha = hasher.hexdigest()
             expected = await expected_task if expected_task is not None else None
