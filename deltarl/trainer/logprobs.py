@@ -53,8 +53,10 @@ def completion_logprobs(
             mask[i, : len(c)] = 1.0
     ids, attn = ids.to(device), attn.to(device)
     gather_pos, targets, mask = gather_pos.to(device), targets.to(device), mask.to(device)
-    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
-    picked = logits.gather(1, gather_pos[:, :, None].expand(-1, -1, logits.shape[-1])).float()
+    # logits only from the first position that predicts a completion token on (not the prompts)
+    first = min(len(p) for p in prompts) - 1
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=width - first).logits
+    picked = logits.gather(1, (gather_pos - first).clamp(min=0)[:, :, None].expand(-1, -1, logits.shape[-1])).float()
     if temperature > 0:
         picked = picked / temperature
     logp = torch.log_softmax(picked, dim=-1).gather(2, targets[:, :, None]).squeeze(2)

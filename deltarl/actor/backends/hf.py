@@ -55,6 +55,8 @@ class HFBackend:
         self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(seed)
         self._meter = ThroughputMeter()
+        self.last_compute_s = 0.0  # compute time of the last generate call
+        self.last_throttle_s = 0.0  # throttle sleep added after it
 
     @classmethod
     def from_spec(
@@ -117,8 +119,10 @@ class HFBackend:
         for i in range(0, len(rows), self.max_batch):
             out.extend(self._generate_batch(rows[i : i + self.max_batch], max_new_tokens, temperature))
         elapsed = time.perf_counter() - t0
-        if self.throttle > 1.0:
-            time.sleep(elapsed * (self.throttle - 1.0))
+        self.last_compute_s = elapsed
+        self.last_throttle_s = elapsed * (self.throttle - 1.0)
+        if self.last_throttle_s > 0:
+            time.sleep(self.last_throttle_s)
         tokens = sum(len(g.completion_token_ids) for g in out)
         self._meter.record(tokens, time.perf_counter() - t0)
         log.debug("generated %d completions, %d tokens in %.3fs", len(out), tokens, time.perf_counter() - t0)
