@@ -95,6 +95,8 @@ def test_completion_logprobs_shapes_and_mask(tiny_model: Any) -> None:
     # row independence: the same row alone gives the same numbers
     alone, _ = completion_logprobs(tiny_model, [[257]], [[7, 8, 9]], temperature=1.0, pad_token_id=256)
     assert torch.allclose(alone[0], logp[1], atol=1e-5)
+    first_alone, _ = completion_logprobs(tiny_model, [[257, 1, 2]], [[5, 6]], temperature=1.0, pad_token_id=256)
+    assert torch.allclose(first_alone[0], logp[0, :2], atol=1e-5)  # fewer logits kept, same numbers
     hot, _ = completion_logprobs(tiny_model, [[257]], [[7, 8, 9]], temperature=2.0, pad_token_id=256)
     assert not torch.allclose(hot[0], alone[0])
 
