@@ -91,7 +91,7 @@ def test_local_put_if_absent_threads(tmp_path: Path) -> None:
 
 def test_local_readers_never_see_a_partial_object(tmp_path: Path) -> None:
     store = LocalStore(tmp_path, fsync=False)
-    a, b = b"a" * (4 << 20), b"b" * (4 << 20)
+    a, b = b"a" * (1 << 20), b"b" * (1 << 20)
     store.put("seg", a)
     stop = threading.Event()
 

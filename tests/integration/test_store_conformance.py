@@ -120,20 +120,25 @@ def test_delete_idempotent(store: ObjectStore) -> None:
     assert store.get("d/x") == b"again"
 
 
-@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "..", "a//b", "a/", "./a", "a\\b", "a\x00b"])
-def test_invalid_keys(store: ObjectStore, key: str) -> None:
-    for call in (
-        lambda: store.get(key),
-        lambda: store.put(key, b"x"),
-        lambda: store.put_if_absent(key, b"x"),
-        lambda: store.cas(key, b"x", None),
-        lambda: store.exists(key),
-        lambda: store.delete(key),
-        lambda: store.head(key),
-        lambda: store.get_range(key, 0),
-    ):
-        with pytest.raises(InvalidKey):
-            call()
+INVALID_KEYS = ["", "/abs", "a/../b", "..", "a//b", "a/", "./a", "a\\b", "a\x00b"]
+
+
+def test_invalid_keys(store: ObjectStore) -> None:
+    calls = [
+        ("get", ()),
+        ("put", (b"x",)),
+        ("put_if_absent", (b"x",)),
+        ("cas", (b"x", None)),
+        ("exists", ()),
+        ("delete", ()),
+        ("head", ()),
+        ("get_range", (0,)),
+    ]
+    for key in INVALID_KEYS:
+        for name, args in calls:
+            with pytest.raises(InvalidKey):
+                getattr(store, name)(key, *args)
+    assert list(store.list()) == []  # nothing was written
 
 
 def test_large_object_round_trip(store: ObjectStore) -> None:
