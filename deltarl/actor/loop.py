@@ -171,7 +171,7 @@ class ActorLoop:
         if not self.weights.bootstrap(self.backend.state_dict_for_update(), timeout_s=cfg.bootstrap_timeout_s, stop=self._stop):
             return
         self.events.emit("bootstrap", version=self.weights.version, version_id=self.weights.version_id,
-                         seconds=round(time.perf_counter() - t0, 4))
+                         seconds=round(time.perf_counter() - t0, 4), fetch=self.weights.fetch_stats())
         log.info("actor %s bootstrapped version %d in %.2fs", self.name, self.weights.version, time.perf_counter() - t0)
 
     def _wait_model_json(self, store: ObjectStore) -> Any:
