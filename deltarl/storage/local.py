@@ -17,7 +17,9 @@ Atomicity:
   processes on one host (and on NFS only where ``flock`` is honoured).
 
 ETags are the MD5 hex of the content (what S3 gives a single-part PUT): stable across restarts,
-and a swap between two equal contents is harmless. A limit of the file system: a key cannot be
+and a swap between two equal contents is harmless. So that ``head`` of a 16 GB keyframe does not
+hash 16 GB, the ETag is recorded at write time in an extended attribute (``user.deltarl.md5``,
+stamped with size and mtime); files without it (copied in, or no xattr support) are hashed. A limit of the file system: a key cannot be
 both an object and a "directory" of other keys (``a`` and ``a/b``); such a write raises
 ``StoreError``.
 """
@@ -47,6 +49,25 @@ log = logging.getLogger(__name__)
 TMP_DIR = ".deltarl-tmp"
 _LOCK_STRIPES = 64
 _READ_CHUNK = 1 << 20
+_ETAG_XATTR = "user.deltarl.md5"
+
+
+def _remember_etag(fd: int, etag: str) -> None:
+    """Record ``etag`` on the file (xattr), stamped with its size and mtime so edits invalidate it."""
+    st = os.fstat(fd)
+    try:
+        os.setxattr(fd, _ETAG_XATTR, f"{etag} {st.st_size} {st.st_mtime_ns}".encode())
+    except OSError as err:  # no xattrs on this file system: head() hashes instead
+        log.debug("cannot record ETag xattr: %s", err)
+
+
+def _recall_etag(fd: int, st: os.stat_result) -> str | None:
+    """The recorded ETag if it is there and the file's size and mtime still match, else None."""
+    try:
+        etag, size, mtime_ns = os.getxattr(fd, _ETAG_XATTR).decode().split()
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return etag if (int(size), int(mtime_ns)) == (st.st_size, st.st_mtime_ns) else None
 
 
 class LocalStore(ObjectStore):
@@ -99,22 +120,29 @@ class LocalStore(ObjectStore):
         finally:
             os.close(fd)  # closing the descriptor releases the flock
 
-    def _write_temp(self, data: bytes) -> Path:
+    def _write_temp(self, data: bytes, etag: str) -> Path:
         tmp = self._tmp / f"{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if self.fsync:
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
                 f.flush()
-                os.fsync(f.fileno())
+                if self.fsync:
+                    os.fsync(f.fileno())
+                _remember_etag(f.fileno(), etag)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"{self.url}: cannot write a temp file: {err}") from err
         return tmp
 
-    def _install(self, key: str, data: bytes, how: Callable[[Path, Path], None]) -> None:
+    def _install(self, key: str, data: bytes, how: Callable[[Path, Path], None]) -> str:
         """Write ``data`` to a temp file and move it to ``key`` with ``how`` (rename or link).
 
-        ``FileExistsError`` from ``how`` (a ``link`` onto an existing key) propagates as is.
+        Return the ETag. ``FileExistsError`` from ``how`` (a ``link`` onto an existing key)
+        propagates as is.
         """
         path = self._path(key)
-        tmp = self._write_temp(data)
+        etag = etag_of(data)
+        tmp = self._write_temp(data, etag)
         try:
             for attempt in range(3):
                 try:
@@ -138,6 +166,7 @@ class LocalStore(ObjectStore):
             raise StoreError(f"{self.url}: cannot write {key!r}: {err}") from err
         finally:
             tmp.unlink(missing_ok=True)
+        return etag
 
     @staticmethod
     def _fsync_dir(path: Path) -> None:
@@ -182,42 +211,41 @@ class LocalStore(ObjectStore):
 
     def head(self, key: str) -> ObjectInfo:
         fd = self._open(key)
-        md5 = hashlib.md5(usedforsecurity=False)
         with os.fdopen(fd, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            while chunk := f.read(_READ_CHUNK):
-                md5.update(chunk)
-        return ObjectInfo(key=key, size=size, etag=md5.hexdigest())
+            st = os.fstat(f.fileno())
+            etag = _recall_etag(f.fileno(), st)
+            if etag is None:  # not written by a LocalStore, or no xattrs here: hash it
+                md5 = hashlib.md5(usedforsecurity=False)
+                while chunk := f.read(_READ_CHUNK):
+                    md5.update(chunk)
+                etag = md5.hexdigest()
+        return ObjectInfo(key=key, size=st.st_size, etag=etag)
 
     def put(self, key: str, data: bytes) -> str:
         self._path(key)
         with self._locked(key):
-            self._install(key, data, os.replace)
-        return etag_of(data)
+            return self._install(key, data, os.replace)
 
     def put_if_absent(self, key: str, data: bytes) -> str:
         try:
-            self._install(key, data, os.link)
+            return self._install(key, data, os.link)
         except FileExistsError as err:
             raise ObjectExists(f"{self.url}: object {key!r} already exists") from err
-        return etag_of(data)
 
     def cas(self, key: str, data: bytes, expected_etag: str | None) -> str:
         self._path(key)
         with self._locked(key):
             if expected_etag is None:
                 try:
-                    self._install(key, data, os.link)
+                    return self._install(key, data, os.link)
                 except FileExistsError as err:
                     raise PreconditionFailed(f"{self.url}: {key!r} exists (expected absent)") from err
-                return etag_of(data)
             current = self._current_etag(key)
             if current is None:
                 raise ObjectNotFound(f"{self.url}: no object {key!r} to compare-and-swap")
             if current != expected_etag:
                 raise PreconditionFailed(f"{self.url}: {key!r} has ETag {current}, expected {expected_etag}")
-            self._install(key, data, os.replace)
-        return etag_of(data)
+            return self._install(key, data, os.replace)
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()

@@ -10,6 +10,7 @@ import pytest
 
 from deltarl.errors import InvalidKey, ObjectNotFound, StoreError
 from deltarl.storage import LocalStore
+from deltarl.storage.keys import etag_of
 from deltarl.storage.local import TMP_DIR
 
 
@@ -69,3 +70,19 @@ def test_crashed_writer_temp_files_are_swept(tmp_path: Path) -> None:
     assert fresh.exists()
     assert list(store.list()) == []
     assert store.sweep_temp(older_than_s=0) == 1
+
+
+def test_etag_recorded_at_write_and_invalidated_by_edits(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path, fsync=False)
+    etag = store.put("k", b"hello")
+    try:
+        recorded = os.getxattr(tmp_path / "k", "user.deltarl.md5").decode()
+    except OSError:
+        pytest.skip("no user xattrs on this file system: head() hashes every time")
+    assert recorded.split()[0] == etag == etag_of(b"hello")
+    assert store.head("k").etag == etag
+    time.sleep(0.01)
+    (tmp_path / "k").write_bytes(b"jello")  # an edit behind the store's back: same size, new mtime
+    assert store.head("k").etag == etag_of(b"jello")
+    (tmp_path / "copied").write_bytes(b"no xattr")  # a file the store did not write is hashed
+    assert store.head("copied").etag == etag_of(b"no xattr")
