@@ -177,9 +177,8 @@ class HFBackend:
         lp_m = torch.stack(lps, dim=1).cpu().tolist()
         gens: list[Generation] = []
         for trow, lrow in zip(tok_m, lp_m, strict=True):
-            n_keep, reason = len(trow), "length"
-            if self.eos_token_id in trow:
-                n_keep, reason = trow.index(self.eos_token_id) + 1, "stop"
-            fr: FinishReason = "stop" if reason == "stop" else "length"
-            gens.append(Generation([int(t) for t in trow[:n_keep]], [float(x) for x in lrow[:n_keep]], fr))
+            stopped = self.eos_token_id in trow
+            n_keep = trow.index(self.eos_token_id) + 1 if stopped else len(trow)
+            reason: FinishReason = "stop" if stopped else "length"
+            gens.append(Generation([int(t) for t in trow[:n_keep]], [float(x) for x in lrow[:n_keep]], reason))
         return gens
