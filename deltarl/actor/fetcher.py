@@ -90,7 +90,8 @@ class Fetcher:
             raise ValueError("a fetcher needs at least one source")
         if streams < 1 or range_bytes < 1 or attempts_per_source < 1:
             raise ValueError("streams, range_bytes and attempts_per_source must be >= 1")
-        self.sources = [make_source(s, connections=streams, read_timeout_s=read_timeout_s, token=token) for s in sources]
+        # streams for data, plus headroom for the long-polls of a manifest and HEAD held meanwhile
+        self.sources = [make_source(s, connections=streams + 2, read_timeout_s=read_timeout_s, token=token) for s in sources]
         self.streams = streams
         self.range_bytes = range_bytes
         self.retry = retry if retry is not None else RetryPolicy(attempts=attempts_per_source, base_delay=0.05, max_delay=1.0)

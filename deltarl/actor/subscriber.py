@@ -2,10 +2,11 @@
 commit in place at the safe point between batches.
 
 A background task long-polls the next version's manifest through the fetcher (relays hold the
-request until it lands; the origin is polled), checks that it names the version we hold as its
-parent, fetches the segments on several streams, decodes each into a
-:class:`~deltarl.pipeline.Stager` as it arrives (decoding overlaps the transfer), and keeps the
-result as the one staged version. The actor calls :meth:`Subscriber.ready` and
+request until it lands; the origin is polled) and, meanwhile, its segments by key as the trainer
+uploads them (``speculate``, see :mod:`deltarl.actor.staging`), decoding each into a
+:class:`~deltarl.pipeline.Stager` as it arrives. Once the manifest is visible it checks that it
+names the version we hold as its parent and every speculative segment's sha256, fetches what is
+still missing on several streams, and keeps the result as the one staged version. The actor calls :meth:`Subscriber.ready` and
 :meth:`Subscriber.commit` between batches; nothing is written into the state anywhere else, so a
 rollout is never generated from a half-applied model.
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
+from deltarl.actor.staging import VersionStaging
 from deltarl.errors import IntegrityError, ObjectNotFound, RunError, StagingError, TransferError
 from deltarl.storage.layout import RunLayout
 from deltarl.storage.manifest import HeadRecord, Manifest, version_id
@@ -102,6 +104,7 @@ class Subscriber:
         poll_interval_s: float = 0.2,
         catch_up_after: int = 8,
         verify_digest: bool = True,
+        speculate: bool = True,
     ) -> None:
         self.state = state
         self.layout = RunLayout(run)
@@ -118,6 +121,10 @@ class Subscriber:
         self._task: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
         self._manifests: dict[int, tuple[Manifest, str]] = {}
+        self.speculate = speculate
+        self._spec: tuple[int, VersionStaging, asyncio.Task[None] | None] | None = None
+        #: Segments staged before their manifest was visible (verified against it afterwards).
+        self.speculated_segments = 0
 
     # --- reads through the fetcher ----------------------------------------------------------------
 
@@ -201,6 +208,7 @@ class Subscriber:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        await self._drop_speculation()
 
     async def __aenter__(self) -> Subscriber:
         return self
@@ -226,28 +234,51 @@ class Subscriber:
                 self._error = err
                 await asyncio.sleep(max(1.0, self.poll_interval_s))
 
-    async def _stage_next(self) -> None:
-        from deltarl.pipeline import Stager
+    async def _drop_speculation(self) -> None:
+        if self._spec is not None:
+            _, staging, task = self._spec
+            self._spec = None
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            staging.close()
 
+    async def _stage_next(self) -> None:
         assert self.version is not None
         assert self.version_id is not None
         head = await self.head()
         if head is not None and head.version - self.version > self.catch_up_after:
+            await self._drop_speculation()
             t0 = time.monotonic()
             state, manifest, vid = await self._catch_up_state(head.version)
             self._staged = _Staged(manifest.version, vid, manifest, _FullUpdate(self.state, state), time.monotonic() - t0, True)
             return
         target = self.version + 1
-        manifest, vid = await self.manifest(target, wait_s=self.poll_wait_s)
+        if self._spec is None or self._spec[0] != target:
+            await self._drop_speculation()
+            staging = VersionStaging(self.state, self.version_id)
+            task = None
+            if self.speculate:  # fetch + decode segments as they are uploaded, before the manifest exists
+                window = max(1, self.fetcher.streams)
+                task = asyncio.ensure_future(staging.speculate(self.fetcher, self.layout, target, window=window, wait_s=self.poll_wait_s))
+            self._spec = (target, staging, task)
+        manifest, vid = await self.manifest(target, wait_s=self.poll_wait_s)  # ObjectNotFound: keep speculating
         visible = time.monotonic()
-        if manifest.parent != self.version_id:
-            raise RunError(f"{manifest.key}: parent {manifest.parent} is not the version we hold ({self.version_id})")
-        stager = Stager(self.state, base=self.version_id)
-        async for _, data in self.fetcher.fetch_objects(list(manifest.segments)):
-            await asyncio.to_thread(stager.add_segment, data)  # decode while later segments arrive
-        update = await asyncio.to_thread(stager.finish)
+        _, staging, task = self._spec
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._spec = None
+        try:
+            if manifest.parent != self.version_id:
+                raise RunError(f"{manifest.key}: parent {manifest.parent} is not the version we hold ({self.version_id})")
+            update = await staging.complete(self.fetcher, manifest)
+        finally:
+            staging.close()
         self._staged = _Staged(target, vid, manifest, update, time.monotonic() - visible, False)
-        log.info("staged version %d (%d changed elements) %.3fs after its manifest", target, update.changed_elements, self._staged.stage_s)
+        self.speculated_segments += len(staging.speculative)
+        log.info("staged version %d (%d changed elements, %d of %d segments before its manifest) %.3fs after the manifest",
+                 target, update.changed_elements, len(staging.speculative), len(manifest.segments), self._staged.stage_s)  # fmt: skip
 
     # --- the safe point -----------------------------------------------------------------------------
 

@@ -133,6 +133,9 @@ async def handle_get(request: web.Request) -> web.StreamResponse:
             if request.transport is not None:
                 request.transport.abort()
             return resp
+        except ConnectionResetError:  # the client went away (e.g. a cancelled long-poll): nothing to tell it
+            log.debug("client left during %s", key)
+            return resp
         await resp.write_eof()
         return resp
     finally:

@@ -1,0 +1,117 @@
+"""Staging one version, optionally *before* its manifest exists (speculative prefetch).
+
+The commit protocol writes a version's manifest last, after every segment is durable. Waiting for
+it would make an actor start fetching only once the whole upload is over. Instead, while the
+manifest is awaited, :meth:`VersionStaging.speculate` long-polls the version's segments by key
+(``seg-00000.bin``, ``seg-00001.bin``, … up to ``window`` at a time) as the trainer uploads them,
+and decodes each into the :class:`~deltarl.pipeline.Stager` as it lands: relays cut them through
+hop by hop, so the actor receives a segment while it is still crossing the WAN.
+
+Nothing fetched this way is trusted yet: :meth:`VersionStaging.complete` checks every speculative
+segment's sha256 against the manifest once it arrives. If any differs (or is not in the manifest)
+the decoded state is thrown away and the version is staged again from verified fetches; segments
+not fetched speculatively are fetched (and verified) then. Decoding only stages values, it never
+writes the live state, so discarding is always safe. All decodes of one staging run on one worker
+thread, in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from deltarl.actor.fetcher import Fetcher
+from deltarl.errors import DeltaRLError, ObjectNotFound, TransferError
+from deltarl.storage.layout import RunLayout
+from deltarl.storage.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+
+class VersionStaging:
+    """Decode one version's segments into a Stager, speculatively or from a manifest."""
+
+    def __init__(self, state: Mapping[str, Any], base: str) -> None:
+        from deltarl.pipeline import Stager
+
+        self._state = state
+        self._base = base
+        self._stager = Stager(state, base=base)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="deltarl-stage")
+        self._pending: list[asyncio.Future[None]] = []
+        self._spec_decodes: list[tuple[str, str, asyncio.Future[None]]] = []  # key, sha256, decode
+        self.speculative: dict[str, str] = {}  # key -> sha256 of what was decoded (set by complete())
+        self.speculation_failed = False
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _submit(self, data: bytes) -> asyncio.Future[None]:
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, self._stager.add_segment, data)
+        self._pending.append(fut)
+        return fut
+
+    async def _decode(self, data: bytes) -> None:
+        await asyncio.shield(self._submit(data))  # a cancelled caller leaves the decode to finish
+
+    async def speculate(self, fetcher: Fetcher, layout: RunLayout, version: int, *, window: int, wait_s: float) -> None:
+        """Long-poll and decode segments 0, 1, … of ``version`` until cancelled (or one is not a delta on our base)."""
+        next_index = 0
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(index: int) -> None:
+            key = layout.segment(version, index)
+            while True:
+                try:
+                    data = await fetcher.fetch_key(key, wait_s=wait_s)
+                    break
+                except ObjectNotFound:
+                    continue  # not uploaded yet (or never: the manifest will tell)
+            fut = self._submit(data)
+            self._spec_decodes.append((key, hashlib.sha256(data).hexdigest(), fut))  # recorded before any await
+            try:
+                await asyncio.shield(fut)
+            except DeltaRLError as err:  # e.g. another base: not the version we are waiting for
+                log.info("speculative %s rejected: %s", key, err)
+                self.speculation_failed = True
+
+        try:
+            while not self.speculation_failed:
+                while len(running) < window:
+                    running.add(asyncio.ensure_future(one(next_index)))
+                    next_index += 1
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                running -= done
+                for task in done:
+                    if task.exception() is not None and not isinstance(task.exception(), TransferError):
+                        raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def complete(self, fetcher: Fetcher, manifest: Manifest) -> Any:
+        """Verify speculative segments against ``manifest``, fetch the rest, return the StagedUpdate."""
+        from deltarl.pipeline import Stager
+
+        await asyncio.gather(*self._pending, return_exceptions=True)
+        for key, sha, fut in self._spec_decodes:
+            if fut.exception() is None:
+                self.speculative[key] = sha
+            else:
+                self.speculation_failed = True
+        refs = {ref.key: ref for ref in manifest.segments}
+        trusted = {k for k, sha in self.speculative.items() if k in refs and refs[k].sha256 == sha}
+        if self.speculation_failed or len(trusted) != len(self.speculative):
+            log.warning("%s: speculative segments disagree with the manifest; staging again", manifest.key)
+            self._stager = Stager(self._state, base=self._base)
+            trusted = set()
+        self.speculative = {k: refs[k].sha256 for k in trusted}
+        missing = [ref for ref in manifest.segments if ref.key not in trusted]
+        async for _, data in fetcher.fetch_objects(missing):
+            await self._decode(data)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._stager.finish)
