@@ -65,8 +65,21 @@ class TrainerConfig(BaseModel):
     publish: PublishConfig = Field(default_factory=PublishConfig)
     coordinator: CoordinatorEndpoint = Field(default_factory=CoordinatorEndpoint)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _checkpoint_tokenizer(cls, data: Any) -> Any:
+        """A local checkpoint uses its own tokenizer unless another one is named."""
+        if isinstance(data, dict):
+            model, tok = data.get("model"), data.get("tokenizer")
+            name = model.get("name") if isinstance(model, dict) else getattr(model, "name", None)
+            if name and name != "tiny" and tok is None:
+                data = {**data, "tokenizer": {"kind": "hf", "path": name}}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
+        if not self.model.is_tiny and self.tokenizer.kind == "byte":
+            raise ValueError("a checkpoint needs its own tokenizer: set tokenizer: {kind: hf, path: ...}")
         if self.tokenizer.kind == "byte" and self.model.is_tiny and self.model.vocab_size != 259:
             raise ValueError("the byte tokenizer has 259 ids: set model.vocab_size to 259")
         if self.grpo.kl_coef > 0 and not self.reference_kl:

@@ -101,6 +101,10 @@ def test_trainer_config_yaml(tmp_path: Path) -> None:
         TrainerConfig(grpo={"kl_coef": 0.1})
     with pytest.raises(ValueError, match="259"):
         TrainerConfig(model={"vocab_size": 300})
+    ckpt = TrainerConfig(model={"name": "/models/qwen"})
+    assert (ckpt.tokenizer.kind, ckpt.tokenizer.path) == ("hf", "/models/qwen")
+    with pytest.raises(ValueError, match="own tokenizer"):
+        TrainerConfig(model={"name": "/models/qwen"}, tokenizer={"kind": "byte"})
 
 
 def test_trainer_command_reports_bad_config(
