@@ -53,8 +53,12 @@ def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
 @njit(cache=True, nogil=True)
 def _class_ranks(old, new, shift, mask, pos, cls, rank):
     cnt = np.zeros(mask + 1, np.int64)
-    k = 0
-    for i in range(old.size):
+    return _class_ranks_from(old, new, shift, mask, pos, cls, rank, 0, cnt, 0)
+
+
+@njit(cache=True, nogil=True)
+def _class_ranks_from(old, new, shift, mask, pos, cls, rank, start, cnt, k):
+    for i in range(start, old.size):
         x = old[i]
         c = (x >> shift) & mask
         if x != new[i]:
@@ -66,10 +70,53 @@ def _class_ranks(old, new, shift, mask, pos, cls, rank):
     return k
 
 
+@njit(cache=True, nogil=True)
+def _class_ranks_w16(a, b, shift, mask, pos, cls, rank, cnt):
+    """_class_ranks over 16-bit lanes packed 4 to a u64 word (one load and compare per 4 elements)."""
+    k = 0
+    um = np.uint64(mask)
+    for w in range(a.size):
+        x = a[w]
+        d = x ^ b[w]
+        if d == 0:
+            cnt[(x >> np.uint64(shift)) & um] += 1
+            cnt[(x >> np.uint64(16 + shift)) & um] += 1
+            cnt[(x >> np.uint64(32 + shift)) & um] += 1
+            cnt[(x >> np.uint64(48 + shift)) & um] += 1
+        else:
+            for j in range(4):
+                c = (x >> np.uint64(16 * j + shift)) & um
+                if (d >> np.uint64(16 * j)) & np.uint64(0xFFFF):
+                    pos[k] = w * 4 + j
+                    cls[k] = c
+                    rank[k] = cnt[c]
+                    k += 1
+                cnt[c] += 1
+    return k
+
+
+@njit(cache=True, nogil=True)
+def _all_class_ranks(old, new, a64, b64, shift, mask, pos, cls, rank):
+    cnt = np.zeros(mask + 1, np.int64)
+    k = 0
+    if a64.size:
+        k = _class_ranks_w16(a64, b64, shift, mask, pos, cls, rank, cnt)
+    return _class_ranks_from(old, new, shift, mask, pos, cls, rank, a64.size * 4, cnt, k)
+
+
+def words16(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """u64 views of the 4-aligned prefix of 16-bit arrays (empty when not 8-byte aligned)."""
+    n = arrays[0].size // 4 * 4
+    if arrays[0].dtype.itemsize != 2 or n == 0 or any(a.ctypes.data % 8 for a in arrays):
+        return tuple(np.zeros(0, dtype=np.uint64) for _ in arrays)
+    return tuple(a[:n].view(np.uint64) for a in arrays)
+
+
 def class_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int) -> tuple[np.ndarray, ...]:
     n = old.size
     pos, cls, rank = (np.empty(n, dtype=np.int64) for _ in range(3))
-    k = _class_ranks(old, new, shift, mask, pos, cls, rank)
+    a64, b64 = words16(old, new)
+    k = _all_class_ranks(old, new, a64, b64, shift, mask, pos, cls, rank)
     return pos[:k].copy(), cls[:k].copy(), rank[:k].copy()
 
 
@@ -221,15 +268,20 @@ def rice_k(total, count):
     return min(k, 32)
 
 
+def ctx_arrays(old: np.ndarray, new: np.ndarray, shift: int, mask: int, width: int) -> tuple:
+    a64, b64 = words16(old, new)
+    return _ctx_arrays(old, new, a64, b64, shift, mask, width)
+
+
 @njit(cache=True, nogil=True)
-def ctx_arrays(old, new, shift, mask, width):
+def _ctx_arrays(old, new, a64, b64, shift, mask, width):
     """Everything the ctx encoder codes, in class-major order (mirrors ctx._arrays_numpy)."""
     n = old.size
     nclass = mask + 1
     pos = np.empty(n, np.int64)
     cls = np.empty(n, np.int64)
     rank = np.empty(n, np.int64)
-    k = _class_ranks(old, new, shift, mask, pos, cls, rank)
+    k = _all_class_ranks(old, new, a64, b64, shift, mask, pos, cls, rank)
     ccount = np.zeros(nclass, np.int64)
     for j in range(k):
         ccount[cls[j]] += 1
@@ -332,9 +384,14 @@ def ctx_arrays(old, new, shift, mask, width):
     )
 
 
-@njit(cache=True, nogil=True)
 def class_select_sorted(old, shift, mask, targets, tptr):
     """Like class_select, but returns (positions in scan order, their class-major index, found)."""
+    (a64,) = words16(old)
+    return _class_select_sorted(old, a64, shift, mask, targets, tptr)
+
+
+@njit(cache=True, nogil=True)
+def _class_select_sorted(old, a64, shift, mask, targets, tptr):
     total = targets.size
     out_pos = np.empty(total, np.int64)
     out_idx = np.empty(total, np.int64)
@@ -346,7 +403,24 @@ def class_select_sorted(old, shift, mask, targets, tptr):
             nxt[c] = targets[ptr[c]]
     cnt = np.zeros(nclass, np.int64)
     kk = 0
-    for i in range(old.size):
+    um = np.uint64(mask)
+    for w in range(a64.size):
+        if kk == total:
+            return out_pos, out_idx, kk
+        x = a64[w]
+        for j in range(4):
+            c = (x >> np.uint64(16 * j + shift)) & um
+            r = cnt[c]
+            cnt[c] = r + 1
+            if r == nxt[c]:
+                p = ptr[c]
+                out_pos[kk] = w * 4 + j
+                out_idx[kk] = p
+                kk += 1
+                p += 1
+                ptr[c] = p
+                nxt[c] = targets[p] if p < tptr[c + 1] else -1
+    for i in range(a64.size * 4, old.size):
         if kk == total:
             break
         c = (old[i] >> shift) & mask
@@ -361,3 +435,27 @@ def class_select_sorted(old, shift, mask, targets, tptr):
             ptr[c] = p
             nxt[c] = targets[p] if p < tptr[c + 1] else -1
     return out_pos, out_idx, kk
+
+
+@njit(cache=True, nogil=True)
+def first_stale(flat, pos, old, new):
+    """Index of the first position holding neither its old nor its new bits, or -1."""
+    for j in range(pos.size):
+        x = flat[pos[j]]
+        if x != old[j] and x != new[j]:
+            return j
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def scatter(flat, pos, vals):
+    for j in range(pos.size):
+        flat[pos[j]] = vals[j]
+
+
+@njit(cache=True, nogil=True)
+def gather(flat, pos):
+    out = np.empty(pos.size, flat.dtype)
+    for j in range(pos.size):
+        out[j] = flat[pos[j]]
+    return out

@@ -123,3 +123,27 @@ def class_select_sorted(
         raise FormatError("ctx rank beyond the number of same-class elements")
     order = np.argsort(cm, kind="stable")
     return cm[order], order
+
+
+def gather(flat: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """``flat[pos]`` as a new array (positions already validated to be in range)."""
+    k = jit()
+    return flat[pos] if k is None else k.gather(flat, pos)
+
+
+def scatter(flat: np.ndarray, pos: np.ndarray, vals: np.ndarray) -> None:
+    """``flat[pos] = vals`` (positions already validated to be in range)."""
+    k = jit()
+    if k is None:
+        flat[pos] = vals
+    else:
+        k.scatter(flat, pos, vals)
+
+
+def all_old_or_new(flat: np.ndarray, pos: np.ndarray, old: np.ndarray, new: np.ndarray) -> bool:
+    """True when every ``flat[pos[j]]`` equals ``old[j]`` or ``new[j]``."""
+    k = jit()
+    if k is None:
+        cur = flat[pos]
+        return bool(((cur == old) | (cur == new)).all())
+    return bool(k.first_stale(flat, pos, old, new) < 0)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from deltarl.errors import BaseMismatch, FormatError, StagingError, TensorMismatch
-from deltarl.pipeline import registry
+from deltarl.pipeline import kernels, registry
 from deltarl.pipeline.kernels import worker_threads
 from deltarl.pipeline.segment import ChunkInfo, read_segment_header
 from deltarl.pipeline.tensors import TensorSpec, flat_bits, is_cuda, tensor_table, uint_dtype
@@ -61,8 +61,13 @@ class StagedUpdate:
         for name, (pos, old, new) in self._staged.items():
             if pos.size == 0:
                 continue
-            cur = _gather(name, self._state[name], pos)
-            if not bool(((cur == old) | (cur == new)).all()):
+            value = self._state[name]
+            if is_cuda(value):
+                cur = _gather(name, value, pos)
+                fresh = bool(((cur == old) | (cur == new)).all())
+            else:
+                fresh = kernels.all_old_or_new(flat_bits(name, value), pos, old, new)
+            if not fresh:
                 raise StagingError(
                     f"cannot {direction}: tensor {name!r} changed since the update was staged (base {self.base})"
                 )
@@ -88,7 +93,7 @@ def _gather(name: str, value: Any, pos: np.ndarray) -> np.ndarray:
         torch = sys.modules["torch"]
         got = _device_flat(name, value)[torch.from_numpy(pos).to(value.device)].cpu().numpy()
         return got.view(np.uint16 if value.element_size() == 2 else np.uint32)
-    return flat_bits(name, value)[pos]
+    return kernels.gather(flat_bits(name, value), pos)
 
 
 def _scatter(name: str, value: Any, pos: np.ndarray, vals: np.ndarray) -> None:
@@ -100,7 +105,7 @@ def _scatter(name: str, value: Any, pos: np.ndarray, vals: np.ndarray) -> None:
         src = torch.from_numpy(vals.view(signed)).to(value.device, non_blocking=True)
         flat.index_copy_(0, idx, src)
         return
-    flat_bits(name, value, writable=True)[pos] = vals
+    kernels.scatter(flat_bits(name, value, writable=True), pos, vals)
 
 
 class Stager:
@@ -159,7 +164,7 @@ class Stager:
             raise FormatError(
                 f"chunk of {c.tensor!r} decoded to {dec.positions.size} of {c.changed} elements"
             )
-        return c.tensor, dec.positions + c.start, old[dec.positions].copy(), dec.values
+        return c.tensor, dec.positions + c.start, kernels.gather(old, dec.positions), dec.values
 
     def finish(self) -> StagedUpdate:
         """Check that the delta covers every element of every tensor exactly once; return the update."""
