@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,10 +187,13 @@ class Publisher:
         if self._closed:
             raise RunError(f"publisher of run {self.run!r} is closed")
         t0 = time.perf_counter()
+        early: Future[None] | None = None
         try:
-            self._lease.renew()
             if self._head_pending:
+                self._lease.renew()
                 self._repair_head()
+            else:  # renew while encoding: a lost claim shows up before commit without a round trip here
+                early = self._pool.submit(self._lease.renew)
         except WriterConflict:
             self._closed = True
             raise
@@ -218,7 +221,10 @@ class Publisher:
                 digest = state_digest(state_dict)
             refs = uploads.results()
         except BaseException:
-            self._discard(uploads)
+            if early is not None and early.exception() is not None:
+                self._closed = True  # the claim is lost: what we wrote may now be another writer's keys
+            else:
+                self._discard(uploads)
             raise
         seg_refs = tuple(r for r in refs if r.key.endswith(".bin"))
         full = self._info.total_elements, sum(t.numel * _DTYPE_BYTES[t.dtype] for t in self._info.tensors)
@@ -242,7 +248,13 @@ class Publisher:
             writer_id=self.writer_id,
         )
         data = manifest.to_bytes()
-        self._lease.renew()  # a writer fenced or taken over stops here, before committing
+        try:
+            if early is not None:
+                early.result()
+            self._lease.renew()  # a writer fenced or taken over stops here, before committing
+        except WriterConflict:
+            self._closed = True  # its objects stay for gc: their keys may be the new writer's now
+            raise
         self._commit_manifest(manifest.key, data)
         self._crash.at(version, "manifest")
         vid = manifest.version_id
