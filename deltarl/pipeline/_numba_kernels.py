@@ -459,3 +459,53 @@ def gather(flat, pos):
     for j in range(pos.size):
         out[j] = flat[pos[j]]
     return out
+
+
+@njit(cache=True, nogil=True)
+def _ctx_decode(old, a64, shift, mask, width, gaps, counts, active, n_big, bg, bv, neg):
+    """Ranks from rank gaps, select, then new values (mirrors the numpy tail of ctx.decode_ctx).
+
+    Returns (positions, values, error): 0 ok, 1 rank beyond its class, 2 large-value index beyond
+    its class. Inputs are already range-checked (gaps < chunk size, bv < 2**(width-1) - 1).
+    """
+    changed = gaps.size
+    nclass = mask + 1
+    ranks = np.empty(changed, np.int64)
+    tptr = np.zeros(nclass + 1, np.int64)
+    s = 0
+    for a in range(active.size):
+        r = -1
+        for t in range(s, s + counts[a]):
+            r += np.int64(gaps[t]) + 1
+            ranks[t] = r
+        tptr[active[a] + 1] = counts[a]
+        s += counts[a]
+    for c in range(nclass):
+        tptr[c + 1] += tptr[c]
+    pos, idx, found = _class_select_sorted(old, a64, shift, mask, ranks, tptr)
+    vals = np.empty(changed, old.dtype)
+    if found != changed:
+        return pos, vals, 1
+    m = np.ones(changed, np.int64)
+    s = 0
+    b = 0
+    for a in range(active.size):
+        w = -1
+        for _ in range(n_big[a]):
+            w += np.int64(bg[b]) + 1
+            if w >= counts[a]:
+                return pos, vals, 2
+            m[s + w] = np.int64(bv[b]) + 2
+            b += 1
+        s += counts[a]
+    full = np.int64(1) << width
+    for j in range(changed):
+        i = idx[j]
+        d = full - m[i] if neg[i] else m[i]
+        vals[j] = (np.int64(old[pos[j]]) + d) & (full - 1)
+    return pos, vals, 0
+
+
+def ctx_decode(old, shift, mask, width, gaps, counts, active, n_big, bg, bv, neg):
+    (a64,) = words16(old)
+    return _ctx_decode(old, a64, shift, mask, width, gaps, counts, active, n_big, bg, bv, neg)

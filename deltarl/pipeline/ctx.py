@@ -220,27 +220,39 @@ def decode_ctx(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
     gaps = bitio.rice_decode(st[1], st[2], np.frombuffer(st[3], dtype="<u8"), k_pos[idx], changed)
     if gaps.size and int(gaps.max()) >= old.size:
         raise FormatError("ctx rank gap outside the chunk")
+    nb = int(n_big.sum())
+    big_idx = np.repeat(np.arange(active.size), n_big)
+    bg = bitio.rice_decode(st[4], st[5], np.frombuffer(st[6], dtype="<u8"), k_bg[big_idx], nb)
+    if bg.size and int(bg.max()) >= changed:
+        raise FormatError("ctx value gap outside the chunk")
+    bv = bitio.rice_decode(st[7], st[8], np.frombuffer(st[9], dtype="<u8"), k_bv[big_idx], nb)
+    if bv.size and int(bv.max()) >= (1 << (width - 1)) - 1:
+        raise FormatError("ctx value difference out of range")
+    if len(st[10]) != (changed + 7) // 8:
+        raise FormatError("ctx sign stream has the wrong length")
+    neg = np.unpackbits(np.frombuffer(st[10], dtype=np.uint8), count=changed)
+    jit = kernels.jit()
+    if jit is not None:
+        pos, vals, err = jit.ctx_decode(old, shift, mask, width, gaps, counts, active, n_big, bg, bv, neg)
+        if err:
+            raise FormatError(_DECODE_ERRORS[err])
+        return Decoded(pos, vals)
     ranks = _ranks_in_groups(gaps, counts)
     tptr = np.zeros(mask + 2, dtype=np.int64)
     per_class = np.zeros(mask + 1, dtype=np.int64)
     per_class[active] = counts
     tptr[1:] = np.cumsum(per_class)
     pos, cm_index = kernels.class_select_sorted(old, shift, mask, ranks, tptr)
-    nb = int(n_big.sum())
-    big_idx = np.repeat(np.arange(active.size), n_big)
-    bg = bitio.rice_decode(st[4], st[5], np.frombuffer(st[6], dtype="<u8"), k_bg[big_idx], nb)
-    if bg.size and int(bg.max()) >= changed:
-        raise FormatError("ctx value gap outside the chunk")
     within = _ranks_in_groups(bg, n_big)
     if nb and bool((within >= counts[big_idx]).any()):
-        raise FormatError("ctx large-value index beyond its class")
-    bv = bitio.rice_decode(st[7], st[8], np.frombuffer(st[9], dtype="<u8"), k_bv[big_idx], nb)
-    if bv.size and int(bv.max()) >= (1 << (width - 1)) - 1:
-        raise FormatError("ctx value difference out of range")
-    if len(st[10]) != (changed + 7) // 8:
-        raise FormatError("ctx sign stream has the wrong length")
-    neg = np.unpackbits(np.frombuffer(st[10], dtype=np.uint8), count=changed).astype(bool)
+        raise FormatError(_DECODE_ERRORS[2])
     m = np.ones(changed, dtype=np.int64)
     m[(np.cumsum(counts) - counts)[big_idx] + within] = bv.astype(np.int64) + 2
-    d = np.where(neg, (1 << width) - m, m).astype(old.dtype)
+    d = np.where(neg.astype(bool), (1 << width) - m, m).astype(old.dtype)
     return Decoded(pos, old[pos] + d[cm_index])
+
+
+_DECODE_ERRORS = {
+    1: "ctx rank beyond the number of same-class elements",
+    2: "ctx large-value index beyond its class",
+}
