@@ -1,0 +1,1 @@
+"""Parts of the multi-region end-to-end benchmark (``benchmarks/e2e.py``)."""
