@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from deltarl.errors import ObjectNotFound
+from deltarl.errors import ObjectNotFound, RunError
 
 if TYPE_CHECKING:
     import torch
@@ -82,7 +82,8 @@ def rescore_rollouts(
     """Rescore ``n`` samples drawn (seeded) from ``results`` (``RolloutResult`` records); one finding each."""
     import torch
 
-    from deltarl.storage.replay import replay
+    from deltarl.storage.reader import RunReader
+    from deltarl.storage.replay import apply_versions, replay
     from deltarl.trainer.loop import read_model_json
     from deltarl.trainer.model import build_model, load_bf16_into
 
@@ -103,12 +104,21 @@ def rescore_rollouts(
         else:
             by_version.setdefault(v, []).append((r, i))
     model = build_model(info.model, dtype=torch.bfloat16, device=device)
+    reader = RunReader(store, run)
+    state: dict[str, torch.Tensor] | None = None
+    held = -1
     for v in sorted(by_version):
         try:
-            state = replay(store, run, v)
-        except ObjectNotFound as err:  # a version gc'd away cannot be checked: say so, do not pass it
+            chain = reader.chain(v)  # from the nearest keyframe at or before v
+            if state is not None and chain[0][0].version <= held:
+                apply_versions(reader, state, [c for c in chain if c[0].version >= held])  # roll forward
+            else:
+                state = replay(store, run, v)
+            held = v
+        except (ObjectNotFound, RunError) as err:  # a version gc'd away cannot be checked: say so, do not pass it
             log.warning("cannot rebuild version %d of %s: %s", v, run, err)
             findings.extend(_finding(r, i, v, float("inf"), float("inf"), False, "version not replayable") for r, i in by_version[v])
+            state, held = None, -1
             continue
         load_bf16_into(model, state)
         items = by_version[v]

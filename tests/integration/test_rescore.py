@@ -61,3 +61,16 @@ def test_tampered_logprobs_are_flagged(trained_run: tuple[MemoryStore, str, Loca
     samples = [s.model_copy(update={"logprobs": [x - 0.5 for x in s.logprobs]}) for s in result.samples]
     findings = rescore_rollouts(store, run, [result.model_copy(update={"samples": samples})], 1000)
     assert not any(f.ok for f in findings)
+
+
+def test_unreplayable_version_is_flagged_not_passed(trained_run: tuple[MemoryStore, str, LocalRollouts]) -> None:
+    store, run, actor = trained_run
+    seg = next(k for k in store.list(f"{run}/versions/000000000002/") if k.endswith(".bin"))
+    store.delete(seg)
+    findings = rescore_rollouts(store, run, actor.results, 1000)
+    by_version: dict[int | None, set[bool]] = {}
+    for f in findings:
+        by_version.setdefault(f.version, set()).add(f.ok)
+    assert by_version[2] == {False}
+    assert {f.reason for f in findings if f.version == 2} == {"version not replayable"}
+    assert by_version[0] == by_version[1] == by_version[3] == {True}  # 3 is a keyframe: replayed without 2
