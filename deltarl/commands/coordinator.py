@@ -14,8 +14,9 @@ TOKEN_ENV = "DELTARL_COORDINATOR_TOKEN"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", required=True, metavar="URL", help="store URL: a path, file://…, memory://…, s3://…")
-    parser.add_argument("--run", required=True, metavar="RUN", help="run name (its prefix in the store)")
+    parser.add_argument("--store", default=None, metavar="URL",
+                        help="store URL: a path, file://…, memory://…, s3://… (required unless --config names one)")
+    parser.add_argument("--run", default=None, metavar="RUN", help="run name, its prefix in the store (required unless --config names one)")
     parser.add_argument("--listen", default=None, metavar="HOST:PORT",
                         help="address to bind (default from --config, else 127.0.0.1:8470; port 0 picks one)")
     parser.add_argument("--config", default=None, metavar="FILE", help="YAML/JSON CoordinatorConfig; flags override it")
@@ -49,12 +50,15 @@ def run(args: argparse.Namespace) -> int:
         svc = svc.model_copy(update={"host": host, "port": port, "actor_tokens": actor_tokens,
                                      "trainer_tokens": trainer_tokens})
         config = config.model_copy(update={"service": svc})
-        store = open_store(args.store)
+        store_url, run_name = args.store or config.store, args.run or config.run
+        if not store_url or not run_name:
+            raise ValueError("give --store and --run (or 'store:' and 'run:' in the --config file)")
+        store = open_store(store_url)
     except (DeltaRLError, ValueError) as err:
         print(f"deltarl coordinator: {err}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve(store, args.run, config))
+        asyncio.run(_serve(store, run_name, config))
     except DeltaRLError as err:
         print(f"deltarl coordinator: {err}", file=sys.stderr)
         return 1

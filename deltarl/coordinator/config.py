@@ -60,6 +60,8 @@ class CoordinatorConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    store: str | None = Field(default=None, description="store URL of the run (a deployment file's; --store overrides)")
+    run: str | None = Field(default=None, description="run name (a deployment file's; --run overrides)")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     service: ServiceConfig = Field(default_factory=ServiceConfig)
 
@@ -72,6 +74,8 @@ class CoordinatorConfig(BaseModel):
             raise ConfigError(f"{path}: {err}") from err
         try:
             data = yaml.safe_load(text) or {} if str(path).endswith((".yaml", ".yml")) else json.loads(text)
+            if isinstance(data, dict) and isinstance(data.get("coordinator"), dict):
+                data = data["coordinator"]  # a deployment file (examples/deployment.yaml): the coordinator's section
             return cls.model_validate(data)
         except (ValueError, yaml.YAMLError) as err:
             raise ConfigError(f"{path}: {err}") from err
