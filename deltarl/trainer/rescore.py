@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from deltarl.errors import ObjectNotFound, RunError
+from deltarl.errors import DeltaRLError
 
 if TYPE_CHECKING:
     import torch
@@ -115,7 +115,7 @@ def rescore_rollouts(
             else:
                 state = replay(store, run, v)
             held = v
-        except (ObjectNotFound, RunError) as err:  # a version gc'd away cannot be checked: say so, do not pass it
+        except DeltaRLError as err:  # missing, corrupt or gc'd away: cannot be checked, so never passed
             log.warning("cannot rebuild version %d of %s: %s", v, run, err)
             findings.extend(_finding(r, i, v, float("inf"), float("inf"), False, "version not replayable") for r, i in by_version[v])
             state, held = None, -1
