@@ -44,7 +44,7 @@ class RescoreFinding:
     mean_abs_diff: float
     max_abs_diff: float
     ok: bool
-    reason: str  # "" when ok; "unknown version" or "logprob mismatch"
+    reason: str  # "" when ok; "unknown version", "version not replayable" or "logprob mismatch"
 
 
 def version_numbers(store: ObjectStore, run: str) -> dict[str, int]:
