@@ -149,9 +149,9 @@ async def _get_mutable(request: web.Request, key: str) -> web.StreamResponse:
     etag = strip_etag(inm) if inm else None
     try:
         if wait > 0:
-            value = await service.wait_mutable(key, etag=etag, wait=wait)
+            value = await service.mutable.wait(key, etag=etag, wait=wait)
         else:
-            value = await service.get_mutable(key)
+            value = await service.mutable.get(key)
     except StoreError as err:
         raise web.HTTPBadGateway(text=str(err)) from err
     if value.data is None:

@@ -1,5 +1,5 @@
 """The relay's object logic, independent of HTTP: cache lookups, shared upstream pulls,
-long-poll waits, coalesced reads of mutable objects, integrity checks against manifests."""
+long-poll waits and integrity checks against manifests (mutable objects: :mod:`.mutable`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 from deltarl.errors import IntegrityError, ObjectNotFound, StoreError, TransientStoreError
@@ -20,6 +19,7 @@ from deltarl.storage.relay.bodies import CachedBody, PullBody
 from deltarl.storage.relay.cache import CacheEntry, DiskCache, file_sha256
 from deltarl.storage.relay.config import RelayConfig
 from deltarl.storage.relay.metrics import RelayMetrics
+from deltarl.storage.relay.mutable import MutableObjects
 from deltarl.storage.relay.pull import Pull
 from deltarl.storage.relay.upstream import Upstream
 from deltarl.storage.store import ObjectInfo
@@ -46,13 +46,6 @@ def refs_in_manifest(data: bytes) -> dict[str, str]:
     return {str(r["key"]): str(r["sha256"]) for r in refs if isinstance(r, dict) and "key" in r and "sha256" in r}
 
 
-@dataclass
-class Mutable:
-    data: bytes | None  # None: the object does not exist (yet)
-    etag: str
-    fetched_at: float
-
-
 class _Wait:
     """One shared long-poll for a missing key; its future resolves when the key lands."""
 
@@ -73,8 +66,7 @@ class ObjectService:
         metrics.cache_bytes.set(self.cache.bytes)
         self._pulls: dict[str, Pull] = {}
         self._waits: dict[str, _Wait] = {}
-        self._mutable: dict[str, Mutable] = {}
-        self._mutable_inflight: dict[str, asyncio.Future[Mutable]] = {}
+        self.mutable = MutableObjects(upstream, config, metrics)
         self._manifests: OrderedDict[str, dict[str, str]] = OrderedDict()
         self._manifest_misses: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -332,61 +324,10 @@ class ObjectService:
     def landed(self, key: str, info: ObjectInfo | None) -> None:
         """A push wrote (``info``) or deleted (``None``) ``key``: forget stale copies, wake long-polls."""
         self.cache.remove(key)
-        self._mutable.pop(key, None)
+        self.mutable.forget(key)
         w = self._waits.get(key)
         if info is not None and w is not None and not w.found.done():
             w.found.set_result(info)
-
-    # --- mutable objects (HEAD): coalesced reads ------------------------------------------------
-
-    async def get_mutable(self, key: str, *, max_age: float | None = None) -> Mutable:
-        """The current value, shared by every caller within ``head_ttl_s`` (one upstream read)."""
-        ttl = self.config.head_ttl_s if max_age is None else max_age
-        cur = self._mutable.get(key)
-        if cur is not None and time.monotonic() - cur.fetched_at < ttl:
-            self.metrics.head_coalesced.inc()
-            return cur
-        fut = self._mutable_inflight.get(key)
-        if fut is not None:
-            self.metrics.head_coalesced.inc()
-            return await asyncio.shield(fut)
-        fut = self._mutable_inflight[key] = asyncio.get_running_loop().create_future()
-        try:
-            self.metrics.upstream_requests.labels("get").inc()
-            try:
-                data, etag = await self.upstream.get_with_etag(key)
-                value = Mutable(data, etag, time.monotonic())
-            except ObjectNotFound:
-                value = Mutable(None, "", time.monotonic())
-            self._mutable[key] = value
-            fut.set_result(value)
-            return value
-        except BaseException as err:
-            if isinstance(err, asyncio.CancelledError):
-                fut.cancel()
-            else:
-                fut.set_exception(err)
-                fut.exception()  # mark retrieved: callers that shared it re-raise it themselves
-            raise
-        finally:
-            del self._mutable_inflight[key]
-
-    async def wait_mutable(self, key: str, *, etag: str | None, wait: float) -> Mutable:
-        """The value once its ETag differs from ``etag`` (or once it exists), or the same after ``wait``."""
-        deadline = time.monotonic() + min(wait, self.config.max_wait_s)
-        while True:
-            value = await self.get_mutable(key)
-            changed = value.data is not None and (etag is None or value.etag != etag)
-            left = deadline - time.monotonic()
-            if changed or left <= 0:
-                return value
-            self.metrics.waiters.inc()
-            try:
-                next_at = value.fetched_at + max(self.config.head_ttl_s, self.config.poll_interval_s)
-                await asyncio.sleep(max(0.001, min(left, next_at - time.monotonic())))
-            finally:
-                self.metrics.waiters.dec()
-
 
 def _read_file(path: str) -> bytes:
     with open(path, "rb") as f:
