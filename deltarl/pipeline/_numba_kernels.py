@@ -6,8 +6,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from deltarl.pipeline._numba_bits import rice_decode, rice_encode
+
+__all__ = ["rice_decode", "rice_encode"]  # re-exported: kernels.jit() is this module
+
 _BLOCK = 64
-_CLZ8 = np.array([8] + [7 - int(np.log2(b)) for b in range(1, 256)], dtype=np.int64)
 
 
 @njit(cache=True, nogil=True)
@@ -48,12 +51,6 @@ def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     else:
         k = _changed_tail(old, new, 0, out, 0)
     return out[:k].copy()
-
-
-@njit(cache=True, nogil=True)
-def _class_ranks(old, new, shift, mask, pos, cls, rank):
-    cnt = np.zeros(mask + 1, np.int64)
-    return _class_ranks_from(old, new, shift, mask, pos, cls, rank, 0, cnt, 0)
 
 
 @njit(cache=True, nogil=True)
@@ -118,138 +115,6 @@ def class_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int) -> tupl
     a64, b64 = words16(old, new)
     k = _all_class_ranks(old, new, a64, b64, shift, mask, pos, cls, rank)
     return pos[:k].copy(), cls[:k].copy(), rank[:k].copy()
-
-
-@njit(cache=True, nogil=True)
-def class_select(old, shift, mask, targets, tptr):
-    out = np.full(targets.size, -1, np.int64)
-    nclass = mask + 1
-    ptr = tptr[:nclass].copy()
-    nxt = np.full(nclass, -1, np.int64)
-    for c in range(nclass):
-        if ptr[c] < tptr[c + 1]:
-            nxt[c] = targets[ptr[c]]
-    cnt = np.zeros(nclass, np.int64)
-    left = targets.size
-    for i in range(old.size):
-        if left == 0:
-            break
-        c = (old[i] >> shift) & mask
-        r = cnt[c]
-        cnt[c] = r + 1
-        if r == nxt[c]:
-            p = ptr[c]
-            out[p] = i
-            left -= 1
-            p += 1
-            ptr[c] = p
-            nxt[c] = targets[p] if p < tptr[c + 1] else -1
-    return out
-
-
-@njit(cache=True, nogil=True)
-def rice_encode(values, ks, escape):
-    """Split-stream Rice coding (see bitio): returns (unary bytes, remainder bytes, escaped mask)."""
-    n = values.size
-    ubits = 0
-    rbits = 0
-    esc = np.zeros(n, np.bool_)
-    for i in range(n):
-        q = values[i] >> np.uint64(ks[i])
-        if q >= escape:
-            esc[i] = True
-            ubits += escape + 1
-        else:
-            ubits += np.int64(q) + 1
-            rbits += ks[i]
-    unary = np.zeros((ubits + 7) // 8, np.uint8)
-    rem = np.zeros((rbits + 7) // 8, np.uint8)
-    up = 0
-    acc = np.uint64(0)
-    nb = 0
-    j = 0
-    for i in range(n):
-        k = ks[i]
-        v = values[i]
-        if esc[i]:
-            up += escape
-        else:
-            up += np.int64(v >> np.uint64(k))
-        unary[up >> 3] |= np.uint8(0x80 >> (up & 7))
-        up += 1
-        if not esc[i] and k > 0:
-            acc = (acc << np.uint64(k)) | (v & ((np.uint64(1) << np.uint64(k)) - np.uint64(1)))
-            nb += k
-            while nb >= 8:
-                nb -= 8
-                rem[j] = np.uint8((acc >> np.uint64(nb)) & np.uint64(0xFF))
-                j += 1
-            acc &= (np.uint64(1) << np.uint64(nb)) - np.uint64(1)
-    if nb > 0:
-        rem[j] = np.uint8((acc << np.uint64(8 - nb)) & np.uint64(0xFF))
-    return unary, rem, esc
-
-
-@njit(cache=True, nogil=True)
-def rice_decode(unary, rem, ks, count, escape, out):
-    """Inverse of rice_encode into ``out``; escaped slots are left for the caller. Returns an error
-    code: 0 ok, 1 too few codes, 2 unary run too long, 3 trailing unary bits/bytes, 4 remainder length.
-    Escaped slots are marked in ``esc`` (returned second)."""
-    esc = np.zeros(count, np.bool_)
-    nbits_u = unary.size * 8
-    up = 0
-    rbits = 0
-    for i in range(count):
-        q = 0
-        while True:
-            if up >= nbits_u:
-                return 1, esc
-            off = up & 7
-            b = (np.int64(unary[up >> 3]) << off) & 0xFF
-            if b == 0:
-                q += 8 - off
-                up += 8 - off
-                if q > escape:
-                    return 2, esc
-                continue
-            z = _CLZ8[b]
-            q += z
-            up += z + 1
-            break
-        if q > escape:
-            return 2, esc
-        if q == escape:
-            esc[i] = True
-        else:
-            out[i] = np.uint64(q) << np.uint64(ks[i])
-            rbits += ks[i]
-    if count == 0:
-        if unary.size:
-            return 3, esc
-    else:
-        if (up + 7) // 8 != unary.size:
-            return 3, esc
-        while up < nbits_u:
-            if (unary[up >> 3] >> (7 - (up & 7))) & 1:
-                return 3, esc
-            up += 1
-    if (rbits + 7) // 8 != rem.size:
-        return 4, esc
-    acc = np.uint64(0)
-    nb = 0
-    j = 0
-    for i in range(count):
-        k = ks[i]
-        if esc[i] or k == 0:
-            continue
-        while nb < k:
-            acc = (acc << np.uint64(8)) | np.uint64(rem[j])
-            j += 1
-            nb += 8
-        nb -= k
-        out[i] |= (acc >> np.uint64(nb)) & ((np.uint64(1) << np.uint64(k)) - np.uint64(1))
-        acc &= (np.uint64(1) << np.uint64(nb)) - np.uint64(1)
-    return 0, esc
 
 
 @njit(cache=True, nogil=True)

@@ -84,14 +84,11 @@ def class_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int) -> Simp
 
 
 def class_select(old: np.ndarray, shift: int, mask: int, targets: np.ndarray, tptr: np.ndarray) -> np.ndarray:
-    """Positions of the requested same-class ranks, or -1 where a rank exceeds its class size.
+    """Positions of the requested same-class ranks, or -1 where a rank exceeds its class size (numpy).
 
     ``targets[tptr[c]:tptr[c+1]]`` are strictly increasing ranks within class ``c``; the result is
     aligned with ``targets`` (class-major order).
     """
-    k = jit()
-    if k is not None:
-        return k.class_select(old, shift, mask, targets, tptr)
     c_all = ((old >> old.dtype.type(shift)) & old.dtype.type(mask)).astype(
         np.uint8 if mask < 256 else np.uint16
     )

@@ -184,3 +184,14 @@ def test_empty_state_and_zero_size_tensors() -> None:
     segs = encode_delta(z, z, base="e")
     assert delta_stats(segs).total_elements == 0
     apply_delta({"z": np.zeros((0, 4), dtype=np.float32)}, segs, base="e")
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_thread_count_does_not_change_bytes(monkeypatch: pytest.MonkeyPatch, threads: str) -> None:
+    old, new = _pair(8)
+    want = encode_delta(old, new, base="b", segment_bytes=2048)
+    monkeypatch.setenv("DELTARL_THREADS", threads)
+    assert encode_delta(old, new, base="b", segment_bytes=2048) == want
+    state = _copy(old)
+    apply_delta(state, want, base="b")
+    assert state_digest(state) == state_digest(new)
