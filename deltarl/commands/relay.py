@@ -29,12 +29,15 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--upstream", required=True, metavar="URL",
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="deployment file: take upstream, listen, cache_dir and cache_bytes from 'relays: <REGION>:'; flags override")
+    parser.add_argument("--region", default=None, help="which relay of the --config file's 'relays:' section this is")
+    parser.add_argument("--upstream", default=None, metavar="URL",
                         help="where objects come from: a store URL (path, file://, s3://bucket/prefix) or another relay (http://host:port)")
-    parser.add_argument("--listen", type=parse_listen, default=("127.0.0.1", 8470), metavar="HOST:PORT",
+    parser.add_argument("--listen", type=parse_listen, default=None, metavar="HOST:PORT",
                         help="address to serve on (default: 127.0.0.1:8470)")
-    parser.add_argument("--cache-dir", required=True, metavar="DIR", help="cache directory (kept across restarts)")
-    parser.add_argument("--cache-bytes", type=parse_bytes, default=8 << 30, metavar="N", help="cache budget, e.g. 50G (default: 8G)")
+    parser.add_argument("--cache-dir", default=None, metavar="DIR", help="cache directory (kept across restarts)")
+    parser.add_argument("--cache-bytes", type=parse_bytes, default=None, metavar="N", help="cache budget, e.g. 50G (default: 8G)")
     parser.add_argument("--token", default=os.environ.get("DELTARL_RELAY_TOKEN"), metavar="T",
                         help="bearer token that authorises pushes (default: $DELTARL_RELAY_TOKEN; none: pushes refused)")
     parser.add_argument("--upstream-token", default=os.environ.get("DELTARL_UPSTREAM_TOKEN"), metavar="T",
@@ -43,6 +46,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pull-streams", type=int, default=4, metavar="N", help="pieces of one object in flight upstream (default: 4)")
     parser.add_argument("--head-ttl", type=float, default=0.2, metavar="S", help="HEAD coalescing window in seconds (default: 0.2)")
     parser.add_argument("--no-cut-through", action="store_true", help="store-and-forward (for comparison only)")
+
+
+def _apply_deployment(args: argparse.Namespace) -> None:
+    """Fill unset flags from the deployment file's ``relays: <region>:`` section, then the defaults."""
+    from deltarl.commands._deployment import load_section
+    from deltarl.errors import ConfigError
+
+    conf: dict[str, object] = {}
+    if args.config:
+        if not args.region:
+            raise ConfigError("--config needs --region (which relay of the 'relays:' section to run)")
+        conf = load_section(args.config, "relays", args.region)
+    args.upstream = args.upstream or conf.get("upstream")
+    args.cache_dir = args.cache_dir or conf.get("cache_dir")
+    if not args.upstream or not args.cache_dir:
+        raise ConfigError("give --upstream and --cache-dir (or --config FILE --region NAME)")
+    if args.listen is None:
+        args.listen = parse_listen(str(conf.get("listen", "127.0.0.1:8470")))
+    if args.cache_bytes is None:
+        args.cache_bytes = parse_bytes(str(conf.get("cache_bytes", 8 << 30)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,12 +78,13 @@ def run(args: argparse.Namespace) -> int:
 
     log = logging.getLogger("deltarl.relay")
     try:
+        _apply_deployment(args)
         config = RelayConfig(
             cache_dir=args.cache_dir, cache_bytes=args.cache_bytes, token=args.token, upstream_token=args.upstream_token,
             piece_bytes=args.piece_bytes, pull_streams=args.pull_streams, head_ttl_s=args.head_ttl,
             cut_through=not args.no_cut_through,
         )
-    except DeltaRLError as err:
+    except (DeltaRLError, argparse.ArgumentTypeError) as err:
         print(f"deltarl relay: {err}")
         return 2
     host, port = args.listen
