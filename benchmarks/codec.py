@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=None, help="timing repetitions (best of)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "codec.json"))
+    ap.add_argument(
+        "--no-numpy-path", action="store_true", help="skip the pure-numpy (DELTARL_NO_NUMBA=1) rows"
+    )
     args = ap.parse_args(argv)
     repeat = args.repeat or (2 if args.quick else 3)
 
@@ -132,9 +135,26 @@ def main(argv: list[str] | None = None) -> int:
     direction = tr.direction()
     for lr in (1e-6, 3e-6, 1e-5):
         scenarios[f"steady lr={lr:g}"] = measure(base, tr.export(direction, lr), CODECS, repeat)
+    if not args.no_numpy_path:
+        prev = os.environ.get("DELTARL_NO_NUMBA")
+        os.environ["DELTARL_NO_NUMBA"] = "1"
+        try:
+            scenarios["steady lr=1e-06, numpy path"] = measure(base, tr.export(direction, 1e-6), ["ctx"], 1)
+        finally:
+            if prev is None:
+                del os.environ["DELTARL_NO_NUMBA"]
+            else:
+                os.environ["DELTARL_NO_NUMBA"] = prev
     copy = _copy_speed(base, repeat)
 
     _print(scenarios, copy)
+    main_row = scenarios["steady lr=1e-06"]["codecs"]["auto"]
+    print(
+        f"targets at lr 1e-6 steady state, codec auto: {main_row['bytes_per_changed']:.3f} B/changed "
+        f"(<= 1.3, aim <= 1.0); encode {main_row['encode_GBps']:.2f} GB/s (>= 1.5); "
+        f"decode+apply {main_row['decode_apply_GBps']:.2f} GB/s (>= 2); load average {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} CPUs"
+    )
     result = {
         "model": {
             "tensors": len(tr.w),
@@ -144,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "buffer_copy_GBps": copy,
         "numba": os.environ.get("DELTARL_NO_NUMBA", "") in ("", "0"),
+        "command": " ".join(["python", *sys.argv]),
         "threads": worker_threads(),
         "load_average_at_end": os.getloadavg(),
         "machine": {
