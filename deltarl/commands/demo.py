@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 from pathlib import Path
 
 HELP = "run the whole loop on this machine: coordinator, relay, trainer and unequal actors on a tiny model (a few minutes)"
@@ -35,4 +36,5 @@ def run(args: argparse.Namespace) -> int:
     options = DemoOptions(steps=args.steps, actors=args.actors, store=args.store, out=args.out, run=args.run,
                           prompts_per_step=args.prompts, group_size=args.group_size,
                           live=False if args.no_live else None)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops every child like Ctrl-C does
     return run_demo(options)
