@@ -257,3 +257,18 @@ async def test_long_poll_through_a_chain(relay_chain: RelayChain) -> None:
     assert (info.size, got) == (len(data), data)
     assert relay_chain.a.counters()["deltarl_relay_upstream_pulls_total"] == 1
     assert relay_chain.b.counters()["deltarl_relay_upstream_pulls_total"] == 1
+
+
+async def test_a_client_leaving_a_long_poll_releases_it_along_the_chain(relay_chain: RelayChain) -> None:
+    async with RelayClient(relay_chain.b.url) as client:
+        task = asyncio.ensure_future(client.get(SEG, wait=30))
+        await asyncio.sleep(0.3)
+        assert relay_chain.a.counters()["deltarl_relay_waiters"] >= 1  # B asked A to wait too
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    deadline = time.monotonic() + 5
+    while relay_chain.a.counters()["deltarl_relay_waiters"] or relay_chain.b.counters()["deltarl_relay_waiters"]:
+        assert time.monotonic() < deadline, "long-poll still held upstream after the client left"
+        await asyncio.sleep(0.05)
+    assert not relay_chain.a.service._waits
+    assert not relay_chain.b.service._waits

@@ -47,7 +47,9 @@ class RelayServer:
         return out
 
     async def start(self) -> RelayServer:
-        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0)
+        # handler_cancellation: a client that leaves a long-poll cancels it here and, through the
+        # chain, upstream (otherwise every relay would keep polling for it until its deadline)
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()

@@ -53,6 +53,7 @@ class _Wait:
         self.deadline = deadline
         self.found: asyncio.Future[ObjectInfo] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
+        self.waiters = 0
 
 
 class ObjectService:
@@ -290,6 +291,7 @@ class ObjectService:
             w = self._waits[key] = _Wait(now + timeout)
             w.task = asyncio.ensure_future(self._poll(key, w))
         w.deadline = max(w.deadline, now + timeout)
+        w.waiters += 1
         self.metrics.waiters.inc()
         try:
             return await asyncio.wait_for(asyncio.shield(w.found), timeout)
@@ -297,6 +299,11 @@ class ObjectService:
             return None
         finally:
             self.metrics.waiters.dec()
+            w.waiters -= 1
+            if w.waiters == 0 and w.task is not None and not w.found.done():
+                if self._waits.get(key) is w:
+                    del self._waits[key]  # a later waiter starts afresh
+                w.task.cancel()  # nobody waits any more (clients left): stop asking upstream
 
     async def _poll(self, key: str, w: _Wait) -> None:
         try:
