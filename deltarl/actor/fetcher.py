@@ -226,11 +226,14 @@ class Fetcher:
                 obj.buf = bytearray(obj.ref.size)  # allocated when the first range lands
             obj.buf[start:end] = data
             obj.used.add(i)
-            name = self.sources[i].name
-            self.stats.bytes_by_source[name] = self.stats.bytes_by_source.get(name, 0) + len(data)
+            self._count(i, len(data))
             obj.missing.discard(idx)
             if not obj.missing:
                 done.put_nowait(obj)
+
+    def _count(self, source: int, n: int) -> None:
+        name = self.sources[source].name
+        self.stats.bytes_by_source[name] = self.stats.bytes_by_source.get(name, 0) + n
 
     # --- small and mutable objects ------------------------------------------------------------
 
@@ -240,7 +243,8 @@ class Fetcher:
         async def call(src: Source, i: int) -> bytes:
             return await src.get_range(key, 0, None, wait=wait_s)
 
-        data, _ = await self._with_failover(key, 0, call)
+        data, i = await self._with_failover(key, 0, call)
+        self._count(i, len(data))
         return data
 
     async def get_mutable(self, key: str, *, etag: str | None = None, wait_s: float = 0.0) -> tuple[bytes, str] | None:

@@ -26,7 +26,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from deltarl.actor.config import ActorConfig
-from deltarl.errors import AdmissionRejected, CoordinatorError, DeltaRLError, ObjectNotFound, RunError
+from deltarl.errors import (
+    AdmissionRejected,
+    CoordinatorError,
+    DeltaRLError,
+    IntegrityError,
+    ObjectNotFound,
+    RunError,
+)
 
 if TYPE_CHECKING:
     from deltarl.actor.backends.base import Generation, GenerationBackend
@@ -49,8 +56,11 @@ class CommitTiming:
     version_id: str
     publish_to_staged_s: float | None
     publish_to_commit_s: float | None
+    #: the whole pause at the safe point: in-place write plus the digest check where one is recorded
     pause_ms: float
     digest_checked: bool
+    #: the in-place write alone
+    write_ms: float = 0.0
 
 
 class EventLog:
@@ -214,13 +224,18 @@ class ActorLoop:
         """Commit the staged version if one is ready (between batches only)."""
         if not self.weights.ready():
             return None
-        timing = self.weights.commit()
+        try:
+            timing = self.weights.commit()
+        except IntegrityError as err:  # rolled back: keep generating on the version we hold
+            log.error("commit refused and rolled back: %s", err)
+            self.events.emit("commit_failed", error=str(err))
+            return None
         if timing is None:
             return None
         self.timings.append(timing)
         self.events.emit("commit", version=timing.version, version_id=timing.version_id,
                          publish_to_staged_s=timing.publish_to_staged_s, publish_to_commit_s=timing.publish_to_commit_s,
-                         pause_ms=timing.pause_ms, digest_checked=timing.digest_checked,
+                         pause_ms=timing.pause_ms, write_ms=timing.write_ms, digest_checked=timing.digest_checked,
                          fetch=self.weights.fetch_stats())
         return timing
 

@@ -46,6 +46,8 @@ class VersionStaging:
         self._spec_decodes: list[tuple[str, str, asyncio.Future[None]]] = []  # key, sha256, decode
         self.speculative: dict[str, str] = {}  # key -> sha256 of what was decoded (set by complete())
         self.speculation_failed = False
+        self._limit: int | None = None
+        self._limit_set = asyncio.Event()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -58,10 +60,17 @@ class VersionStaging:
     async def _decode(self, data: bytes) -> None:
         await asyncio.shield(self._submit(data))  # a cancelled caller leaves the decode to finish
 
+    def limit(self, count: int) -> None:
+        """The manifest says the version has ``count`` segments: finish those in flight, drop the rest."""
+        self._limit = count
+        self._limit_set.set()
+
     async def speculate(self, fetcher: Fetcher, layout: RunLayout, version: int, *, window: int, wait_s: float) -> None:
-        """Long-poll and decode segments 0, 1, … of ``version`` until cancelled (or one is not a delta on our base)."""
+        """Long-poll and decode segments 0, 1, … of ``version``, until cancelled, or until those below
+        :meth:`limit` are done (or one is not a delta on our base)."""
         next_index = 0
-        running: set[asyncio.Task[None]] = set()
+        running: dict[asyncio.Task[None], int] = {}
+        limit_wait: asyncio.Task[Any] = asyncio.ensure_future(self._limit_set.wait())
 
         async def one(index: int) -> None:
             key = layout.segment(version, index)
@@ -81,18 +90,28 @@ class VersionStaging:
 
         try:
             while not self.speculation_failed:
-                while len(running) < window:
-                    running.add(asyncio.ensure_future(one(next_index)))
+                limit = self._limit
+                for task, index in list(running.items()):
+                    if limit is not None and index >= limit:
+                        task.cancel()  # beyond the last segment: it will never land
+                while len(running) < window and (limit is None or next_index < limit):
+                    running[asyncio.ensure_future(one(next_index))] = next_index
                     next_index += 1
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                running -= done
+                if not running:
+                    return
+                waiting: list[asyncio.Task[Any]] = [*running, limit_wait]
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    if task.exception() is not None and not isinstance(task.exception(), TransferError):
+                    if task is limit_wait:
+                        continue
+                    del running[task]
+                    if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(), TransferError):
                         raise task.exception()  # type: ignore[misc]
         finally:
+            limit_wait.cancel()
             for task in running:
                 task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
+            await asyncio.gather(limit_wait, *running, return_exceptions=True)
 
     async def complete(self, fetcher: Fetcher, manifest: Manifest) -> Any:
         """Verify speculative segments against ``manifest``, fetch the rest, return the StagedUpdate."""

@@ -49,6 +49,8 @@ class CommitInfo:
     stage_s: float
     #: Whether this commit replaced the whole state (keyframe catch-up) instead of a delta.
     full: bool = False
+    #: Seconds of the in-place write alone (``pause_s`` minus the digest check).
+    write_s: float = 0.0
 
 
 class _FullUpdate:
@@ -265,8 +267,12 @@ class Subscriber:
         manifest, vid = await self.manifest(target, wait_s=self.poll_wait_s)  # ObjectNotFound: keep speculating
         visible = time.monotonic()
         _, staging, task = self._spec
-        if task is not None:
-            task.cancel()
+        if task is not None:  # let the speculative fetches of real segments finish, drop the others
+            staging.limit(len(manifest.segments))
+            try:
+                await asyncio.wait_for(asyncio.shield(task), self.poll_wait_s)
+            except asyncio.TimeoutError:
+                task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         self._spec = None
         try:
@@ -301,9 +307,11 @@ class Subscriber:
         if staged is None:
             raise StagingError("nothing staged")
         t0 = time.monotonic()
-        staged.update.commit()
         digest_ok: bool | None = None
+        write_s = 0.0
         try:
+            staged.update.commit()  # inside the try: a failure part-way is rolled back too
+            write_s = time.monotonic() - t0
             if self.verify_digest and staged.manifest.state_digest is not None:
                 from deltarl.pipeline import state_digest
 
@@ -311,7 +319,10 @@ class Subscriber:
                 if not digest_ok:
                     raise IntegrityError(f"{staged.manifest.key}: state digest differs after commit")
         except BaseException:
-            staged.update.rollback()
+            try:
+                staged.update.rollback()
+            except StagingError as err:  # the commit's own check refused before writing anything
+                log.error("rollback of version %d: %s", staged.version, err)
             self._staged = None
             self._wake.set()
             raise
@@ -320,7 +331,8 @@ class Subscriber:
         self._staged = None
         self._error = None
         self._wake.set()
-        info = CommitInfo(staged.version, staged.version_id, pause, staged.update.changed_elements, digest_ok, staged.stage_s, staged.full)
+        info = CommitInfo(staged.version, staged.version_id, pause, staged.update.changed_elements, digest_ok, staged.stage_s,
+                          staged.full, write_s)
         self.commits.append(info)
         return info
 

@@ -17,12 +17,12 @@ import time
 from collections.abc import Coroutine, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from deltarl.actor.subscriber import Subscriber
 from deltarl.errors import ObjectNotFound, RunError, TransferError
 
 if TYPE_CHECKING:
     from deltarl.actor.config import ActorConfig
     from deltarl.actor.loop import CommitTiming
-    from deltarl.actor.subscriber import Subscriber
     from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -30,21 +30,17 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 
 
-def _timed_subscriber() -> type[Subscriber]:
+class TimedSubscriber(Subscriber):
     """The subscriber, noting the wall-clock moment each version is staged (exact, not polled)."""
-    from deltarl.actor.subscriber import Subscriber
 
-    class TimedSubscriber(Subscriber):
-        def __init__(self, staged_at: dict[int, float], *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._note = staged_at
+    def __init__(self, staged_at: dict[int, float], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._note = staged_at
 
-        async def _stage_next(self) -> None:
-            await super()._stage_next()
-            if self.staged_version is not None:
-                self._note.setdefault(self.staged_version, time.time())
-
-    return TimedSubscriber
+    async def _stage_next(self) -> None:
+        await super()._stage_next()
+        if self.staged_version is not None:
+            self._note.setdefault(self.staged_version, time.time())
 
 
 class Weights:
@@ -113,7 +109,7 @@ class Weights:
 
         cfg = self.config
         self._fetcher = Fetcher([*cfg.relay_urls(), self.store], streams=cfg.streams, cooldown_s=5.0)
-        self._sub = _timed_subscriber()(self._staged_at, state, cfg.run, self._fetcher, poll_wait_s=5.0, poll_interval_s=cfg.head_poll_s,
+        self._sub = TimedSubscriber(self._staged_at, state, cfg.run, self._fetcher, poll_wait_s=5.0, poll_interval_s=cfg.head_poll_s,
                                verify_digest=cfg.verify_digest)
 
     async def _bootstrap(self) -> Any:
@@ -166,6 +162,7 @@ class Weights:
             publish_to_commit_s=round(max(0.0, time.time() - published), 4),
             pause_ms=round(info.pause_s * 1000, 3),
             digest_checked=info.state_digest_ok is True,
+            write_ms=round(getattr(info, "write_s", info.pause_s) * 1000, 3),
         )
         log.info("committed version %d: pause %.2f ms, publish→staged %s s%s", info.version, timing.pause_ms,
                  timing.publish_to_staged_s, ", digest ok" if timing.digest_checked else "")
