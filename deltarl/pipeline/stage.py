@@ -21,7 +21,7 @@ from deltarl.errors import BaseMismatch, FormatError, StagingError, TensorMismat
 from deltarl.pipeline import kernels, registry
 from deltarl.pipeline.kernels import worker_threads
 from deltarl.pipeline.segment import ChunkInfo, read_segment_header
-from deltarl.pipeline.tensors import TensorSpec, flat_bits, is_cuda, tensor_table, uint_dtype
+from deltarl.pipeline.tensors import TensorSpec, flat_bits, is_cuda, spec_of, tensor_table, uint_dtype
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +49,14 @@ class StagedUpdate:
     """
 
     def __init__(
-        self, state: Mapping[str, Any], base: str, staged: dict[str, tuple[np.ndarray, ...]]
+        self,
+        state: Mapping[str, Any],
+        base: str,
+        staged: dict[str, tuple[np.ndarray, ...]],
+        specs: dict[str, TensorSpec],
     ) -> None:
         self._state = state
+        self._specs = specs
         self.base = base
         self._staged = staged  # name -> (positions int64, old bits, new bits)
         self.tensors: tuple[str, ...] = tuple(sorted(staged))
@@ -61,12 +66,16 @@ class StagedUpdate:
         for name, (pos, old, new) in self._staged.items():
             if pos.size == 0:
                 continue
-            value = self._state[name]
+            value = self._state.get(name)
+            if value is None or spec_of(name, value) != self._specs[name]:
+                raise TensorMismatch(
+                    f"cannot {direction}: tensor {name!r} was replaced or reshaped since staging"
+                )
             if is_cuda(value):
                 cur = _gather(name, value, pos)
                 fresh = bool(((cur == old) | (cur == new)).all())
-            else:
-                fresh = kernels.all_old_or_new(flat_bits(name, value), pos, old, new)
+            else:  # writable=True: a read-only tensor is refused here, before anything is written
+                fresh = kernels.all_old_or_new(flat_bits(name, value, writable=True), pos, old, new)
             if not fresh:
                 raise StagingError(
                     f"cannot {direction}: tensor {name!r} changed since the update was staged (base {self.base})"
@@ -182,7 +191,7 @@ class Stager:
         for name, parts in self._parts.items():
             staged[name] = tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
         self._parts = {}
-        return StagedUpdate(self._state, self._base, staged)
+        return StagedUpdate(self._state, self._base, staged, self._specs)
 
 
 def stage_delta(state: Mapping[str, Any], segments: Iterable[bytes], *, base: str) -> StagedUpdate:

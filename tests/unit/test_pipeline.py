@@ -175,6 +175,13 @@ def test_non_contiguous_and_read_only_states_are_refused() -> None:
     state["b.bias"].flags.writeable = False
     with pytest.raises(TensorMismatch, match="read-only"):
         upd.commit()
+    assert state_digest(state) == state_digest(old)  # nothing half-applied
+    state["b.bias"] = state["b.bias"][:-1].copy()
+    with pytest.raises(TensorMismatch, match="replaced or reshaped"):
+        upd.commit()
+    assert state_digest({k: v for k, v in state.items() if k != "b.bias"}) == state_digest(
+        {k: v for k, v in old.items() if k != "b.bias"}
+    )
 
 
 def test_empty_state_and_zero_size_tensors() -> None:
