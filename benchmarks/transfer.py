@@ -14,10 +14,14 @@ counts scale, ratios do not. Numbers taken while other work shares the CPUs are 
    (origin → relay B → relay C) to an actor that long-polls them (``?wait=``). Time from the first
    segment landing at the origin to the last one verified at the actor, with cut-through relays vs
    store-and-forward relays (each hop holds an object until it has all of it).
+3b. **staged**: the same two hops end to end: a real ``Publisher`` in another process uploads a
+   version (segments landing at half the WAN rate, as when encoding is the bottleneck) and an
+   actor's ``Subscriber`` stages it: speculative (segments long-polled and decoded before the
+   manifest lands, verified after) vs waiting for the manifest, cut-through vs store-and-forward.
 4. **faults**: a relay killed mid-transfer, a flipped byte in a relay's cache, a truncated
    response: every actor still ends with the exact bytes (sha256), from another source.
 
-    python benchmarks/transfer.py [--quick] [--only streams,fanout,cutthrough,faults]
+    python benchmarks/transfer.py [--quick] [--only streams,fanout,cutthrough,staged,faults] [--repeat N]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,9 +44,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deltarl.actor.fetcher import Fetcher
 from deltarl.netem import EmulatedLink
-from deltarl.storage import MemoryStore
+from deltarl.storage import LocalStore, MemoryStore
 from deltarl.storage.manifest import ObjectRef
 from deltarl.storage.relay import RelayConfig, RelayServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _trace
 
 RESULTS = Path(__file__).resolve().parent / "results" / "transfer.json"
 SCALE = 0.1  # of a 1 Gbps link
@@ -208,6 +215,111 @@ async def bench_cut_through(tmp: Path, n_segments: int, seg_bytes: int, cut_thro
             "excess_over_transfer_in_segments": (elapsed - wan_transfer) / seg_time}  # fmt: skip
 
 
+# --- 3b. publish -> staged, end to end ----------------------------------------------------------------
+
+
+class PacedStore(LocalStore):
+    """The trainer's upload to the origin: once ``paced``, writes cross one link of ``rate_bps`` in turn."""
+
+    def __init__(self, root: str, rate_bps: float) -> None:
+        super().__init__(root)
+        self.rate_bps = rate_bps
+        self.paced = False
+        self._lock = threading.Lock()
+        self.landed: dict[str, float] = {}
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        if self.paced:
+            with self._lock:
+                time.sleep(len(data) * 8 / self.rate_bps)
+        etag = super().put_if_absent(key, data)
+        self.landed.setdefault(key, time.monotonic())  # CLOCK_MONOTONIC: comparable across processes
+        return etag
+
+
+def _trace_states(shapes: list[tuple[str, tuple[int, ...]]]) -> tuple[Any, Any]:
+    from _trace import AdamTrace
+
+    trace = AdamTrace(shapes, seed=0, lr=1e-4)  # lr 1e-4: a dense-ish delta, big enough to time
+    trace.run(warmup_steps=2)
+    v0 = trace.export()
+    trace.step()
+    return v0, trace.export()
+
+
+def _trainer_process(root: str, shapes: list[tuple[str, tuple[int, ...]]], rate_bps: float, ready: Any, go: Any, out: str) -> None:
+    """The trainer, in its own process (its encoding must not share the GIL with relays and links)."""
+    from deltarl.storage.publisher import Publisher
+
+    v0, v1 = _trace_states(shapes)
+    store = PacedStore(root, rate_bps)
+    with Publisher(store, RUN, segment_bytes=1 << 20, keyframe_interval=1000, digest_interval=1000, upload_workers=2) as pub:
+        info = pub.publish(v0, step=0)
+        ready.put(info.version_id)
+        go.wait()
+        store.paced = True
+        t0 = time.monotonic()
+        pub.publish(v1, step=1)
+    Path(out).write_text(json.dumps({"publish_start": t0, "landed": store.landed}))
+
+
+async def bench_staged(tmp: Path, shapes: list[tuple[str, tuple[int, ...]]], speculate: bool, cut_through: bool) -> dict[str, Any]:
+    """A real Publisher (another process) uploads a version; an actor two WAN hops away stages it.
+
+    The trainer's segments land at half the WAN rate (as when encoding a large model is the
+    bottleneck: ~10 s for 15 GB at 1.5 GB/s), so an actor that waits for the manifest starts its
+    transfer only after the whole upload, while a speculative one overlaps them. The actor, the
+    relays and the links share this process (and its GIL); the trainer does not."""
+    import multiprocessing as mp
+
+    from deltarl.actor.subscriber import Subscriber
+    from deltarl.storage.layout import RunLayout
+
+    layout = RunLayout(RUN)
+    work = Path(tempfile.mkdtemp(prefix="staged-", dir=tmp))
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=_trainer_process, args=(str(work / "origin"), shapes, RATE / 2, ready, go, str(work / "landed.json")))
+    proc.start()
+    v0, v1 = _trace_states(shapes)
+    vid0 = await asyncio.to_thread(ready.get, True, 300)
+    origin = LocalStore(str(work / "origin"))
+    relays = Relays(work)
+    try:
+        opts = {"cut_through": cut_through, "piece_bytes": 256 << 10, "pull_streams": 8, "poll_interval_s": 0.01}
+        front = await relays.start(origin, **opts)
+        async with link(front.port) as wan1:
+            b = await relays.start(wan1.url, **opts)
+            async with link(b.port) as wan2:
+                c = await relays.start(wan2.url, **opts)
+                state = {k: type(t)(t.bits.copy()) for k, t in v0.items()}
+                async with Fetcher([c.url], streams=8, range_bytes=1 << 20) as f, Subscriber(
+                    state, RUN, f, version=0, version_id=vid0, poll_wait_s=30, speculate=speculate, verify_digest=False
+                ) as sub:
+                    sub.start()
+                    await asyncio.sleep(0.5)  # long-polls in place along the chain
+                    go.set()
+                    while not sub.ready():
+                        await asyncio.sleep(0.002)
+                    t_staged = time.monotonic()
+                    commit = sub.commit()
+                    speculated = sub.speculated_segments
+    finally:
+        await asyncio.to_thread(proc.join, 300)
+        await relays.close()
+    record = json.loads((work / "landed.json").read_text())
+    landed: dict[str, float] = record["landed"]
+    seg_times = [t for k, t in landed.items() if k.startswith(layout.version_prefix(1)) and k.endswith(".bin")]
+    man = landed[layout.manifest(1)]
+    delta = sum(len(origin.get(k)) for k in origin.list(layout.version_prefix(1)) if k.endswith(".bin"))
+    exact = all((state[k].bits == v1[k].bits).all() for k in v1)
+    return {"speculate": speculate, "cut_through": cut_through, "segments": len(seg_times), "delta_bytes": delta,
+            "changed_elements": commit.changed_elements, "exact": bool(exact), "speculated_segments": speculated,
+            "first_segment_to_staged_s": t_staged - min(seg_times), "manifest_to_staged_s": t_staged - man,
+            "publish_start_to_staged_s": t_staged - record["publish_start"], "upload_s": man - record["publish_start"],
+            "wan_transfer_s": delta * 8 / RATE, "segment_time_s": (1 << 20) * 8 / RATE}  # fmt: skip
+
+
 # --- 4. faults -------------------------------------------------------------------------------------
 
 
@@ -292,6 +404,11 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 times = sorted(r["first_landed_to_last_verified_s"] for r in rs)
                 best = min(rs, key=lambda r: r["first_landed_to_last_verified_s"])
                 out["cut_through"].append({**best, "runs_s": times, "median_s": times[len(times) // 2]})
+        if "staged" in only:
+            from _trace import qwen3_like_shapes
+
+            shapes = qwen3_like_shapes(layers=1 if q else 2, vocab=4096 if q else 8192)
+            out["staged"] = [await bench_staged(tmp, shapes, spec, ct) for spec, ct in ((True, True), (False, True), (False, False))]
         if "faults" in only:
             n, size = (4, 1 << 20) if q else (6, 2 << 20)
             out["faults"] = [
@@ -306,7 +423,7 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller objects (about a minute)")
-    parser.add_argument("--only", default="streams,fanout,cutthrough,faults")
+    parser.add_argument("--only", default="streams,fanout,cutthrough,staged,faults")
     parser.add_argument("--repeat", type=int, default=3, help="cut-through runs per mode (best and median reported)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -348,6 +465,17 @@ def main(argv: list[str] | None = None) -> int:
             t.add_row("cut-through" if r["cut_through"] else "store-and-forward", f"{r['segments']} x {r['segment_bytes'] >> 20} MiB",
                       f"{r['first_landed_to_last_verified_s']:.2f}", f"{r['median_s']:.2f}", f"{r['wan_transfer_s']:.2f}",
                       f"{r['segment_time_s']:.2f}", f"{r['excess_over_transfer_in_segments']:.2f}")  # fmt: skip
+        console.print(t)
+    if "staged" in res:
+        t = Table(title="3b. publish -> staged at an actor 2 WAN hops away (real Publisher and Subscriber; segments land at 1/2 the WAN rate)")
+        for col in ("actor / relays", "delta", "segments", "first seg -> staged s", "manifest -> staged s", "publish -> staged s",
+                    "upload s", "WAN transfer s", "staged early", "exact"):  # fmt: skip
+            t.add_column(col, justify="right")
+        for r in res["staged"]:
+            mode = ("speculative" if r["speculate"] else "after manifest") + " / " + ("cut-through" if r["cut_through"] else "store-and-forward")
+            t.add_row(mode, f"{r['delta_bytes'] / 2**20:.1f} MiB", str(r["segments"]), f"{r['first_segment_to_staged_s']:.2f}",
+                      f"{r['manifest_to_staged_s']:.2f}", f"{r['publish_start_to_staged_s']:.2f}", f"{r['upload_s']:.2f}",
+                      f"{r['wan_transfer_s']:.2f}", str(r["speculated_segments"]), str(r["exact"]))  # fmt: skip
         console.print(t)
     if "faults" in res:
         t = Table(title="4. faults: 4 actors; sources in order: faulty relay (behind a link), relay 2, origin")
