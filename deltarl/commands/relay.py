@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pull-streams", type=int, default=4, metavar="N", help="pieces of one object in flight upstream (default: 4)")
     parser.add_argument("--head-ttl", type=float, default=0.2, metavar="S", help="HEAD coalescing window in seconds (default: 0.2)")
     parser.add_argument("--no-cut-through", action="store_true", help="store-and-forward (for comparison only)")
+    parser.add_argument("--no-serve-check", action="store_true",
+                        help="do not re-hash cached objects on whole-object responses (saves CPU; clients still verify)")
 
 
 def _apply_deployment(args: argparse.Namespace) -> None:
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         config = RelayConfig(
             cache_dir=args.cache_dir, cache_bytes=args.cache_bytes, token=args.token, upstream_token=args.upstream_token,
             piece_bytes=args.piece_bytes, pull_streams=args.pull_streams, head_ttl_s=args.head_ttl,
-            cut_through=not args.no_cut_through,
+            cut_through=not args.no_cut_through, check_on_serve=not args.no_serve_check,
         )
     except (DeltaRLError, argparse.ArgumentTypeError) as err:
         print(f"deltarl relay: {err}")

@@ -38,6 +38,9 @@ class RelayConfig:
     cut_through: bool = True
     #: Check segments and keyframes against the sha256 in their manifest before caching them.
     verify: bool = True
+    #: Re-hash a cached object on every whole-object response (catches on-disk corruption; costs
+    #: ~1 s of CPU per 1.5-2 GB served). Ranged responses are never re-hashed: clients check.
+    check_on_serve: bool = True
 
     def __post_init__(self) -> None:
         if not self.cache_dir:

@@ -99,7 +99,7 @@ class ObjectService:
                 entry = await self._check_cached(entry)
             if entry is not None:
                 self.metrics.cache_hits.inc()
-                return CachedBody(entry, self._evict_corrupt)
+                return CachedBody(entry, self._evict_corrupt, check=self.config.check_on_serve)
             pull = self._pulls.get(key)
             if pull is None:
                 self.metrics.cache_misses.inc()
