@@ -168,13 +168,16 @@ def _ctx_arrays(old, new, a64, b64, shift, mask, width):
             a += 1
     rank_cm = np.empty(k, np.int64)
     dpos = np.empty(k, np.int64)
-    for j in range(k):
+    dd = np.empty(k, np.int64)
+    full = np.int64(1) << width
+    half = np.int64(1) << (width - 1)
+    for j in range(k):  # position order: old/new are read sequentially here, never again
         t = fill[cls[j]]
         fill[cls[j]] = t + 1
         rank_cm[t] = rank[j]
-        dpos[t] = pos[j]
-    full = np.int64(1) << width
-    half = np.int64(1) << (width - 1)
+        p = pos[j]
+        dpos[t] = p
+        dd[t] = (np.int64(new[p]) - np.int64(old[p])) & (full - 1)
     gaps = np.empty(k, np.int64)
     neg = np.empty(k, np.uint8)
     big_gaps = np.empty(k, np.int64)
@@ -197,8 +200,7 @@ def _ctx_arrays(old, new, a64, b64, shift, mask, width):
             prev = rank_cm[t]
             gaps[t] = g
             gsum += g
-            p = dpos[t]
-            d = (np.int64(new[p]) - np.int64(old[p])) & (full - 1)
+            d = dd[t]
             if d >= half:
                 neg[t] = 1
                 m = full - d - 1
