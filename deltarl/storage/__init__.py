@@ -10,6 +10,7 @@ from deltarl.storage.store import ObjectInfo, ObjectStore
 
 # isort: split
 # --- the run namespace (layout, records, publishing, reading back) -------------------------------
+from deltarl.storage.catchup import SquashRecord, read_squash, store_squash
 from deltarl.storage.claim import WriterClaim, WriterLease
 from deltarl.storage.gc import GcReport, gc
 from deltarl.storage.inspect import RunSummary, VersionRow, inspect_run
@@ -49,6 +50,7 @@ __all__ = [
     "RunReader",
     "RunSummary",
     "S3Store",
+    "SquashRecord",
     "TensorEntry",
     "VersionInfo",
     "VersionRow",
@@ -60,8 +62,10 @@ __all__ = [
     "inspect_run",
     "is_immutable",
     "open_store",
+    "read_squash",
     "replay",
     "squash",
+    "store_squash",
     "validate_run_name",
     "version_id",
 ]

@@ -9,7 +9,8 @@ renewal instead of committing a manifest that names swept objects. A live claim 
 flight": those objects are left alone and reported.
 
 ``keep_last=N`` also removes old versions while keeping what replay of the last N needs: the
-newest keyframe at or before the oldest kept version, and every version after it. Versions are
+newest keyframe at or before the oldest kept version, and every version after it (stored squashes
+that start before it go too). Versions are
 removed oldest first, manifest before objects, so a gc that stops half way leaves a contiguous,
 replayable suffix plus orphans that the next gc removes.
 """
@@ -155,6 +156,13 @@ def _remove_old_versions(
         report.removed_keys.extend(keys)
         if not report.dry_run:
             for key in keys:
+                store.delete(key)
+    for key in list(store.list(layout.squash_root)):  # squashes from a removed version can no longer be checked
+        from_digits = key[len(layout.squash_root) :].split("-", 1)[0]
+        if from_digits.isdigit() and int(from_digits) < kf_version:
+            report.removed_keys.append(key)
+            report.freed_bytes += _size(store, key)
+            if not report.dry_run:
                 store.delete(key)
     if report.removed_versions:
         logger.info("gc %s versions %d..%d of %s", "would remove" if report.dry_run else "removed",

@@ -6,6 +6,7 @@ One prefix per run (see DESIGN.md)::
     <run>/versions/000000000042/seg-00000.bin        immutable delta segments of version 42
     <run>/versions/000000000042/manifest.json        immutable commit record, written LAST
     <run>/keyframes/000000000040.safetensors         immutable full snapshot
+    <run>/squash/000000000005-000000000027/…         immutable: one delta 5 -> 27 for laggards
     <run>/HEAD                                       mutable hint: latest committed version (CAS)
     <run>/WRITER                                     mutable: the publisher's writer claim (CAS)
     <run>/rollouts/step-000000000042/…               immutable admitted results
@@ -98,6 +99,22 @@ class RunLayout:
 
     def keyframe(self, version: int) -> str:
         return f"{self.run}/keyframes/{_check_number('version', version):0{VERSION_DIGITS}d}.safetensors"
+
+    def squash_prefix(self, from_version: int, to_version: int) -> str:
+        """Where the stored squash (one delta from ``from_version`` to ``to_version``) lives."""
+        a = _check_number("version", from_version)
+        b = _check_number("version", to_version)
+        return f"{self.run}/squash/{a:0{VERSION_DIGITS}d}-{b:0{VERSION_DIGITS}d}/"
+
+    def squash_manifest(self, from_version: int, to_version: int) -> str:
+        return self.squash_prefix(from_version, to_version) + "manifest.json"
+
+    def squash_segment(self, from_version: int, to_version: int, index: int) -> str:
+        return self.squash_prefix(from_version, to_version) + self.segment(0, index).rsplit("/", 1)[1]
+
+    @property
+    def squash_root(self) -> str:
+        return f"{self.run}/squash/"
 
     def rollouts_prefix(self, step: int) -> str:
         return f"{self.run}/rollouts/step-{_check_number('step', step):0{VERSION_DIGITS}d}/"

@@ -148,3 +148,24 @@ def test_small_run_fixture(small_run):
     store, exports = small_run
     assert RunReader(store, "r").head().version == 9
     assert states_equal(replay(store, "r", 6), exports[6])
+
+
+def test_stored_squash(memory_store):
+    from deltarl.storage import gc, read_squash, store_squash
+
+    exports = publish_run(memory_store, "r", 12, keyframe_interval=5, segment_bytes=4096)
+    record = store_squash(memory_store, "r", 3, 11, segment_bytes=4096)
+    assert store_squash(memory_store, "r", 3, 11, segment_bytes=4096) == record  # idempotent
+    got, segments = read_squash(memory_store, "r", 3, 11)
+    assert got == record
+    assert record.to_id == RunReader(memory_store, "r").manifest(11)[1]
+    state = {n: t.clone() for n, t in exports[3].items()}
+    apply_delta(state, segments, base=record.from_id)
+    assert states_equal(state, exports[11])
+    key = record.segments[0].key
+    memory_store.put(key, memory_store.get(key)[:-1])
+    with pytest.raises(IntegrityError, match=key):
+        read_squash(memory_store, "r", 3, 11)
+    report = gc(memory_store, "r", keep_last=2)  # keeps keyframe 10 and after: the squash from 3 goes
+    assert record.key in report.removed_keys
+    assert list(memory_store.list(RunLayout("r").squash_root)) == []

@@ -58,3 +58,11 @@ def test_bad_run_names(bad):
 def test_bad_versions(bad):
     with pytest.raises(InvalidKey):
         RunLayout("r").manifest(bad)
+
+
+def test_squash_keys():
+    lay = RunLayout("r")
+    assert lay.squash_prefix(5, 27) == "r/squash/000000000005-000000000027/"
+    assert lay.squash_manifest(5, 27) == "r/squash/000000000005-000000000027/manifest.json"
+    assert lay.squash_segment(5, 27, 1) == "r/squash/000000000005-000000000027/seg-00001.bin"
+    assert lay.squash_root == "r/squash/"
