@@ -96,7 +96,7 @@ def iter_encode_delta(
         specs[spec.name] = spec
         chunks.append(ChunkInfo(spec.name, start, count, changed, used, len(payload)))
         payloads.append(payload)
-        size += len(payload) + 36
+        size += len(payload) + 40  # the payload and its chunk-table entry
         if size >= segment_bytes:
             yield pack_segment(base, list(specs.values()), chunks, payloads)
             specs, chunks, payloads, size = {}, [], [], 0
