@@ -92,6 +92,7 @@ class ActorLoop:
         self.name = name or config.region or "actor"
         self._store = store
         self._stop = threading.Event()
+        self._state_wanted = threading.Event()
         self.events = EventLog(config.events, self.name)
         self.actor_id: str | None = None
         self.backend: GenerationBackend | None = None
@@ -101,6 +102,10 @@ class ActorLoop:
         self.results_rejected: dict[str, int] = {}
 
     # --- control ---------------------------------------------------------------------------------
+
+    def request_state(self) -> None:
+        """Ask the loop to write ``config.state_out`` at its next safe point (safe from signal handlers)."""
+        self._state_wanted.set()
 
     def stop(self) -> None:
         """Ask the loop to finish its current batch and exit (safe from signal handlers and threads)."""
@@ -222,6 +227,9 @@ class ActorLoop:
 
     def _safe_point(self) -> CommitTiming | None:
         """Commit the staged version if one is ready (between batches only)."""
+        if self._state_wanted.is_set():
+            self._state_wanted.clear()
+            self._write_state()
         if not self.weights.ready():
             return None
         try:

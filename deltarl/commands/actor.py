@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="name in logs and events (default: the region)")
     parser.add_argument("--events", default=None, metavar="FILE", help="append one JSON line per event to FILE")
     parser.add_argument("--state-out", default=None, metavar="FILE",
-                        help="on exit, write the live weights' version and state digest to FILE")
+                        help="on exit (and on SIGUSR1), write the live weights' version and state digest to FILE")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
     def _stop(signum: int, frame: FrameType | None) -> None:
         loop.stop()
 
+    def _state(signum: int, frame: FrameType | None) -> None:
+        loop.request_state()
+
+    signal.signal(signal.SIGUSR1, _state)  # write --state-out now (at the next safe point) and carry on
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     try:

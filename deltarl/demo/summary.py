@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,9 @@ class Summary:
             f"report: {png}"
         )
         store_flag = "" if d.o.store is None and str(d.out) == str(d.out.cwd() / "deltarl-runs") else f" --store {d.store_url}"
+        endpoint = os.environ.get("DELTARL_S3_ENDPOINT")
+        if d.store_url.startswith("s3://") and endpoint:
+            console.print(f"(S3 endpoint: export DELTARL_S3_ENDPOINT={endpoint} before the commands below)")
         console.print(
             f"\nrun folder: [cyan]{d.store_url}/{d.run_name}[/cyan]" if d.o.store is None else f"\nrun: {d.store_url} / {d.run_name}"
         )

@@ -58,6 +58,12 @@ async def test_actor_follows_versions_and_ends_on_the_trainers_bits(
         deadline = time.monotonic() + 60
         while (actor.weights is None or actor.weights.held is None or actor.weights.held[0] < 3) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        actor.request_state()  # what SIGUSR1 does in `deltarl actor`: write the state file, keep running
+        while not state_out.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert thread.is_alive()
+        assert json.loads(state_out.read_text())["state_digest"] == state_digest(final)
+        state_out.unlink()
     finally:
         actor.stop()
         await asyncio.to_thread(thread.join, 60)
