@@ -26,8 +26,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from deltarl.actor.config import ActorConfig
+from deltarl.coordinator.scheduler import UnknownActor
 from deltarl.errors import (
     AdmissionRejected,
+    AuthError,
     CoordinatorError,
     DeltaRLError,
     IntegrityError,
@@ -132,17 +134,31 @@ class ActorLoop:
             if self.stopping:
                 return
             client = SyncCoordinatorClient(cfg.coordinator, cfg.resolved_token())
-            reg = client.register(region=cfg.region, backend=cfg.backend,
-                                  capabilities={"name": self.name, "throttle": cfg.throttle})
-            self.actor_id = reg.actor_id
-            self.events.emit("registered", actor_id=reg.actor_id, version=self.weights.version)
-            log.info("actor %s registered as %s at version %d", self.name, reg.actor_id, self.weights.version)
-            heartbeat = threading.Thread(target=self._heartbeat, args=(client, reg.heartbeat_interval_s),
+            interval = self._register(client)
+            if interval is None:
+                return
+            heartbeat = threading.Thread(target=self._heartbeat, args=(client, interval),
                                          name="actor-heartbeat", daemon=True)
             heartbeat.start()
+            failures = 0
             while not self.stopping:
                 self._safe_point()
-                grant = client.lease(reg.actor_id, cfg.max_prompts)
+                try:
+                    assert self.actor_id is not None
+                    grant = client.lease(self.actor_id, cfg.max_prompts)
+                    failures = 0
+                except UnknownActor:  # the coordinator does not know us (any more): register again
+                    log.warning("coordinator does not know actor %s; registering again", self.actor_id)
+                    if self._register(client) is None:
+                        return
+                    continue
+                except AuthError:
+                    raise
+                except CoordinatorError as err:  # unreachable or restarting: keep the weights, try again
+                    failures += 1
+                    log.warning("lease request failed (%d in a row): %s", failures, err)
+                    self._stop.wait(min(5.0, 0.2 * 2**failures))
+                    continue
                 if grant is None:
                     self._stop.wait(cfg.idle_poll_s)
                     continue
@@ -162,6 +178,29 @@ class ActorLoop:
             self.events.close()
             if own_store:
                 store.close()
+
+    def _register(self, client: Any) -> float | None:
+        """Register with the coordinator, retrying while it is unreachable; the heartbeat interval,
+        or None if stopped first. An unknown token (``AuthError``) is final."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.bootstrap_timeout_s
+        while not self.stopping:
+            try:
+                reg = client.register(region=cfg.region, backend=cfg.backend,
+                                      capabilities={"name": self.name, "throttle": cfg.throttle})
+            except AuthError:
+                raise
+            except CoordinatorError as err:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("cannot register with %s yet: %s", cfg.coordinator, err)
+                self._stop.wait(1.0)
+                continue
+            self.actor_id = reg.actor_id
+            self.events.emit("registered", actor_id=reg.actor_id, version=self.weights.version)
+            log.info("actor %s registered as %s at version %d", self.name, reg.actor_id, self.weights.version)
+            return float(reg.heartbeat_interval_s)
+        return None
 
     def _setup(self, store: ObjectStore) -> None:
         """Wait for the run, read its model spec, bootstrap the newest version into a backend."""

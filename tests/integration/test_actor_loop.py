@@ -115,3 +115,30 @@ def test_config_from_a_deployment_file(tmp_path: Path, monkeypatch: pytest.Monke
         ActorConfig.load(path, throttle=0.5)
     with pytest.raises(ConfigError, match="relay URL"):
         ActorConfig.load(path, relays=["ftp://x"])
+
+
+def test_actor_waits_for_an_unreachable_coordinator(local_store: ObjectStore, tmp_path: Path, torch_threads: Any) -> None:
+    """Bootstrapped but the coordinator is not up (or restarting): keep retrying, stop cleanly on request."""
+    import socket
+
+    cfg = TrainerConfig.tiny(run="r", steps=1, torch_threads=1)
+    with Publisher(local_store, "r") as pub:
+        TrainerLoop(cfg, coordinator=None, publisher=pub, store=local_store).start()  # type: ignore[arg-type]
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    events = tmp_path / "events.jsonl"
+    actor = ActorLoop(ActorConfig(coordinator=f"http://127.0.0.1:{port}", token="t", store="unused", run="r",
+                                  events=str(events)), name="a", store=local_store)
+    thread = threading.Thread(target=actor.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not any(e["event"] == "bootstrap" for e in _events(events)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)
+    assert thread.is_alive()
+    assert [e["event"] for e in _events(events)] == ["bootstrap"]
+    actor.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert _events(events)[-1]["event"] == "exit"
