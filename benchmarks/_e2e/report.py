@@ -89,11 +89,12 @@ def plot(doc: dict[str, Any], path: Path) -> None:
                 if "full_nominal_step_s" in r:
                     y = r["full_nominal_step_s"] * T
                     ax.hlines(y, x - width / 2, x + width / 2, colors="black", linestyles="dashed")
-                    ax.annotate(f"at nominal rate {r['full_nominal_ratio']:.2f}x", (x, y), ha="center", va="bottom", fontsize=7)
+                    ax.annotate(f"nominal-rate\nbound {r['full_nominal_ratio']:.2f}x", (x, y), xytext=(0, -3), textcoords="offset points",
+                                ha="center", va="top", fontsize=7, color="white")  # fmt: skip
         for bar, r in zip(bars, rates, strict=True):
             ratio = r.get(f"{mode}_ratio")
             if ratio is not None:
-                ax.annotate(f"{ratio:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ax.annotate(f"{ratio:.3f}x" if ratio < 1.2 else f"{ratio:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                             ha="center", va="bottom", fontsize=8)  # fmt: skip
     ax.set_xticks(range(len(rates)), [f"{r['rate_gbps']:g} Gbit/s" for r in rates])
     ax.set_ylabel("step time, full-size equivalent (s)")
