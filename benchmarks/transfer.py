@@ -408,7 +408,15 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
             from _trace import qwen3_like_shapes
 
             shapes = qwen3_like_shapes(layers=1 if q else 2, vocab=4096 if q else 8192)
-            out["staged"] = [await bench_staged(tmp, shapes, spec, ct) for spec, ct in ((True, True), (False, True), (False, False))]
+            modes = ((True, True), (False, True), (False, False))
+            tries: dict[tuple[bool, bool], list[dict[str, Any]]] = {m: [] for m in modes}
+            for _ in range(max(1, min(args.repeat, 2))):  # alternate modes; keep each mode's best
+                for spec, ct in modes:
+                    tries[(spec, ct)].append(await bench_staged(tmp, shapes, spec, ct))
+            out["staged"] = []
+            for rs in tries.values():
+                best = min(rs, key=lambda r: r["manifest_to_staged_s"])
+                out["staged"].append({**best, "runs_manifest_to_staged_s": sorted(r["manifest_to_staged_s"] for r in rs)})
         if "faults" in only:
             n, size = (4, 1 << 20) if q else (6, 2 << 20)
             out["faults"] = [
@@ -467,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['segment_time_s']:.2f}", f"{r['excess_over_transfer_in_segments']:.2f}")  # fmt: skip
         console.print(t)
     if "staged" in res:
-        t = Table(title="3b. publish -> staged at an actor 2 WAN hops away (real Publisher and Subscriber; segments land at 1/2 the WAN rate)")
+        t = Table(title="3b. publish -> staged at an actor 2 WAN hops away (real Publisher and Subscriber; segments land at 1/2 "
+                        "the WAN rate; best run)")  # fmt: skip
         for col in ("actor / relays", "delta", "segments", "first seg -> staged s", "manifest -> staged s", "publish -> staged s",
                     "upload s", "WAN transfer s", "staged early", "exact"):  # fmt: skip
             t.add_column(col, justify="right")
