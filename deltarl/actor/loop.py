@@ -221,7 +221,7 @@ class ActorLoop:
         self.task = build_task(TaskSpec(**info.task)) if info.task else None
         t0 = time.perf_counter()
         self.backend = self._build_backend()
-        self.weights = Weights(cfg, store)
+        self.weights = Weights(cfg, store, backend=self.backend if cfg.backend == "vllm" else None)
         if not self.weights.bootstrap(self.backend.state_dict_for_update(), timeout_s=cfg.bootstrap_timeout_s, stop=self._stop):
             return
         self.events.emit("bootstrap", version=self.weights.version, version_id=self.weights.version_id,
@@ -245,11 +245,18 @@ class ActorLoop:
         """The generation backend with the run's model (its weights are overwritten by the bootstrap)."""
         cfg = self.config
         if cfg.backend == "vllm":
-            from deltarl.actor.backends import vllm_ext  # noqa: F401 - fails clearly without vLLM
+            from deltarl.actor.backends.vllm_ext import VLLMBackend
 
-            raise RunError("the vLLM backend runs under vLLM's own server (see deltarl.actor.backends.vllm_ext)")
+            if self.model_info.model.is_tiny:
+                raise RunError("the vllm backend serves a local Hugging Face checkpoint: model.name must be its path")
+            return VLLMBackend(self.model_info.model.name, tensor_parallel_size=cfg.tensor_parallel_size,
+                               seed=cfg.seed, throttle=cfg.throttle)
+        return self._hf_backend()
+
+    def _hf_backend(self) -> GenerationBackend:
         from deltarl.actor.backends.hf import HFBackend
 
+        cfg = self.config
         tok = self.tokenizer
         return HFBackend.from_spec(self.model_info.model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                                    device=cfg.device, seed=cfg.seed, throttle=cfg.throttle,
@@ -365,6 +372,12 @@ class ActorLoop:
 
     # --- exit --------------------------------------------------------------------------------------
 
+    def _served_state(self) -> dict[str, Any]:
+        """The weights generation uses, by exported name (vLLM: gathered from its workers)."""
+        assert self.backend is not None
+        gather = getattr(self.backend, "hf_state", None)
+        return gather() if callable(gather) else self.backend.state_dict_for_update()
+
     def _write_state(self) -> None:
         """Write ``{version, version_id, state_digest}`` of the live weights to ``config.state_out``."""
         path = self.config.state_out
@@ -375,7 +388,7 @@ class ActorLoop:
 
         try:
             record = {"actor": self.name, "actor_id": self.actor_id, "version": held[0], "version_id": held[1],
-                      "state_digest": state_digest(self.backend.state_dict_for_update())}
+                      "state_digest": state_digest(self._served_state())}
             with open(path + ".tmp", "w") as fh:
                 json.dump(record, fh, sort_keys=True)
             import os

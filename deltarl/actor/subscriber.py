@@ -107,8 +107,13 @@ class Subscriber:
         catch_up_after: int = 8,
         verify_digest: bool = True,
         speculate: bool = True,
+        backend: Any | None = None,
     ) -> None:
         self.state = state
+        #: A generation backend whose served weights are not ``state`` itself (vLLM: ``state`` is its
+        #: host shadow): deltas are committed through ``backend.commit``, full states pushed with
+        #: ``backend.load_state``. None: ``state`` is the live weights and is written directly.
+        self.backend = backend
         self.layout = RunLayout(run)
         self.fetcher = fetcher
         self.version = version
@@ -310,7 +315,7 @@ class Subscriber:
         digest_ok: bool | None = None
         write_s = 0.0
         try:
-            staged.update.commit()  # inside the try: a failure part-way is rolled back too
+            self._write(staged)  # inside the try: a failure part-way is rolled back too
             write_s = time.monotonic() - t0
             if self.verify_digest and staged.manifest.state_digest is not None:
                 from deltarl.pipeline import state_digest
@@ -321,6 +326,8 @@ class Subscriber:
         except BaseException:
             try:
                 staged.update.rollback()
+                if self.backend is not None:
+                    self.backend.load_state(self.state)  # the served weights follow the restored shadow
             except StagingError as err:  # the commit's own check refused before writing anything
                 log.error("rollback of version %d: %s", staged.version, err)
             self._staged = None
@@ -335,6 +342,15 @@ class Subscriber:
                           staged.full, write_s)
         self.commits.append(info)
         return info
+
+    def _write(self, staged: _Staged) -> None:
+        if self.backend is None:
+            staged.update.commit()
+        elif staged.full:
+            staged.update.commit()  # the shadow (keeping the old values for a rollback), then the workers
+            self.backend.load_state(self.state)
+        else:
+            self.backend.commit(staged.update)  # workers and shadow, rolled back by the backend on failure
 
     async def _check_digest(self, state: dict[str, Any], manifest: Manifest) -> None:
         from deltarl.pipeline import state_digest

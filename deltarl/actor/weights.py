@@ -46,9 +46,12 @@ class TimedSubscriber(Subscriber):
 class Weights:
     """Bootstrap, background staging and safe-point commits of one actor's live state."""
 
-    def __init__(self, config: ActorConfig, store: ObjectStore) -> None:
+    def __init__(self, config: ActorConfig, store: ObjectStore, *, backend: Any | None = None) -> None:
+        """``backend``: one whose served weights are not the state given to :meth:`bootstrap` (vLLM's
+        host shadow); commits then go through ``backend.commit`` / ``backend.load_state``."""
         self.config = config
         self.store = store
+        self.backend = backend
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="actor-weights", daemon=True)
         self._thread.start()
@@ -110,7 +113,7 @@ class Weights:
         cfg = self.config
         self._fetcher = Fetcher([*cfg.relay_urls(), self.store], streams=cfg.streams, cooldown_s=5.0)
         self._sub = TimedSubscriber(self._staged_at, state, cfg.run, self._fetcher, poll_wait_s=5.0, poll_interval_s=cfg.head_poll_s,
-                               verify_digest=cfg.verify_digest)
+                               verify_digest=cfg.verify_digest, backend=self.backend)
 
     async def _bootstrap(self) -> Any:
         assert self._sub is not None
