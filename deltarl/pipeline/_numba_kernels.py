@@ -257,50 +257,55 @@ def class_select_sorted(old, shift, mask, targets, tptr):
     return _class_select_sorted(old, a64, shift, mask, targets, tptr)
 
 
+_FAR = np.int64(1) << 62
+
+
 @njit(cache=True, nogil=True)
 def _class_select_sorted(old, a64, shift, mask, targets, tptr):
+    """Scan the chunk once, counting down to each class's next target rank (one counter per class)."""
     total = targets.size
     out_pos = np.empty(total, np.int64)
     out_idx = np.empty(total, np.int64)
+    if total == 0:
+        return out_pos, out_idx, 0
     nclass = mask + 1
     ptr = tptr[:nclass].copy()
-    nxt = np.full(nclass, -1, np.int64)
+    rem = np.full(nclass, _FAR, np.int64)  # elements of class c still to pass before its next target
     for c in range(nclass):
         if ptr[c] < tptr[c + 1]:
-            nxt[c] = targets[ptr[c]]
-    cnt = np.zeros(nclass, np.int64)
+            rem[c] = targets[ptr[c]]
     kk = 0
     um = np.uint64(mask)
     for w in range(a64.size):
-        if kk == total:
-            return out_pos, out_idx, kk
         x = a64[w]
         for j in range(4):
             c = (x >> np.uint64(16 * j + shift)) & um
-            r = cnt[c]
-            cnt[c] = r + 1
-            if r == nxt[c]:
+            r = rem[c] - 1
+            rem[c] = r
+            if r < 0:
                 p = ptr[c]
                 out_pos[kk] = w * 4 + j
                 out_idx[kk] = p
                 kk += 1
+                if kk == total:
+                    return out_pos, out_idx, kk
                 p += 1
                 ptr[c] = p
-                nxt[c] = targets[p] if p < tptr[c + 1] else -1
+                rem[c] = targets[p] - targets[p - 1] - 1 if p < tptr[c + 1] else _FAR
     for i in range(a64.size * 4, old.size):
-        if kk == total:
-            break
         c = (old[i] >> shift) & mask
-        r = cnt[c]
-        cnt[c] = r + 1
-        if r == nxt[c]:
+        r = rem[c] - 1
+        rem[c] = r
+        if r < 0:
             p = ptr[c]
             out_pos[kk] = i
             out_idx[kk] = p
             kk += 1
+            if kk == total:
+                return out_pos, out_idx, kk
             p += 1
             ptr[c] = p
-            nxt[c] = targets[p] if p < tptr[c + 1] else -1
+            rem[c] = targets[p] - targets[p - 1] - 1 if p < tptr[c + 1] else _FAR
     return out_pos, out_idx, kk
 
 
