@@ -168,7 +168,7 @@ class Demo:
             name = f"actor-{i + 1}"
             throttle = self.o.throttles[i % len(self.o.throttles)]
             events, state_out = self.work / f"{name}.events.jsonl", self.work / f"{name}.state.json"
-            child = Child(name, ["actor", "--coordinator", coordinator, "--store", self.store_url, "--run", self.run_name,
+            child = Child(name, ["-v", "actor", "--coordinator", coordinator, "--store", self.store_url, "--run", self.run_name,
                                  "--relay", relay, "--throttle", str(throttle), "--seed", str(i + 1), "--name", name,
                                  "--events", str(events), "--state-out", str(state_out)],
                           self.work / f"{name}.log", self._env())
