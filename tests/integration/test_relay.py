@@ -178,7 +178,8 @@ async def test_cut_through_serves_bytes_before_the_pull_completes(start_relay: S
     results = await asyncio.gather(*(read(firsts) for _ in range(5)))
     total = time.monotonic() - t0
     assert results == [data] * 5
-    assert max(firsts) - t0 < 0.6 < 1.4 < total  # first bytes long before the last piece landed
+    assert total > 1.4  # the upstream pull takes >= 1.6 s
+    assert max(firsts) - t0 < min(1.0, total - 0.5)  # every reader had bytes long before the last piece landed
     c = relay.counters()
     assert c["deltarl_relay_upstream_pulls_total"] == 1  # five readers, one upstream pull
     assert c["deltarl_relay_upstream_bytes_total"] == len(data)
