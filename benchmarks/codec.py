@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-numpy-path", action="store_true", help="skip the pure-numpy (DELTARL_NO_NUMBA=1) rows"
     )
     args = ap.parse_args(argv)
-    repeat = args.repeat or (2 if args.quick else 3)
+    repeat = args.repeat or (2 if args.quick else 5)
 
     tr, warmup = build(args.quick, args.seed)
     model_bytes = tr.numel * 2
