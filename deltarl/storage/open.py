@@ -8,7 +8,9 @@ Accepted URLs:
   share it);
 * ``s3://bucket`` or ``s3://bucket/prefix`` → :class:`S3Store`; the endpoint comes from the
   ``endpoint_url=`` option, else ``DELTARL_S3_ENDPOINT``, ``AWS_ENDPOINT_URL_S3`` or
-  ``AWS_ENDPOINT_URL``; credentials and region from the usual AWS settings or options.
+  ``AWS_ENDPOINT_URL``; credentials and region from the usual AWS settings or options;
+* ``http://host:port`` or ``https://…`` → :class:`HTTPStore`, a deltarl relay (or anything speaking
+  its HTTP API, e.g. an nginx cache in front of one) used as a store.
 
 Extra keyword options go to the backend's constructor; an unknown option or a malformed URL
 raises :class:`~deltarl.errors.ConfigError`.
@@ -51,7 +53,13 @@ def open_store(url: str | os.PathLike[str], **options: Any) -> ObjectStore:
         if not bucket:
             raise ConfigError(f"s3:// URL has no bucket: {url!r}")
         return _build("s3", (bucket, unquote(parts.path).strip("/")), options)
-    raise ConfigError(f"unsupported store URL scheme {scheme!r} in {url!r} (path, file://, memory://, s3://)")
+    if scheme in ("http", "https"):
+        if not parts.netloc:
+            raise ConfigError(f"{scheme}:// URL has no host: {url!r}")
+        return _build("http", (url,), options)
+    raise ConfigError(
+        f"unsupported store URL scheme {scheme!r} in {url!r} (path, file://, memory://, s3://, http(s)://)"
+    )
 
 
 def _build(kind: str, args: tuple[Any, ...], options: dict[str, Any]) -> ObjectStore:
@@ -64,6 +72,10 @@ def _build(kind: str, args: tuple[Any, ...], options: dict[str, Any]) -> ObjectS
         from deltarl.storage.memory import MemoryStore
 
         cls = MemoryStore
+    elif kind == "http":
+        from deltarl.storage.http import HTTPStore
+
+        cls = HTTPStore
     else:
         from deltarl.storage.s3 import S3Store
 

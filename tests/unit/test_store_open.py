@@ -76,3 +76,16 @@ def test_s3_url_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
         open_store("s3://b", part_size=1)
     with pytest.raises(ConfigError):
         open_store("s3://b/../x")
+
+
+def test_http_url_opens_a_relay_client() -> None:
+    from deltarl.storage.http import HTTPStore
+
+    store = open_store("http://127.0.0.1:9/")
+    try:
+        assert isinstance(store, HTTPStore)
+        assert store.url == "http://127.0.0.1:9"
+    finally:
+        store.close()
+    with pytest.raises(ConfigError, match="no host"):
+        open_store("http:///x")
