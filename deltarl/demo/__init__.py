@@ -1,0 +1,1 @@
+"""``deltarl demo``: the whole loop as a multi-process deployment on one machine (runner, live view, report)."""
