@@ -21,11 +21,10 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from deltarl.actor.config import ActorConfig
+from deltarl.actor.events import CommitTiming, EventLog
 from deltarl.coordinator.scheduler import UnknownActor
 from deltarl.errors import (
     AdmissionRejected,
@@ -43,68 +42,6 @@ if TYPE_CHECKING:
     from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
-
-
-def parse_utc(stamp: str) -> float:
-    """Seconds since the epoch of a manifest's ``created_at`` (``2026-12-02T13:00:00.123Z``)."""
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def warm_decoders() -> None:
-    """Load every codec's compiled kernels now (numba import and cache, ~0.5-3 s), so that the first
-    version after the bootstrap is not staged that much later than the rest. Best effort."""
-    try:
-        import torch
-
-        from deltarl.pipeline import encode_delta, stage_delta
-        from deltarl.pipeline.registry import ENCODABLE
-
-        gen = torch.Generator().manual_seed(0)
-        old = {"w": torch.randn(8192, generator=gen).to(torch.bfloat16)}
-        for frac in (0.01, 1.0):  # sparse and dense chunks take different paths
-            new = {"w": old["w"].clone()}
-            n = int(8192 * frac)
-            new["w"][:n] = (old["w"][:n].float() * 1.01 + 1e-3).to(torch.bfloat16)
-            for codec in ENCODABLE:
-                stage_delta({"w": old["w"].clone()}, encode_delta(old, new, base="0" * 64, codec=codec), base="0" * 64)
-    except (DeltaRLError, ImportError, RuntimeError, ValueError) as err:
-        log.debug("codec warm-up skipped: %s", err)
-
-
-@dataclass(frozen=True)
-class CommitTiming:
-    """What one commit cost and how long the version took to reach this actor."""
-
-    version: int
-    version_id: str
-    publish_to_staged_s: float | None
-    publish_to_commit_s: float | None
-    #: the whole pause at the safe point: in-place write plus the digest check where one is recorded
-    pause_ms: float
-    digest_checked: bool
-    #: the in-place write alone
-    write_ms: float = 0.0
-
-
-class EventLog:
-    """Appends one JSON object per line to a file (or nowhere); thread-safe."""
-
-    def __init__(self, path: str | None, actor: str) -> None:
-        self._fh = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - held for the actor's life
-        self._actor = actor
-        self._lock = threading.Lock()
-
-    def emit(self, event: str, **fields: Any) -> None:
-        if self._fh is None:
-            return
-        line = json.dumps({"event": event, "t": time.time(), "actor": self._actor, **fields}, sort_keys=True)
-        with self._lock:
-            self._fh.write(line + "\n")
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
 
 
 class ActorLoop:
@@ -234,6 +171,8 @@ class ActorLoop:
             import torch
 
             torch.set_num_threads(cfg.torch_threads)
+        from deltarl.actor.weights import warm_decoders
+
         threading.Thread(target=warm_decoders, name="actor-warm-codecs", daemon=True).start()
         info = self._wait_model_json(store)
         if info is None:
