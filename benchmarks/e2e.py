@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _e2e import netns
 from _e2e.driver import drive, summarize
 from _e2e.modes import (
     Actor,
@@ -136,7 +137,7 @@ async def run_mode(mode: str, net: Network, states: list[dict[str, Any]], sc: Sc
 async def run_rate(rate_gbps: float, states: list[dict[str, Any]], sc: Scale, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     s = sc.scaled
     rate = sc.rate_bps(rate_gbps * GBPS)
-    async with Network(root, args.regions, rate_bps=rate, rtt_s=s["rtt_s"], window_bytes=int(s["window_bytes"])) as net:
+    async with Network(root, args.regions, rate_bps=rate, rtt_s=s["rtt_s"], window_bytes=int(s["window_bytes"]), netns=args.netns) as net:
         modes = {m: await run_mode(m, net, states, sc, args) for m in args.modes}
     row: dict[str, Any] = {"rate_gbps": rate_gbps, "scaled_rate_bps": rate, "modes": modes}
     ideal = modes["ideal"]["step_s"] if "ideal" in modes else None
@@ -199,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5, help="Adam steps before the measured trace")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--docs", type=Path, default=None, help="write e2e.md and e2e.png here (default docs/ unless --quick)")
+    p.add_argument("--netns", action="store_true",
+                   help="root only: enforce link rates with tbf on veth pairs into a network namespace (delay stays in the proxy)")
     p.add_argument("--report", type=Path, default=None, metavar="JSON",
                    help="only re-render the table and docs from a saved result (no run)")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -211,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     window_mib = args.window_mib or (16.0 if args.quick else 2.0)  # quick: keep the emulator's work small
     args.regions = args.regions or (2 if args.quick else 3)
     args.steps = args.steps or (2 if args.quick else 4)
+    if args.netns and not netns.available():
+        p.error("--netns needs root and the ip and tc commands")
     args.modes = [m for m in args.modes.split(",") if m]
     if "ideal" not in args.modes:
         args.modes.insert(0, "ideal")
@@ -242,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         "streams": STREAMS,
         "range_bytes": RANGE_BYTES,
         "cpus": os.cpu_count(),
-        "emulation": "rootless asyncio proxy (deltarl.netem.EmulatedLink) per region",
+        "emulation": ("tbf-shaped veth per region into a network namespace (rate) + EmulatedLink (delay, window)" if args.netns
+                      else "rootless asyncio proxy (deltarl.netem.EmulatedLink) per region"),
         "rates": {f"{r['rate_gbps']:g}gbps": r for r in rows},
         "command": " ".join(["python", "benchmarks/e2e.py", *(argv if argv is not None else sys.argv[1:])]),
     }

@@ -21,9 +21,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiohttp import web
+
+from _e2e.netns import ShapedRegions
 from deltarl.netem import EmulatedLink
 from deltarl.storage import LocalStore
-from deltarl.storage.relay import RelayConfig, RelayServer
+from deltarl.storage.relay import RelayConfig, RelayServer, create_app
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +52,21 @@ class Region:
 
 
 class Network:
-    """Build with ``async with Network(root, regions, rate_bps, rtt_s, window_bytes)``."""
+    """Build with ``async with Network(root, regions, rate_bps, rtt_s, window_bytes)``.
 
-    def __init__(self, root: Path, regions: int, *, rate_bps: float, rtt_s: float, window_bytes: int) -> None:
+    ``netns=True`` (root only, see ``_e2e/netns.py``): the origin relay listens in its own network
+    namespace and each region's link rate is enforced by the kernel (tbf on a veth pair); the
+    proxy then adds only the delay and the per-connection window.
+    """
+
+    def __init__(self, root: Path, regions: int, *, rate_bps: float, rtt_s: float, window_bytes: int, netns: bool = False) -> None:
         self.root = root
         self.n_regions = regions
         self.rate_bps = rate_bps
         self.rtt_s = rtt_s
         self.window_bytes = window_bytes
+        self.netns = netns
         self.origin = LocalStore(str(root / "origin"))
-        self.origin_relay: RelayServer | None = None
         self.regions: list[Region] = []
         self._stack = contextlib.AsyncExitStack()
 
@@ -68,20 +76,34 @@ class Network:
             poll_interval_s=0.01, head_ttl_s=0.05,
         )  # fmt: skip
 
+    async def _origin_in_netns(self) -> tuple[ShapedRegions, int]:
+        shaped = ShapedRegions(self.n_regions, self.rate_bps).up()
+        self._stack.callback(shaped.down)
+        runner = web.AppRunner(create_app(self.origin, self._config("origin")), access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        self._stack.push_async_callback(runner.cleanup)
+        sock = shaped.listen_socket()
+        await web.SockSite(runner, sock).start()
+        return shaped, int(sock.getsockname()[1])
+
     async def __aenter__(self) -> Network:
-        origin_relay = await self._stack.enter_async_context(RelayServer(self.origin, self._config("origin")))
-        self.origin_relay = origin_relay
+        shaped: ShapedRegions | None = None
+        if self.netns:
+            shaped, port = await self._origin_in_netns()
+        else:
+            origin_relay = await self._stack.enter_async_context(RelayServer(self.origin, self._config("origin")))
+            port = origin_relay.port
         for i in range(self.n_regions):
             name = f"region-{i + 1}"
             link = EmulatedLink(
-                origin_relay.host, origin_relay.port, rate_bps=self.rate_bps, rtt_s=self.rtt_s,
-                window_bytes=self.window_bytes, chunk_bytes=64 << 10,
+                shaped.origin_ip(i) if shaped else "127.0.0.1", port, rate_bps=None if shaped else self.rate_bps,
+                rtt_s=self.rtt_s, window_bytes=self.window_bytes, chunk_bytes=64 << 10,
             )  # fmt: skip
             await self._stack.enter_async_context(link)
             relay = await self._stack.enter_async_context(RelayServer(link.url, self._config(name)))
             self.regions.append(Region(name, link, relay))
-        log.info("network: origin relay %s, %d regions at %.1f Mbit/s, RTT %.1f ms, window %d B",
-                 origin_relay.url, self.n_regions, self.rate_bps / 1e6, self.rtt_s * 1e3, self.window_bytes)
+        log.info("network: %d regions at %.1f Mbit/s (%s), RTT %.1f ms, window %d B", self.n_regions, self.rate_bps / 1e6,
+                 "tbf in a netns" if shaped else "rootless proxy", self.rtt_s * 1e3, self.window_bytes)  # fmt: skip
         return self
 
     async def __aexit__(self, *exc: object) -> None:
