@@ -5,14 +5,13 @@ Importable without torch. Flags of ``deltarl actor`` override the file's fields.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from deltarl.configfile import load_model
 from deltarl.errors import ConfigError
 
 #: Environment variables an actor's coordinator token may come from, in order.
@@ -81,23 +80,4 @@ class ActorConfig(BaseModel):
     def load(cls, path: str | Path | None, **overrides: Any) -> ActorConfig:
         """Read a YAML/JSON file (its ``actor:`` section if it has one), then apply non-None
         ``overrides``; errors raise ``ConfigError``. ``path=None`` starts from the defaults."""
-        data: Any = {}
-        if path is not None:
-            try:
-                text = Path(path).read_text()
-            except OSError as err:
-                raise ConfigError(f"{path}: {err}") from err
-            try:
-                data = yaml.safe_load(text) if str(path).endswith((".yaml", ".yml")) else json.loads(text)
-            except (yaml.YAMLError, json.JSONDecodeError) as err:
-                raise ConfigError(f"{path}: {err}") from err
-            data = data or {}
-            if not isinstance(data, dict):
-                raise ConfigError(f"{path}: expected a mapping at the top level")
-            if isinstance(data.get("actor"), dict):
-                data = data["actor"]
-        data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
-        try:
-            return cls.model_validate(data)
-        except ValidationError as err:
-            raise ConfigError(f"{path or 'actor config'}: {err}") from err
+        return load_model(cls, path, "actor", overrides)

@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _apply_deployment(args: argparse.Namespace) -> None:
     """Fill unset flags from the deployment file's ``relays: <region>:`` section, then the defaults."""
-    from deltarl.commands._deployment import load_section
+    from deltarl.configfile import load_section
     from deltarl.errors import ConfigError
 
     conf: dict[str, object] = {}

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from deltarl.errors import ConfigError
+from deltarl.configfile import load_model
 
 
 class SchedulerConfig(BaseModel):
@@ -67,15 +65,6 @@ class CoordinatorConfig(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> CoordinatorConfig:
-        """Read a YAML or JSON file; bad content raises ``ConfigError``."""
-        try:
-            text = Path(path).read_text()
-        except OSError as err:
-            raise ConfigError(f"{path}: {err}") from err
-        try:
-            data = yaml.safe_load(text) or {} if str(path).endswith((".yaml", ".yml")) else json.loads(text)
-            if isinstance(data, dict) and isinstance(data.get("coordinator"), dict):
-                data = data["coordinator"]  # a deployment file (examples/deployment.yaml): the coordinator's section
-            return cls.model_validate(data)
-        except (ValueError, yaml.YAMLError) as err:
-            raise ConfigError(f"{path}: {err}") from err
+        """Read a YAML or JSON file (its ``coordinator:`` section if it has one: a deployment file);
+        bad content raises ``ConfigError``."""
+        return load_model(cls, path, "coordinator")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from deltarl.errors import ConfigError
+from deltarl.configfile import load_model
 from deltarl.trainer.grpo import GRPOConfig
 from deltarl.trainer.model import ModelSpec
 from deltarl.trainer.tasks import TaskSpec
@@ -88,27 +86,9 @@ class TrainerConfig(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> TrainerConfig:
-        """Read a YAML or JSON file, apply non-None top-level ``overrides``; errors raise ``ConfigError``."""
-        try:
-            text = Path(path).read_text()
-        except OSError as err:
-            raise ConfigError(f"{path}: {err}") from err
-        try:
-            data = yaml.safe_load(text) if str(path).endswith((".yaml", ".yml")) else json.loads(text)
-        except (yaml.YAMLError, json.JSONDecodeError) as err:
-            raise ConfigError(f"{path}: {err}") from err
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        # a deployment file may hold several sections; the trainer reads its own when present
-        if isinstance(data.get("trainer"), dict):
-            data = data["trainer"]
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        try:
-            return cls.model_validate(data)
-        except ValidationError as err:
-            raise ConfigError(f"{path}: {err}") from err
+        """Read a YAML or JSON file (its ``trainer:`` section if it has one: a deployment file), then
+        apply non-None top-level ``overrides``; errors raise ``ConfigError``."""
+        return load_model(cls, path, "trainer", overrides)
 
     @classmethod
     def tiny(cls, **fields: Any) -> TrainerConfig:
