@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rescore", type=int, default=0, metavar="N",
                         help="recompute the sampled tokens' logprobs of N rollouts under the claimed version")
     parser.add_argument("--tolerance", type=float, default=0.05, metavar="T",
-                        help="largest |logprob difference| a rescored token may show (default 0.05)")
+                        help="largest mean |logprob difference| per completion token a rescored sample may show "
+                             "(default 0.05)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rescore sample (default 0)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
