@@ -11,13 +11,13 @@ segments with ``base = from_id`` and then holds version b, bit for bit.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from deltarl.errors import FormatError, IntegrityError, ObjectExists
+from deltarl.storage.canonical import canonical_json, is_sha256, load_record
 from deltarl.storage.layout import RunLayout
-from deltarl.storage.manifest import DeltaStatsRecord, ObjectRef, _Fields, _load, canonical_json
+from deltarl.storage.manifest import DeltaStatsRecord, ObjectRef
 from deltarl.storage.reader import RunReader, check_ref
 from deltarl.storage.store import ObjectStore
 
@@ -25,7 +25,6 @@ logger = logging.getLogger(__name__)
 
 SQUASH_FORMAT_VERSION = 1
 MAX_SQUASH_BYTES = 8 << 20
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class SquashRecord:
         where = f"squash {self.run!r} {self.from_version}->{self.to_version}"
         if not 0 <= self.from_version < self.to_version:
             raise FormatError(f"{where}: needs 0 <= from_version < to_version")
-        if not (_HEX64.match(self.from_id) and _HEX64.match(self.to_id)):
+        if not (is_sha256(self.from_id) and is_sha256(self.to_id)):
             raise FormatError(f"{where}: ids must be 64 hex digits")
         prefix = RunLayout(self.run).squash_prefix(self.from_version, self.to_version)
         if not self.segments or any(not ref.key.startswith(prefix) for ref in self.segments):
@@ -71,7 +70,7 @@ class SquashRecord:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "squash") -> SquashRecord:
-        f: _Fields = _load(data, where, MAX_SQUASH_BYTES, SQUASH_FORMAT_VERSION)
+        f = load_record(data, where, MAX_SQUASH_BYTES, SQUASH_FORMAT_VERSION)
         rec = cls(
             run=f.str_("run"),
             from_version=f.int_("from_version"),

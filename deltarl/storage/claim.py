@@ -25,8 +25,8 @@ import uuid
 from dataclasses import dataclass
 
 from deltarl.errors import FormatError, ObjectExists, ObjectNotFound, PreconditionFailed, WriterConflict
+from deltarl.storage.canonical import canonical_json, load_record
 from deltarl.storage.layout import RunLayout
-from deltarl.storage.manifest import _load, canonical_json
 from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class WriterClaim:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "WRITER") -> WriterClaim:
-        f = _load(data, where, MAX_CLAIM_BYTES, CLAIM_FORMAT_VERSION)
+        f = load_record(data, where, MAX_CLAIM_BYTES, CLAIM_FORMAT_VERSION)
         claim = cls(
             writer_id=f.str_("writer_id"),
             acquired_at_ms=f.int_("acquired_at_ms"),

@@ -35,18 +35,16 @@ def check_ref(ref: ObjectRef, data: bytes, *, named_by: str) -> bytes:
     return data
 
 
-def table_of(info: RunInfo) -> list[Any]:
-    """run.json's tensor table as pipeline TensorSpecs (for ``check_compatible``)."""
-    from deltarl.pipeline import TensorSpec
-
-    return [TensorSpec(name=t.name, dtype=t.dtype, shape=t.shape) for t in info.tensors]
+def table_of(info: RunInfo) -> list[TensorEntry]:
+    """run.json's tensor table (pipeline ``TensorSpec`` rows, for ``check_compatible``)."""
+    return list(info.tensors)
 
 
 def entries_of(state: Any) -> tuple[TensorEntry, ...]:
     """The run.json tensor table of a state."""
     from deltarl.pipeline import tensor_table
 
-    return tuple(TensorEntry(s.name, s.dtype, tuple(s.shape)) for s in tensor_table(state))
+    return tuple(tensor_table(state))
 
 
 class RunReader:
