@@ -65,7 +65,7 @@ class CachedBody:
 
 
 class PullBody:
-    """An object still arriving from upstream: serve the prefix that has landed, then wait."""
+    """An object still arriving from upstream: serve the bytes that have landed, then wait for more."""
 
     def __init__(self, pull: Pull, *, cut_through: bool) -> None:
         assert pull.size is not None
@@ -88,11 +88,19 @@ class PullBody:
             event = pull.changed()
             if pull.error is not None:
                 raise TransientStoreError(f"upstream pull of {pull.key} failed: {pull.error}") from pull.error
-            # The tail of the object (and everything, in store-and-forward mode) waits for the check.
-            limit = end if pull.done else (min(pull.prefix, self.size - HOLDBACK, end) if self.cut_through else start)
+            # Any range is served as soon as its own bytes have landed; the tail of the object (and
+            # everything, in store-and-forward mode) waits for the integrity check.
+            if pull.done:
+                limit = end
+            elif self.cut_through:
+                limit = min(pull.available(pos), self.size - HOLDBACK, end)
+            else:
+                limit = start
             if limit > pos:
+                # Bytes this process wrote moments ago (page cache): read them in the loop, no
+                # thread hand-off per chunk. A finished pull may have much left: read in a thread.
                 n = min(CHUNK, limit - pos)
-                data = await asyncio.to_thread(_read_hash, self._fd, pos, n, None)
+                data = await asyncio.to_thread(os.pread, self._fd, n, pos) if pull.done else os.pread(self._fd, n, pos)
                 pos += len(data)
                 yield data
                 continue

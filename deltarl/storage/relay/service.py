@@ -4,10 +4,8 @@ long-poll waits and integrity checks against manifests (mutable objects: :mod:`.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import os
 import re
 import time
 from collections import OrderedDict
@@ -160,49 +158,32 @@ class ObjectService:
         self.metrics.upstream_pulls.inc()
         # Look the expected sha256 up while the bytes travel, so the check at the end costs no round trip.
         expected_task = asyncio.ensure_future(self._expected_sha256(key)) if self.config.verify else None
-        size = pull.size = info.size
-        pull.etag = info.etag
-        pull.tmp_path = self.cache.temp_path()
-        fd = os.open(pull.tmp_path, os.O_WRONLY)
-        hasher = hashlib.sha256()
+        size = info.size
         try:
-            piece = self.config.piece_bytes
-            offsets = list(range(0, size, piece))
-            inflight: dict[asyncio.Task[bytes], int] = {}
-            landed: dict[int, bytes] = {}  # pieces that arrived ahead of the contiguous prefix
+            pull.begin(size, info.etag, self.cache.temp_path(), self.config.piece_bytes)
+            # Up to pull_streams pieces stream in at once, each written as its bytes arrive; a new
+            # piece starts as soon as any finishes (no head-of-line wait, no round trip between).
+            inflight: set[asyncio.Task[None]] = set()
             nxt = 0
-            pull.notify()
-            while pull.prefix < size:
-                # A new piece starts as soon as any finishes (no head-of-line wait), bounded so that
-                # early pieces held for hashing stay within 2 x pull_streams.
-                while len(inflight) < self.config.pull_streams and len(inflight) + len(landed) < 2 * self.config.pull_streams and nxt < len(offsets):
-                    o = offsets[nxt]
-                    nxt += 1
-                    inflight[asyncio.ensure_future(self._piece(key, o, min(o + piece, size)))] = o
-                try:
-                    finished, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                while nxt < pull.pieces or inflight:
+                    while len(inflight) < self.config.pull_streams and nxt < pull.pieces:
+                        inflight.add(asyncio.ensure_future(self._piece(pull, nxt)))
+                        nxt += 1
+                    finished, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                     for task in finished:
-                        o = inflight.pop(task)
-                        landed[o] = task.result()
-                except BaseException:
-                    for t in inflight:
-                        t.cancel()
-                    await asyncio.gather(*inflight, return_exceptions=True)
-                    raise
-                while pull.prefix in landed:
-                    data = landed.pop(pull.prefix)
-                    os.pwrite(fd, data, pull.prefix)
-                    hasher.update(data)
-                    pull.prefix += len(data)
-                    self.metrics.bytes_in.inc(len(data))
-                pull.notify()
-            sha = hasher.hexdigest()
+                        task.result()
+            except BaseException:
+                for t in inflight:
+                    t.cancel()
+                await asyncio.gather(*inflight, return_exceptions=True)
+                raise
+            sha = pull.digest()
             expected = await expected_task if expected_task is not None else None
             if expected is not None and expected != sha:
                 self.metrics.integrity_failures.inc()
                 raise IntegrityError(f"{key} from {self.upstream.url} has sha256 {sha}, its manifest says {expected}")
         except BaseException as err:
-            os.close(fd)
             if expected_task is not None and not expected_task.done():
                 expected_task.cancel()
             self._pulls.pop(key, None)
@@ -211,7 +192,7 @@ class ObjectService:
                 raise
             log.warning("pull of %s failed: %s", key, err)
             return
-        os.close(fd)
+        assert pull.tmp_path is not None
         self._pulls.pop(key, None)
         self.cache.commit(key, pull.tmp_path, size=size, etag=pull.etag, sha256=sha, verified=expected is not None)
         self.metrics.cache_bytes.set(self.cache.bytes)
@@ -219,20 +200,27 @@ class ObjectService:
         pull.done = True
         pull.notify()
 
-    async def _piece(self, key: str, start: int, end: int) -> bytes:
+    async def _piece(self, pull: Pull, i: int) -> None:
+        """Stream piece ``i`` into the pull; a broken stream resumes where it stopped."""
+        start, end = pull.piece_range(i)
+        pos = start
         for attempt in range(_PIECE_ATTEMPTS):
             try:
                 self.metrics.upstream_requests.labels("get_range").inc()
-                data = await self.upstream.get_range(key, start, end)
-                if len(data) != end - start:
-                    raise TransientStoreError(f"{key}: upstream returned {len(data)} of {end - start} bytes")
-                return data
+                async for data in self.upstream.stream_range(pull.key, pos, end):
+                    data = data[: end - pos]
+                    if data:
+                        pull.write(pos, data)
+                        pos += len(data)
+                        self.metrics.bytes_in.inc(len(data))
+                if pos != end:
+                    raise TransientStoreError(f"{pull.key}: upstream stopped at {pos - start} of {end - start} bytes")
+                return
             except TransientStoreError as err:
                 if attempt == _PIECE_ATTEMPTS - 1:
                     raise
-                log.info("retrying piece [%d, %d) of %s: %s", start, end, key, err)
+                log.info("retrying piece [%d, %d) of %s: %s", pos, end, pull.key, err)
                 await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
-        raise AssertionError("unreachable")
 
     def _evict_corrupt(self, entry: CacheEntry) -> None:
         log.error("cached %s is corrupt; evicting it", entry.key)

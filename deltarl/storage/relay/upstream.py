@@ -1,8 +1,9 @@
 """Where a relay pulls from: an object store (called in threads) or another relay (over HTTP).
 
-Both look the same to the relay: async ``head``, ``get_range``, ``get_with_etag`` (a mutable
-object with the ETag of exactly those bytes), ``wait_head`` (held until a missing object lands),
-and the writes a push forwards (``put``, ``put_if_absent``, ``cas``, ``delete``, ``list``).
+Both look the same to the relay: async ``head``, ``get_range`` (and ``stream_range``, the same
+bytes as they arrive), ``get_with_etag`` (a mutable object with the ETag of exactly those bytes),
+``wait_head`` (held until a missing object lands), and the writes a push forwards (``put``,
+``put_if_absent``, ``cas``, ``delete``, ``list``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 from deltarl.errors import ObjectNotFound, TransientStoreError
 from deltarl.storage.keys import etag_of
@@ -33,6 +35,10 @@ class Upstream(abc.ABC):
     @abc.abstractmethod
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)``."""
+
+    async def stream_range(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
+        """Bytes ``[start, end)`` in order, as they arrive (may end short: the caller checks)."""
+        yield await self.get_range(key, start, end)
 
     @abc.abstractmethod
     async def get_with_etag(self, key: str) -> tuple[bytes, str]:
@@ -117,6 +123,10 @@ class HTTPUpstream(Upstream):
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         return await self.client.get_range(key, start, end)
+
+    async def stream_range(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
+        async for chunk in self.client.stream(key, start, end):
+            yield chunk
 
     async def get_with_etag(self, key: str) -> tuple[bytes, str]:
         got = await self.client.get_mutable(key)
