@@ -4,8 +4,9 @@ joined to the benchmark's namespace by one veth pair per actor region, each shap
 The same recipe as ``infra/netns-regions.sh`` (veth + tbf; this kernel has no netem), with the
 regions' side left in the calling namespace so that one process can host every region: the origin
 relay's listening socket is created inside the origin namespace (``setns`` in a short-lived
-thread; a socket stays in the namespace it was made in), and region *r* reaches it at
-``10.78.r.1``, through veth *r* and its tbf. Delay and per-connection windows still come from the
+thread; a socket stays in the namespace it was made in), and region *r* reaches it through
+veth *r* and its tbf, on a /30 of 198.18.0.0/15 (the range RFC 2544 sets aside for benchmarks,
+so no real route is shadowed), picked per process so two runs do not collide. Delay and per-connection windows still come from the
 rootless proxy (``EmulatedLink`` with no rate of its own) in front of it.
 """
 
@@ -43,8 +44,18 @@ class ShapedRegions:
         self.ns = f"e2e-origin-{self.tag}"
         self._veths: list[str] = []
 
+    def _net(self, region: int) -> str:
+        """The /30 of region ``region``: ``198.18.<block>.<4 * region>`` (at most 64 regions)."""
+        if not 0 <= region < 64:
+            raise ValueError("at most 64 regions")
+        return f"198.{18 + os.getpid() % 2}.{(os.getpid() // 2) % 256}.{4 * region}"
+
+    def _ip(self, region: int, host: int) -> str:
+        a, b, c, d = self._net(region).split(".")
+        return f"{a}.{b}.{c}.{int(d) + host}"
+
     def origin_ip(self, region: int) -> str:
-        return f"10.78.{region + 1}.1"
+        return self._ip(region, 1)
 
     def up(self) -> ShapedRegions:
         rate = f"{max(8000, int(self.rate_bps))}bit"
@@ -57,8 +68,8 @@ class ShapedRegions:
                 _run("ip", "link", "add", near, "type", "veth", "peer", "name", far)
                 self._veths.append(near)
                 _run("ip", "link", "set", far, "netns", self.ns)
-                _run("ip", "addr", "add", f"10.78.{r + 1}.2/24", "dev", near)
-                _run("ip", "-n", self.ns, "addr", "add", f"{self.origin_ip(r)}/24", "dev", far)
+                _run("ip", "addr", "add", f"{self._ip(r, 2)}/30", "dev", near)
+                _run("ip", "-n", self.ns, "addr", "add", f"{self.origin_ip(r)}/30", "dev", far)
                 _run("ip", "link", "set", near, "up")
                 _run("ip", "-n", self.ns, "link", "set", far, "up")
                 for ns_args, dev in (((), near), (("-n", self.ns), far)):

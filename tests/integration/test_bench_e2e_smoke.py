@@ -48,3 +48,26 @@ def test_e2e_quick(tmp_path: Path) -> None:
             assert mode["step_s"] > 0
     assert "deltarl" in proc.stdout
     assert "x ideal" in proc.stdout
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(180)
+def test_e2e_quick_netns(tmp_path: Path) -> None:
+    """The same run with kernel (tbf) rate limits in a network namespace; needs root."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from _e2e import netns
+
+    if not netns.available():
+        pytest.skip("needs root and the ip and tc commands")
+    out = tmp_path / "e2e.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "e2e.py"), "--quick", "--netns", "--rates", "1", "--modes", "ideal,deltarl",
+         "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=170,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["emulation"].startswith("tbf")
+    delta = doc["rates"]["1gbps"]["modes"]["deltarl"]
+    assert delta["exact"] is True
+    assert all(n > 0 for n in delta["link_bytes_per_step"].values())
