@@ -23,11 +23,11 @@ class CommitTiming:
     version_id: str
     publish_to_staged_s: float | None
     publish_to_commit_s: float | None
-    #: the whole pause at the safe point: in-place write plus the digest check where one is recorded
+    #: the whole pause at the safe point: the in-place write (the digest check runs after it)
     pause_ms: float
+    #: whether the version's recorded state digest is checked against the state: in the background
+    #: after the commit, before any result generated from the version is reported
     digest_checked: bool
-    #: the in-place write alone
-    write_ms: float = 0.0
 
 
 class EventLog:

@@ -3,15 +3,18 @@
 One thread generates and commits (the backend is not thread-safe); the subscriber fetches and
 stages the next version in the background while that thread generates. Between batches the loop
 commits a staged version if one is ready: the commit writes absolute values in place and is
-rolled back if anything fails, so no rollout is ever generated from a half-applied model. After a
-commit the state digest is checked where the version's manifest records one.
+rolled back if anything fails, so no rollout is ever generated from a half-applied model. Where the
+version's manifest records a state digest, it is checked in the background while the batch after
+the commit is generated; the loop confirms it before reporting that batch, and a mismatch rolls the
+version back and drops the batch instead of reporting it.
 
 A new actor first bootstraps (newest keyframe, then the deltas after it) and only then asks for
 work. Every result is tagged with the version id of the weights that generated it.
 
 Events (one JSON line each, in ``config.events``) let an operator or the demo follow the actor:
-``registered``, ``bootstrap``, ``commit`` (publish → staged seconds, the commit pause), ``result``
-(admitted or the rejection reason), ``exit``.
+``registered``, ``bootstrap``, ``commit`` (publish → staged seconds, the commit pause),
+``commit_failed`` (refused or rolled back, also after a digest mismatch), ``result`` (admitted or
+the rejection reason), ``exit``.
 """
 
 from __future__ import annotations
@@ -250,9 +253,20 @@ class ActorLoop:
         self.timings.append(timing)
         self.events.emit("commit", version=timing.version, version_id=timing.version_id,
                          publish_to_staged_s=timing.publish_to_staged_s, publish_to_commit_s=timing.publish_to_commit_s,
-                         pause_ms=timing.pause_ms, write_ms=timing.write_ms, digest_checked=timing.digest_checked,
+                         pause_ms=timing.pause_ms, digest_checked=timing.digest_checked,
                          fetch=self.weights.fetch_stats())
         return timing
+
+    def _confirmed(self) -> bool:
+        """Whether the weights the last batch was generated from passed their digest check (waiting
+        for it). False: that version was rolled back, and nothing generated from it may be reported."""
+        try:
+            self.weights.confirm()
+        except IntegrityError as err:
+            log.error("state digest check failed, version rolled back: %s", err)
+            self.events.emit("commit_failed", error=str(err))
+            return False
+        return True
 
     def _ensure_accepted(self, accepted: Sequence[str]) -> bool:
         """Bring the weights to a version the step accepts (waiting for staging if needed)."""
@@ -274,6 +288,9 @@ class ActorLoop:
             self.events.emit("lapsed", lease_id=lease.lease_id, step=lease.step)
             return
         result = self._generate(grant)
+        if not self._confirmed():
+            self.events.emit("result", step=lease.step, lease_id=lease.lease_id, admitted=False, reason="rolled_back")
+            return
         for attempt in range(3):
             try:
                 ack = client.report(result)

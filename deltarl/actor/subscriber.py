@@ -10,6 +10,13 @@ still missing on several streams, and keeps the result as the one staged version
 :meth:`Subscriber.commit` between batches; nothing is written into the state anywhere else, so a
 rollout is never generated from a half-applied model.
 
+The state digest a manifest may record is checked *after* the commit, off the actor's pause: the
+commit writes the changed values and returns, a background thread hashes the state while the actor
+generates on it, and :meth:`Subscriber.confirm` waits for that hash. A mismatch rolls the version
+back (every value the commit wrote is restored) before ``confirm`` raises, so an actor that
+confirms before reporting never reports a result generated from a state that differs from the
+trainer's. The next commit confirms the previous one first.
+
 An actor that is new (:meth:`Subscriber.bootstrap`) or more than ``catch_up_after`` versions behind
 catches up from the newest keyframe at or before HEAD, applying the deltas after it on a copy that
 the next commit swaps in. (``deltarl.storage.replay.squash`` builds one delta between two versions
@@ -19,10 +26,12 @@ but needs the origin store; a relay-only actor uses the keyframe path.)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import MutableMapping
-from dataclasses import dataclass
+from collections.abc import Mapping, MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
@@ -40,17 +49,23 @@ class CommitInfo:
 
     version: int
     version_id: str
-    #: Seconds the state was being written (the actor's pause), digest check included.
+    #: Seconds the state was being written: the actor's whole pause (the digest check comes after).
     pause_s: float
     changed_elements: int
-    #: True/False when the manifest records a state digest and it was checked; None otherwise.
+    #: True/False once the state digest the manifest records has been checked; None while the check
+    #: is pending (``digest_pending``) and when there is none to check.
     state_digest_ok: bool | None
     #: Seconds from the manifest becoming visible to the version being staged.
     stage_s: float
+    #: Wall-clock time (``time.time()``, comparable with a manifest's ``created_at``) at which the
+    #: version was staged, ready to commit.
+    staged_at: float
     #: Whether this commit replaced the whole state (keyframe catch-up) instead of a delta.
     full: bool = False
-    #: Seconds of the in-place write alone (``pause_s`` minus the digest check).
-    write_s: float = 0.0
+    #: Whether the state digest is being checked in the background (see :meth:`Subscriber.confirm`).
+    digest_pending: bool = False
+    #: Seconds the digest check took, off the pause (None: none has finished).
+    digest_s: float | None = None
 
 
 class _FullUpdate:
@@ -68,6 +83,10 @@ class _FullUpdate:
             return
         if sorted(self._state) != sorted(self._new):
             raise StagingError("catch-up state has other tensors than the live state")
+        for name, t in self._new.items():  # same dtype and shape: copy_ is then bit-exact
+            live = self._state[name]
+            if live.dtype != t.dtype or live.shape != t.shape:
+                raise StagingError(f"catch-up tensor {name!r} is {t.dtype}{list(t.shape)}, live {live.dtype}{list(live.shape)}")
         self._old = {n: t.clone() for n, t in self._state.items()}
         for name, t in self._new.items():
             self._state[name].copy_(t)
@@ -89,6 +108,28 @@ class _Staged:
     update: Any  # StagedUpdate or _FullUpdate
     stage_s: float
     full: bool
+    staged_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class _DigestCheck:
+    """A committed version whose state digest is being computed in a background thread."""
+
+    staged: _Staged
+    previous: tuple[int | None, str | None]  # what the subscriber held before the commit
+    info: CommitInfo
+    future: Future[tuple[str, float]]  # (digest, seconds)
+
+    def matches(self) -> bool:
+        """Whether the digest equals the manifest's (waits for it; False if computing it failed)."""
+        return self.future.exception() is None and self.future.result()[0] == self.staged.manifest.state_digest
+
+
+def _timed_digest(state: Mapping[str, Any]) -> tuple[str, float]:
+    from deltarl.pipeline import state_digest
+
+    t0 = time.monotonic()
+    return state_digest(state), time.monotonic() - t0
 
 
 class Subscriber:
@@ -122,7 +163,10 @@ class Subscriber:
         self.poll_interval_s = poll_interval_s
         self.catch_up_after = catch_up_after
         self.verify_digest = verify_digest
+        #: Every commit, its entry replaced once its digest check has finished.
         self.commits: list[CommitInfo] = []
+        self._check: _DigestCheck | None = None
+        self._digests: ThreadPoolExecutor | None = None
         self._staged: _Staged | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -211,6 +255,12 @@ class Subscriber:
             self._task = asyncio.ensure_future(self._run())
 
     async def close(self) -> None:
+        await self._stop_background()
+        if self._digests is not None:
+            await asyncio.to_thread(self._digests.shutdown)
+            self._digests = None
+
+    async def _stop_background(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -302,46 +352,120 @@ class Subscriber:
         return None if self._staged is None else self._staged.version
 
     @property
+    def staged_at(self) -> float | None:
+        """Wall-clock time (``time.time()``) at which the staged version became ready, or None."""
+        return None if self._staged is None else self._staged.staged_at
+
+    @property
+    def digest_pending(self) -> bool:
+        """Whether the last commit's state digest check has not been confirmed yet."""
+        return self._check is not None
+
+    @property
     def error(self) -> BaseException | None:
         """The last error of the background loop (it keeps retrying)."""
         return self._error
 
     def commit(self) -> CommitInfo:
-        """Write the staged version into the state (call between batches). Rolls back on failure."""
+        """Write the staged version into the state (call between batches). A failure part-way is
+        rolled back before this raises.
+
+        Where a delta's manifest records a state digest (and ``verify_digest``), the commit does not
+        wait for it: the digest is computed in a background thread and checked by :meth:`confirm` (a
+        catch-up state was checked when it was built). The
+        pending check of the previous commit is settled first (waiting for it); if it mismatches,
+        that version is rolled back, the version staged on top of it dropped, and this raises
+        ``IntegrityError``.
+        """
         staged = self._staged
         if staged is None:
             raise StagingError("nothing staged")
+        self._settle()
+        if not staged.full and staged.manifest.parent != self.version_id:
+            self._staged = None
+            self._wake.set()
+            raise StagingError(f"{staged.manifest.key}: staged on {staged.manifest.parent}, we hold {self.version_id}")
         t0 = time.monotonic()
-        digest_ok: bool | None = None
-        write_s = 0.0
         try:
             self._write(staged)  # inside the try: a failure part-way is rolled back too
-            write_s = time.monotonic() - t0
-            if self.verify_digest and staged.manifest.state_digest is not None:
-                from deltarl.pipeline import state_digest
-
-                digest_ok = state_digest(self.state) == staged.manifest.state_digest
-                if not digest_ok:
-                    raise IntegrityError(f"{staged.manifest.key}: state digest differs after commit")
         except BaseException:
-            try:
-                staged.update.rollback()
-                if self.backend is not None:
-                    self.backend.load_state(self.state)  # the served weights follow the restored shadow
-            except StagingError as err:  # the commit's own check refused before writing anything
-                log.error("rollback of version %d: %s", staged.version, err)
+            self._undo(staged)
             self._staged = None
             self._wake.set()
             raise
-        pause = time.monotonic() - t0
+        previous = (self.version, self.version_id)
         self.version, self.version_id = staged.version, staged.version_id
         self._staged = None
         self._error = None
-        self._wake.set()
-        info = CommitInfo(staged.version, staged.version_id, pause, staged.update.changed_elements, digest_ok, staged.stage_s,
-                          staged.full, write_s)
+        recorded = staged.manifest.state_digest is not None
+        # a catch-up state was checked against the digest when it was built, and is copied bit for bit
+        check = self.verify_digest and recorded and not staged.full
+        info = CommitInfo(staged.version, staged.version_id, time.monotonic() - t0, staged.update.changed_elements,
+                          True if staged.full and recorded else None, staged.stage_s, staged.staged_at, staged.full,
+                          digest_pending=check)
+        if check:
+            if self._digests is None:
+                self._digests = ThreadPoolExecutor(1, thread_name_prefix="deltarl-digest")
+            self._check = _DigestCheck(staged, previous, info, self._digests.submit(_timed_digest, self.state))
         self.commits.append(info)
+        self._wake.set()
         return info
+
+    async def confirm(self) -> CommitInfo | None:
+        """Wait for the last commit's state digest check; its final :class:`CommitInfo`, or None if
+        no check is pending.
+
+        If the digest differs from the manifest's (or cannot be computed) the version is rolled
+        back - every value the commit wrote is restored and the subscriber holds the previous
+        version again - and this raises ``IntegrityError``. Call it at the safe point, before reporting anything generated since the
+        commit: a rollback writes the state.
+        """
+        check = self._check
+        if check is None:
+            return None
+        await asyncio.wait([asyncio.wrap_future(check.future)])
+        if check is not self._check:  # settled by a commit meanwhile
+            return None
+        if check.matches() or self._task is None:
+            return self._settle()
+        await self._stop_background()  # it may be staging the next version against the state we roll back
+        try:
+            return self._settle()
+        finally:
+            self._task = asyncio.ensure_future(self._run())
+
+    def _settle(self) -> CommitInfo | None:
+        """Finish the pending digest check (waiting for it); a mismatch rolls its version back."""
+        check, self._check = self._check, None
+        if check is None:
+            return None
+        if check.matches():
+            return self._record(check.info, state_digest_ok=True, digest_s=check.future.result()[1])
+        self._undo(check.staged)
+        self.version, self.version_id = check.previous
+        self._staged = None  # staged on top of the version just rolled back
+        self._wake.set()
+        self._record(check.info, state_digest_ok=False)
+        err = IntegrityError(f"{check.staged.manifest.key}: state digest differs after commit; "
+                             f"rolled back to version {self.version}")
+        self._error = err
+        raise err from check.future.exception()
+
+    def _record(self, info: CommitInfo, **changes: Any) -> CommitInfo:
+        final = dataclasses.replace(info, digest_pending=False, **changes)
+        for i in range(len(self.commits) - 1, -1, -1):
+            if self.commits[i] is info:
+                self.commits[i] = final
+                break
+        return final
+
+    def _undo(self, staged: _Staged) -> None:
+        try:
+            staged.update.rollback()
+            if self.backend is not None:
+                self.backend.load_state(self.state)  # the served weights follow the restored shadow
+        except StagingError as err:  # the commit's own check refused before writing anything
+            log.error("rollback of version %d: %s", staged.version, err)
 
     def _write(self, staged: _Staged) -> None:
         if self.backend is None:

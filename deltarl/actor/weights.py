@@ -3,8 +3,8 @@
 The subscriber and its fetcher live on a private event loop in a background thread, where they
 prefetch and stage the next version while the actor's own thread generates. Every call that
 touches the live state (bootstrap, commit) runs on that loop while the actor's thread waits, so
-the state is written only at the safe point. A small watcher records the wall-clock moment each
-version becomes staged, for the publish → staged timing.
+the state is written only at the safe point. A small watcher wakes :meth:`Weights.wait_ready` when
+a version is staged.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections.abc import Coroutine, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from deltarl.actor.subscriber import Subscriber
+from deltarl.actor.subscriber import CommitInfo, Subscriber
 from deltarl.errors import DeltaRLError, ObjectNotFound, RunError, TransferError
 
 if TYPE_CHECKING:
@@ -51,19 +51,6 @@ def warm_decoders() -> None:
         log.debug("codec warm-up skipped: %s", err)
 
 
-class TimedSubscriber(Subscriber):
-    """The subscriber, noting the wall-clock moment each version is staged (exact, not polled)."""
-
-    def __init__(self, staged_at: dict[int, float], *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._note = staged_at
-
-    async def _stage_next(self) -> None:
-        await super()._stage_next()
-        if self.staged_version is not None:
-            self._note.setdefault(self.staged_version, time.time())
-
-
 class Weights:
     """Bootstrap, background staging and safe-point commits of one actor's live state."""
 
@@ -79,7 +66,6 @@ class Weights:
         self._sub: Subscriber | None = None
         self._fetcher: Any = None
         self._watch: asyncio.Task[None] | None = None
-        self._staged_at: dict[int, float] = {}
         self._ready = threading.Event()
 
     def _call(self, coro: Coroutine[Any, Any, R], timeout: float | None = None) -> R:
@@ -133,7 +119,7 @@ class Weights:
 
         cfg = self.config
         self._fetcher = Fetcher([*cfg.relay_urls(), self.store], streams=cfg.streams, cooldown_s=5.0)
-        self._sub = TimedSubscriber(self._staged_at, state, cfg.run, self._fetcher, poll_wait_s=5.0, poll_interval_s=cfg.head_poll_s,
+        self._sub = Subscriber(state, cfg.run, self._fetcher, poll_wait_s=5.0, poll_interval_s=cfg.head_poll_s,
                                verify_digest=cfg.verify_digest, backend=self.backend)
 
     async def _bootstrap(self) -> Any:
@@ -146,13 +132,10 @@ class Weights:
         self._watch = asyncio.ensure_future(self._watcher())
 
     async def _watcher(self) -> None:
-        """Wake :meth:`wait_ready` when a version is staged (and note its time if the subscriber did not)."""
+        """Wake :meth:`wait_ready` when a version is staged."""
         assert self._sub is not None
         while True:
-            v = self._sub.staged_version
-            if v is not None:
-                if v not in self._staged_at:
-                    self._staged_at[v] = time.time()
+            if self._sub.ready():
                 self._ready.set()
             await asyncio.sleep(0.005)
 
@@ -169,30 +152,44 @@ class Weights:
         return self._ready.wait(timeout) and self.ready()
 
     def commit(self) -> CommitTiming | None:
-        """Commit the staged version in place (rolled back on failure); its timings, or None if none."""
+        """Commit the staged version in place (rolled back on failure); its timings, or None if none.
+
+        The previous commit's digest check is confirmed first (``IntegrityError`` if it failed: that
+        version is rolled back); this commit's own check runs in the background until :meth:`confirm`.
+        """
         from deltarl.actor.events import CommitTiming, parse_utc
 
         if not self.ready():
             return None
+        self.confirm()
         info = self._call(self._commit())
         self._ready.clear()
         manifest, _ = self._call(self._manifest(info.version))
         published = parse_utc(manifest.created_at)
-        staged_at = self._staged_at.pop(info.version, None)
         timing = CommitTiming(
             version=info.version,
             version_id=info.version_id,
-            publish_to_staged_s=None if staged_at is None else round(max(0.0, staged_at - published), 4),
+            publish_to_staged_s=round(max(0.0, info.staged_at - published), 4),
             publish_to_commit_s=round(max(0.0, time.time() - published), 4),
             pause_ms=round(info.pause_s * 1000, 3),
-            digest_checked=info.state_digest_ok is True,
-            write_ms=round(getattr(info, "write_s", info.pause_s) * 1000, 3),
+            digest_checked=info.digest_pending or info.state_digest_ok is True,
         )
         log.info("committed version %d: pause %.2f ms, publish→staged %s s%s", info.version, timing.pause_ms,
-                 timing.publish_to_staged_s, ", digest ok" if timing.digest_checked else "")
+                 timing.publish_to_staged_s, ", checking its digest" if info.digest_pending else "")
         return timing
 
-    async def _commit(self) -> Any:
+    def confirm(self) -> CommitInfo | None:
+        """Wait for the last commit's state digest check (see :meth:`Subscriber.confirm`): its final
+        info, or None if none is pending. A mismatch rolls that version back and raises
+        ``IntegrityError``. Call it before reporting anything generated since the last commit."""
+        if self._sub is None or not self._sub.digest_pending:
+            return None
+        info = self._call(self._sub.confirm())
+        if info is not None:
+            log.info("version %d: state digest ok (%.3f s, off the commit pause)", info.version, info.digest_s or 0.0)
+        return info
+
+    async def _commit(self) -> CommitInfo:
         assert self._sub is not None
         return self._sub.commit()
 

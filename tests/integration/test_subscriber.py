@@ -151,3 +151,82 @@ async def test_segments_are_staged_before_the_manifest_lands(start_relay: StartR
     assert states_equal(state, trainer.exports[2])
     assert sub.speculated_segments >= 1  # fetched and decoded during the second before the commit
     assert info.stage_s < 0.5
+
+
+def _unchanged_element(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, int]:
+    """A (tensor, flat index) whose bits are the same in ``a`` and ``b``."""
+    import torch
+
+    for name in sorted(a):
+        bits = torch.int16 if a[name].element_size() == 2 else torch.int32
+        same = (a[name].reshape(-1).view(bits) == b[name].reshape(-1).view(bits)).nonzero()
+        if len(same):
+            return name, int(same[0])
+    raise AssertionError("every element changed")
+
+
+def _flip(state: dict[str, Any], name: str, index: int) -> None:
+    import torch
+
+    flat = state[name].view(-1).view(torch.int16 if state[name].element_size() == 2 else torch.int32)
+    flat[index] ^= 1
+
+
+async def test_digest_is_checked_after_the_commit_and_a_mismatch_rolls_back() -> None:
+    from deltarl.errors import IntegrityError
+
+    origin = MemoryStore()
+    trainer = Trainer(origin, digest_interval=1)
+    state: dict[str, Any] = {}
+    try:
+        await trainer.publish()
+        async with Fetcher([origin], streams=2) as fetcher, Subscriber(state, RUN, fetcher, poll_wait_s=1.0) as sub:
+            await sub.bootstrap()
+            sub.start()
+            # a good version: the commit returns before the digest check, confirm() finishes it
+            await trainer.publish()
+            await _until_ready(sub)
+            staged_at = sub.staged_at
+            assert staged_at is not None
+            assert staged_at <= time.time()
+            info = sub.commit()
+            assert (info.version, info.digest_pending, info.state_digest_ok, info.staged_at) == (1, True, None, staged_at)
+            confirmed = await sub.confirm()
+            assert confirmed is not None
+            assert (confirmed.version, confirmed.digest_pending, confirmed.state_digest_ok) == (1, False, True)
+            assert confirmed.digest_s is not None
+            assert sub.commits[-1] == confirmed
+            assert await sub.confirm() is None  # nothing pending any more
+
+            # a state that differs from the trainer's outside the delta: commit, then confirm() rolls back
+            await trainer.publish()
+            await _until_ready(sub)
+            name, index = _unchanged_element(trainer.exports[1], trainer.exports[2])
+            _flip(state, name, index)
+            assert sub.commit().digest_pending
+            with pytest.raises(IntegrityError, match="rolled back to version 1"):
+                await sub.confirm()
+            assert (sub.version, sub.version_id) == (1, confirmed.version_id)
+            assert sub.commits[-1].state_digest_ok is False
+            _flip(state, name, index)
+            assert states_equal(state, trainer.exports[1])  # every value the commit wrote is restored
+
+            # the next commit settles a pending check first: the version staged on the bad one is dropped
+            await _until_ready(sub)  # version 2 again
+            _flip(state, name, index)
+            sub.commit()
+            await trainer.publish()
+            await _until_ready(sub)
+            assert sub.staged_version == 3
+            with pytest.raises(IntegrityError):
+                sub.commit()
+            assert sub.version == 1
+            assert sub.staged_version in (None, 2)
+            _flip(state, name, index)
+            while sub.version != 3:  # healthy again: versions 2 and 3 commit and check out
+                await _until_ready(sub)
+                sub.commit()
+                assert (await sub.confirm()).state_digest_ok  # type: ignore[union-attr]
+            assert states_equal(state, trainer.exports[3])
+    finally:
+        trainer.close()
