@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from deltarl.coordinator.persistence import CoordinatorStore
 from deltarl.coordinator.records import AdmittedRecord, LeaseRecord, StepSpec, sha256_of
-from deltarl.errors import DeltaRLError, ObjectNotFound
+from deltarl.errors import DeltaRLError
 from deltarl.storage.reader import RunReader
 from deltarl.storage.store import ObjectStore
 
@@ -77,19 +77,10 @@ class AuditReport:
 
 
 def version_chain(store: ObjectStore, run: str) -> dict[str, int]:
-    """Version id -> version number for every committed version of the run, links verified.
-
-    Walks from version 0 to HEAD (and past it while manifests exist: HEAD is only a hint)."""
-    reader = RunReader(store, run)
-    try:
-        head = reader.head().version
-    except ObjectNotFound:
-        head = -1
-    while reader.has_manifest(head + 1):
-        head += 1
-    if head < 0:
-        return {}
-    return {vid: manifest.version for manifest, vid in reader.chain(head, from_version=0)}
+    """Version id -> version number for every version replay can rebuild, links verified: from the
+    oldest stored keyframe (version 0 unless ``deltarl gc --keep-last`` removed older versions) up
+    to the last committed version (HEAD, or past it while manifests exist: HEAD is only a hint)."""
+    return RunReader(store, run).version_numbers()
 
 
 class _Auditor:

@@ -44,17 +44,6 @@ class GcReport:
     oldest_kept: int | None = None
 
 
-def _last_committed(reader: RunReader) -> int | None:
-    try:
-        last: int | None = reader.head().version
-    except ObjectNotFound:
-        last = None
-    nxt = 0 if last is None else last + 1
-    while reader.has_manifest(nxt):  # committed, HEAD not yet moved (crash between the two)
-        last, nxt = nxt, nxt + 1
-    return last
-
-
 def _size(store: ObjectStore, key: str) -> int:
     try:
         return store.head(key).size
@@ -75,7 +64,7 @@ def gc(
         raise ValueError("keep_last must be >= 1")
     layout = RunLayout(run)
     reader = RunReader(store, run)
-    last = _last_committed(reader)
+    last = reader.last_committed()
     report = GcReport(run=run, dry_run=dry_run, last_committed=last)
 
     by_version: dict[int, list[str]] = {}

@@ -75,14 +75,12 @@ def inspect_run(store: ObjectStore, run: str, *, version: int | None = None, las
         head: HeadRecord | None = reader.head()
     except ObjectNotFound:
         head = None
+    top = None if version is not None else reader.last_committed()
     if version is not None:
         wanted = [version]
-    elif head is None:
+    elif top is None:
         wanted = []
     else:
-        top = head.version
-        while reader.has_manifest(top + 1):  # committed, HEAD not yet moved
-            top += 1
         first = 0 if last is None else max(0, top - last + 1)
         wanted = list(range(first, top + 1))
 

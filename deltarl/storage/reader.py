@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from deltarl.errors import FormatError, IntegrityError, ObjectNotFound, RunError, TensorMismatch
@@ -112,6 +113,42 @@ class RunReader:
     def has_manifest(self, version: int) -> bool:
         return self.store.exists(self.layout.manifest(version))
 
+    def last_committed(self) -> int | None:
+        """The newest committed version, or None if there is none: HEAD's, or later where manifests
+        exist past it (HEAD is a hint; a crash between manifest and HEAD leaves it behind)."""
+        try:
+            last: int | None = self.head().version
+        except ObjectNotFound:
+            last = None
+        nxt = 0 if last is None else last + 1
+        while self.has_manifest(nxt):
+            last, nxt = nxt, nxt + 1
+        return last
+
+    def kept_chain(self) -> list[tuple[Manifest, str]]:
+        """Every version replay can rebuild: from the oldest stored keyframe up to the last committed
+        version, ascending, with every parent link checked. Versions before it were removed by
+        ``gc --keep-last`` (or are being removed: gc deletes the oldest first). Empty if no version."""
+        last = self.last_committed()
+        if last is None:
+            return []
+        out: list[tuple[Manifest, str]] = []
+        try:
+            for item in self._down(last):
+                out.append(item)
+        except ObjectNotFound:  # the first version gc removed: the stored chain starts after it
+            if not out:
+                raise
+        out.reverse()
+        for i, (manifest, _) in enumerate(out):
+            if manifest.keyframe is not None:
+                return out[i:]
+        raise RunError(f"{self.layout.versions_prefix}: no keyframe among the stored versions {out[0][0].version}..{last}")
+
+    def version_numbers(self) -> dict[str, int]:
+        """Version id -> version number for every version of :meth:`kept_chain`."""
+        return {vid: manifest.version for manifest, vid in self.kept_chain()}
+
     def segment(self, manifest: Manifest, index: int) -> bytes:
         """Segment ``index`` of ``manifest``, checked against its recorded size and sha256."""
         ref = manifest.segments[index]
@@ -148,23 +185,27 @@ class RunReader:
         if from_version is not None and from_version > to_version:
             raise ValueError(f"from_version {from_version} is after to_version {to_version}")
         out: list[tuple[Manifest, str]] = []
-        v = to_version
-        while True:
+        for manifest, vid in self._down(to_version):
+            out.append((manifest, vid))
+            if manifest.version == from_version or (from_version is None and manifest.keyframe is not None):
+                break
+        else:
+            raise RunError(f"{self.layout.manifest(0)}: reached version 0 without finding version {from_version}")
+        out.reverse()
+        return out
+
+    def _down(self, version: int) -> Iterator[tuple[Manifest, str]]:
+        """Manifests from ``version`` down to 0, each checked to be the parent its child names."""
+        child: Manifest | None = None
+        for v in range(version, -1, -1):
             manifest, vid = self.manifest(v)
-            if out and out[-1][0].parent != vid:
-                child = out[-1][0]
+            if child is not None and child.parent != vid:
                 raise RunError(
                     f"{child.key}: broken parent chain: it names parent {child.parent[:16] if child.parent else None}…, "
                     f"but {manifest.key} has id {vid[:16]}…"
                 )
-            out.append((manifest, vid))
-            if v == from_version or (from_version is None and manifest.keyframe is not None):
-                break
-            if v == 0:
-                raise RunError(f"{self.layout.manifest(0)}: reached version 0 without finding version {from_version}")
-            v -= 1
-        out.reverse()
-        return out
+            yield manifest, vid
+            child = manifest
 
     def check_head(self, version: int, vid: str) -> None:
         """If HEAD names ``version``, check that it names the same id; a mismatch is a RunError."""

@@ -48,17 +48,11 @@ class RescoreFinding:
 
 
 def version_numbers(store: ObjectStore, run: str) -> dict[str, int]:
-    """Map every committed version id of ``run`` to its version number (walks the manifests)."""
+    """Version id -> version number for every version of ``run`` replay can rebuild (from the oldest
+    stored keyframe: ``gc --keep-last`` may have removed older ones), parent links verified."""
     from deltarl.storage.reader import RunReader
 
-    reader = RunReader(store, run)
-    out: dict[str, int] = {}
-    v = 0
-    while reader.has_manifest(v):
-        _, vid = reader.manifest(v)
-        out[vid] = v
-        v += 1
-    return out
+    return RunReader(store, run).version_numbers()
 
 
 def _pick(results: Sequence[Any], n: int, seed: int) -> list[tuple[Any, int]]:

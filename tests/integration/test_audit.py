@@ -9,6 +9,7 @@ from deltarl.coordinator.audit import audit_run, version_chain
 from deltarl.coordinator.client import CoordinatorClient
 from deltarl.coordinator.persistence import CoordinatorStore
 from deltarl.coordinator.records import AdmittedRecord, LeaseRecord, encode, sha256_of
+from deltarl.storage.gc import gc
 from deltarl.storage.local import LocalStore
 from tests.fixtures.coordinator import (
     ACTOR_TOKEN,
@@ -67,6 +68,29 @@ async def test_clean_run_passes_and_cli_exits_zero(published: tuple[LocalStore, 
     assert "OK" in capsys.readouterr().out
     assert main(["audit", RUN, "--store", store.url, "--steps", "1:"]) == 0
     assert main(["audit", "no-such-run", "--store", store.url]) == 1
+    store.close()
+
+
+async def test_audit_after_gc_starts_at_the_oldest_kept_keyframe(tmp_path_factory: pytest.TempPathFactory) -> None:
+    store = LocalStore(str(tmp_path_factory.mktemp("audit-gc") / "store"))
+    publish_run(store, RUN, 6, keyframe_interval=3)  # keyframes at 0 and 3
+    before = version_chain(store, RUN)
+    assert gc(store, RUN, keep_last=2).removed_versions == [0, 1, 2]  # replay of 4, 5 needs keyframe 3
+    chain = version_chain(store, RUN)
+    assert chain == {vid: v for vid, v in before.items() if v >= 3}
+    versions = sorted(chain, key=chain.__getitem__)
+    await _audited_run(store, versions)  # rollouts of versions 3, 4 and 5
+    report = audit_run(store, RUN)
+    assert report.ok, report.failures
+    assert report.versions_in_chain == 3
+    # a rollout claiming a version gc removed cannot be checked against the kept chain: flagged
+    removed = next(vid for vid, v in before.items() if v == 1)
+    cs = CoordinatorStore(store, RUN)
+    key, rec = cs.results(1)[0]
+    forged = rec.result.model_copy(update={"version_id": removed})
+    store.delete(key)
+    store.put(key, encode(AdmittedRecord(**{**rec.model_dump(), "result": forged, "result_sha256": sha256_of(forged)})))
+    assert "version_in_chain" in audit_run(store, RUN).counts()
     store.close()
 
 
