@@ -48,11 +48,11 @@ from deltarl.errors import (
     ObjectNotFound,
     PreconditionFailed,
     StoreError,
-    TransientStoreError,
 )
 from deltarl.storage import s3_multipart
 from deltarl.storage.keys import check_range_args, validate_key, validate_prefix
-from deltarl.storage.retry import RetryPolicy, is_transient
+from deltarl.storage.retry import RetryPolicy
+from deltarl.storage.s3_errors import is_code, is_precondition, strip_etag, translate
 from deltarl.storage.store import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -61,28 +61,6 @@ T = TypeVar("T")
 
 #: Environment variables consulted, in order, when no ``endpoint_url`` is given.
 ENDPOINT_ENV_VARS = ("DELTARL_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-
-_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
-_PRECONDITION_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
-_RANGE_CODES = frozenset({"InvalidRange", "416"})
-
-
-def _code(err: botocore.exceptions.ClientError) -> str:
-    return str(err.response.get("Error", {}).get("Code", ""))
-
-
-def _is_code(err: StoreError, *codes: str) -> bool:
-    cause = err.__cause__
-    return isinstance(cause, botocore.exceptions.ClientError) and _code(cause) in codes
-
-
-def _is_precondition(err: StoreError) -> bool:
-    return _is_code(err, *_PRECONDITION_CODES)
-
-
-def _strip(etag: str) -> str:
-    return etag.strip('"')
-
 
 class S3Store(ObjectStore):
     """Objects under ``s3://bucket/prefix``; keys are relative to the prefix.
@@ -176,35 +154,15 @@ class S3Store(ObjectStore):
         validate_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _translate(self, err: Exception, key: str, op: str) -> StoreError:
-        """Map a boto/urllib3 error to our hierarchy (called once retries are exhausted)."""
-        where = f"{self.url}: {op} {key!r}"
-        if isinstance(err, botocore.exceptions.ClientError):
-            code = _code(err)
-            if code in _NOT_FOUND_CODES:
-                return ObjectNotFound(f"{where}: no such object")
-            if code == "NoSuchBucket":
-                return StoreError(f"{where}: bucket {self.bucket!r} does not exist")
-            if code in _RANGE_CODES:
-                return InvalidRange(f"{where}: range not satisfiable")
-            if is_transient(err):
-                return TransientStoreError(f"{where}: gave up after retries ({code})")
-            return StoreError(f"{where}: {code or 'error'}: {err}")
-        if isinstance(err, botocore.exceptions.NoCredentialsError):
-            return StoreError(f"{where}: no AWS credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
-        if is_transient(err):
-            return TransientStoreError(f"{where}: gave up after retries ({type(err).__name__}: {err})")
-        return StoreError(f"{where}: {type(err).__name__}: {err}")
-
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
         try:
             return self.retry.call(fn, f"S3 {op} {self.url}/{key}")
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
-            raise self._translate(err, key, op) from err
+            raise translate(err, f"{self.url}: {op} {key!r}", self.bucket) from err
         except OSError as err:  # urllib3/builtin connection errors that botocore did not wrap
             if isinstance(err, StoreError):
                 raise
-            raise self._translate(err, key, op) from err
+            raise translate(err, f"{self.url}: {op} {key!r}", self.bucket) from err
 
     def _write(self, key: str, data: bytes, op: str, **condition: str) -> tuple[str | None, bool]:
         """Write the object, under an optional S3 condition (``IfNoneMatch``/``IfMatch``).
@@ -223,9 +181,9 @@ class S3Store(ObjectStore):
             return self._client.put_object(Bucket=self.bucket, Key=full, Body=data, **condition)
 
         try:
-            return _strip(self._call(op, key, put)["ETag"]), attempts > 1
+            return strip_etag(self._call(op, key, put)["ETag"]), attempts > 1
         except StoreError as err:
-            if _is_precondition(err):
+            if is_precondition(err):
                 return None, attempts > 1
             raise
 
@@ -255,12 +213,12 @@ class S3Store(ObjectStore):
                 call_complete=counted,
             )
         except StoreError as err:
-            if _is_precondition(err):
+            if is_precondition(err):
                 return None, attempts > 1
-            if attempts > 1 and _is_code(err, "NoSuchUpload"):  # an earlier attempt completed it
+            if attempts > 1 and is_code(err, "NoSuchUpload"):  # an earlier attempt completed it
                 return None, True
             raise
-        return _strip(resp["ETag"]), attempts > 1
+        return strip_etag(resp["ETag"]), attempts > 1
 
     def _holds(self, key: str, data: bytes) -> str | None:
         """The object's ETag if it exists and holds exactly ``data``, else None.
@@ -280,7 +238,7 @@ class S3Store(ObjectStore):
 
         def read() -> tuple[bytes, str]:
             resp = self._client.get_object(Bucket=self.bucket, Key=full)
-            return resp["Body"].read(), _strip(resp["ETag"])
+            return resp["Body"].read(), strip_etag(resp["ETag"])
 
         try:
             body, etag = self._call("get", key, read)
@@ -332,7 +290,7 @@ class S3Store(ObjectStore):
     def head(self, key: str) -> ObjectInfo:
         full = self._full(key)
         resp = self._call("head", key, lambda: self._client.head_object(Bucket=self.bucket, Key=full))
-        return ObjectInfo(key=key, size=int(resp["ContentLength"]), etag=_strip(resp["ETag"]))
+        return ObjectInfo(key=key, size=int(resp["ContentLength"]), etag=strip_etag(resp["ETag"]))
 
     def put(self, key: str, data: bytes) -> str:
         etag, _ = self._write(key, data, "put")
@@ -353,7 +311,7 @@ class S3Store(ObjectStore):
         if expected_etag is None:
             etag, retried = self._write(key, data, "cas", IfNoneMatch="*")
         else:
-            etag, retried = self._write(key, data, "cas", IfMatch=f'"{_strip(expected_etag)}"')
+            etag, retried = self._write(key, data, "cas", IfMatch=f'"{strip_etag(expected_etag)}"')
         if etag is not None:
             return etag
         if retried:
@@ -408,5 +366,5 @@ class S3Store(ObjectStore):
         try:
             self._call("create_bucket", "", lambda: self._client.create_bucket(Bucket=self.bucket))
         except StoreError as err:
-            if not _is_code(err, "BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            if not is_code(err, "BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise
