@@ -45,23 +45,15 @@ def write_report(rows: Sequence[StepRow], actors: Sequence[str], path: str | Pat
     ax.set(title="share of each step's prompts (%)", xlabel="step", ylim=(0, 100))
     ax.legend(loc="lower right")
 
-    ax = axes[1][1]
-    for actor in actors:
-        pts = [(r.version, r.staged_s[actor]) for r in rows if actor in r.staged_s]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=actor)
-    ax.set(title="publish → staged per actor (s)", xlabel="version")
-    ax.grid(alpha=0.3)
-    ax.legend()
-
-    ax = axes[1][2]
-    for actor in actors:
-        pts = [(r.version, r.commit_ms[actor]) for r in rows if actor in r.commit_ms]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=actor)
-    ax.set(title="commit pause per actor (ms)", xlabel="version")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    for ax, field, title in ((axes[1][1], "staged_s", "publish → staged per actor (s)"),
+                             (axes[1][2], "commit_ms", "commit pause per actor (ms)")):
+        for actor in actors:
+            pts = [(r.version, getattr(r, field)[actor]) for r in rows if actor in getattr(r, field)]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=actor)
+        ax.set(title=title, xlabel="version")
+        ax.grid(alpha=0.3)
+        ax.legend()
 
     fig.tight_layout()
     out = Path(path)
