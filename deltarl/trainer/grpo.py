@@ -13,7 +13,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -81,9 +81,6 @@ class TrainStats:
     tokens: int
     groups: int
     seconds: float
-
-    def as_dict(self) -> dict[str, float | int]:
-        return asdict(self)
 
 
 def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], *, eps: float = 1e-4) -> list[float]:

@@ -103,11 +103,6 @@ def build_model(spec: ModelSpec, *, dtype: torch.dtype | None = None, device: st
     return model
 
 
-def parameter_names(model: torch.nn.Module) -> list[str]:
-    """Names of the exported tensors, in order: ``named_parameters()`` with tied weights once."""
-    return [name for name, _ in model.named_parameters()]
-
-
 def export_bf16(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The inference-dtype state the publisher ships: contiguous CPU BF16 copies, tied weights once."""
     import torch
