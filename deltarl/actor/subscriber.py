@@ -29,7 +29,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,6 +149,7 @@ class Subscriber:
         verify_digest: bool = True,
         speculate: bool = True,
         backend: Any | None = None,
+        on_staged: Callable[[], None] | None = None,
     ) -> None:
         self.state = state
         #: A generation backend whose served weights are not ``state`` itself (vLLM: ``state`` is its
@@ -176,6 +177,8 @@ class Subscriber:
         self._spec: tuple[int, VersionStaging, asyncio.Task[None] | None] | None = None
         #: Segments staged before their manifest was visible (verified against it afterwards).
         self.speculated_segments = 0
+        #: Called (on the event loop) each time a version becomes staged: ready to commit.
+        self.on_staged = on_staged
 
     # --- reads through the fetcher ----------------------------------------------------------------
 
@@ -308,7 +311,7 @@ class Subscriber:
             await self._drop_speculation()
             t0 = time.monotonic()
             state, manifest, vid = await self._catch_up_state(head.version)
-            self._staged = _Staged(manifest.version, vid, manifest, _FullUpdate(self.state, state), time.monotonic() - t0, True)
+            self._set_staged(_Staged(manifest.version, vid, manifest, _FullUpdate(self.state, state), time.monotonic() - t0, True))
             return
         target = self.version + 1
         if self._spec is None or self._spec[0] != target:
@@ -336,10 +339,16 @@ class Subscriber:
             update = await staging.complete(self.fetcher, manifest)
         finally:
             staging.close()
-        self._staged = _Staged(target, vid, manifest, update, time.monotonic() - visible, False)
         self.speculated_segments += len(staging.speculative)
+        staged = _Staged(target, vid, manifest, update, time.monotonic() - visible, False)
         log.info("staged version %d (%d changed elements, %d of %d segments before its manifest) %.3fs after the manifest",
-                 target, update.changed_elements, len(staging.speculative), len(manifest.segments), self._staged.stage_s)  # fmt: skip
+                 target, update.changed_elements, len(staging.speculative), len(manifest.segments), staged.stage_s)  # fmt: skip
+        self._set_staged(staged)
+
+    def _set_staged(self, staged: _Staged) -> None:
+        self._staged = staged
+        if self.on_staged is not None:
+            self.on_staged()
 
     # --- the safe point -----------------------------------------------------------------------------
 

@@ -3,8 +3,8 @@
 The subscriber and its fetcher live on a private event loop in a background thread, where they
 prefetch and stage the next version while the actor's own thread generates. Every call that
 touches the live state (bootstrap, commit) runs on that loop while the actor's thread waits, so
-the state is written only at the safe point. A small watcher wakes :meth:`Weights.wait_ready` when
-a version is staged.
+the state is written only at the safe point. The subscriber's ``on_staged`` hook wakes
+:meth:`Weights.wait_ready` when a version is staged.
 """
 
 from __future__ import annotations
@@ -65,7 +65,6 @@ class Weights:
         self._thread.start()
         self._sub: Subscriber | None = None
         self._fetcher: Any = None
-        self._watch: asyncio.Task[None] | None = None
         self._ready = threading.Event()
 
     def _call(self, coro: Coroutine[Any, Any, R], timeout: float | None = None) -> R:
@@ -120,7 +119,7 @@ class Weights:
         cfg = self.config
         self._fetcher = Fetcher([*cfg.relay_urls(), self.store], streams=cfg.streams, cooldown_s=5.0)
         self._sub = Subscriber(state, cfg.run, self._fetcher, poll_wait_s=5.0, poll_interval_s=cfg.head_poll_s,
-                               verify_digest=cfg.verify_digest, backend=self.backend)
+                               verify_digest=cfg.verify_digest, backend=self.backend, on_staged=self._ready.set)
 
     async def _bootstrap(self) -> Any:
         assert self._sub is not None
@@ -129,15 +128,6 @@ class Weights:
     async def _start(self) -> None:
         assert self._sub is not None
         self._sub.start()
-        self._watch = asyncio.ensure_future(self._watcher())
-
-    async def _watcher(self) -> None:
-        """Wake :meth:`wait_ready` when a version is staged."""
-        assert self._sub is not None
-        while True:
-            if self._sub.ready():
-                self._ready.set()
-            await asyncio.sleep(0.005)
 
     # --- the safe point ----------------------------------------------------------------------------
 
@@ -146,9 +136,9 @@ class Weights:
 
     def wait_ready(self, timeout: float) -> bool:
         """Block up to ``timeout`` s for a staged version."""
+        self._ready.clear()  # before looking: a version staged from now on sets it again
         if self.ready():
             return True
-        self._ready.clear()
         return self._ready.wait(timeout) and self.ready()
 
     def commit(self) -> CommitTiming | None:
@@ -163,7 +153,6 @@ class Weights:
             return None
         self.confirm()
         info = self._call(self._commit())
-        self._ready.clear()
         manifest, _ = self._call(self._manifest(info.version))
         published = parse_utc(manifest.created_at)
         timing = CommitTiming(
@@ -210,9 +199,6 @@ class Weights:
             self._loop.close()
 
     async def _close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
         if self._sub is not None:
             await self._sub.close()
         if self._fetcher is not None:
