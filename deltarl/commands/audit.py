@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -36,22 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
-def _outcome_ok(outcome: Any) -> bool:
-    """A rescore outcome passes if it says so (``.ok`` or ``["ok"]``)."""
-    ok = outcome.get("ok") if isinstance(outcome, dict) else getattr(outcome, "ok", None)
-    return bool(ok)
-
-
-def _outcome_dict(outcome: Any) -> dict[str, Any]:
-    if isinstance(outcome, dict):
-        return outcome
-    return dict(getattr(outcome, "__dict__", {"outcome": repr(outcome)}))
-
-
 def run(args: argparse.Namespace) -> int:
     from deltarl.coordinator.audit import audit_run
     from deltarl.errors import DeltaRLError
     from deltarl.storage.open import open_store
+    from deltarl.trainer.rescore import RescoreFinding, rescore_rollouts
 
     try:
         store = open_store(args.store)
@@ -60,16 +50,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         report = audit_run(store, args.run, args.steps)
-        rescored: list[Any] = []
+        rescored: list[RescoreFinding] = []
         if args.rescore > 0:
-            try:
-                from deltarl.trainer.rescore import rescore_rollouts
-            except ImportError as err:
-                print(f"deltarl audit: --rescore needs deltarl.trainer.rescore ({err})", file=sys.stderr)
-                return 2
             results = [rec.result for rec in report.records]
-            rescored = list(rescore_rollouts(store, args.run, results, args.rescore, tolerance=args.tolerance,
-                                             seed=args.seed))
+            try:
+                rescored = rescore_rollouts(store, args.run, results, args.rescore, tolerance=args.tolerance, seed=args.seed)
+            except ImportError as err:  # torch and transformers are the optional [torch] extra
+                print(f"deltarl audit: --rescore needs deltarl[torch] ({err})", file=sys.stderr)
+                return 2
     except DeltaRLError as err:
         print(f"deltarl audit: {err}", file=sys.stderr)
         return 1
@@ -78,22 +66,21 @@ def run(args: argparse.Namespace) -> int:
     if report.steps_in_store == 0:
         print(f"deltarl audit: run {args.run!r} has no rollouts in {args.store}", file=sys.stderr)
         return 1
-    rescore_failed = sum(not _outcome_ok(o) for o in rescored)
+    flagged = [dataclasses.asdict(f) for f in rescored if not f.ok]
     if args.json:
         print(json.dumps({
-            "run": report.run, "ok": report.ok and not rescore_failed, "versions_in_chain": report.versions_in_chain,
+            "run": report.run, "ok": report.ok and not flagged, "versions_in_chain": report.versions_in_chain,
             "steps": [dict(s.__dict__, versions=dict(s.versions)) for s in report.steps],
             "chain": report.chain,
             "failures": [f.__dict__ for f in report.failures],
-            "rescored": len(rescored), "rescore_failed": rescore_failed,
-            "rescore_flagged": [_outcome_dict(o) for o in rescored if not _outcome_ok(o)],
+            "rescored": len(rescored), "rescore_failed": len(flagged), "rescore_flagged": flagged,
         }, indent=1))
     else:
-        _print_tables(report, rescored, rescore_failed)
-    return 0 if report.ok and not rescore_failed else 1
+        _print_tables(report, len(rescored), flagged)
+    return 0 if report.ok and not flagged else 1
 
 
-def _print_tables(report: Any, rescored: list[Any], rescore_failed: int) -> None:
+def _print_tables(report: Any, rescored: int, flagged: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -114,8 +101,7 @@ def _print_tables(report: Any, rescored: list[Any], rescore_failed: int) -> None
             ft.add_row("" if f.step is None else str(f.step), f.check, f.key.rsplit("/", 1)[-1], f.detail)
         console.print(ft)
     if rescored:
-        console.print(f"rescored {len(rescored)} samples: {rescore_failed} did not match within tolerance")
-        flagged = [_outcome_dict(o) for o in rescored if not _outcome_ok(o)]
+        console.print(f"rescored {rescored} samples: {len(flagged)} did not match within tolerance")
         if flagged:
             rt = Table(title="rescore: flagged samples")
             for col in ("step", "lease_id", "actor_id", "version", "prompt_id", "mean_abs_diff", "reason"):
@@ -124,5 +110,5 @@ def _print_tables(report: Any, rescored: list[Any], rescore_failed: int) -> None
                 rt.add_row(*(str(f.get(c, "")) for c in ("step", "lease_id", "actor_id", "version", "prompt_id")),
                            f"{f.get('mean_abs_diff', float('nan')):.4g}", str(f.get("reason", "")))
             console.print(rt)
-    verdict = "[green]OK[/green]" if report.ok and not rescore_failed else "[red]FAILED[/red]"
+    verdict = "[green]OK[/green]" if report.ok and not flagged else "[red]FAILED[/red]"
     console.print(f"{sum(s.results for s in report.steps)} rollouts in {len(report.steps)} steps: {verdict}")
