@@ -9,7 +9,7 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from deltarl.errors import IntegrityError, ObjectNotFound, StoreError, TransientStoreError
@@ -99,7 +99,18 @@ class ObjectService:
                 self.metrics.cache_hits.inc()
                 return CachedBody(entry, self._evict_corrupt, check=self.config.check_on_serve)
             pull = self._pulls.get(key)
-            if pull is None:
+            left = deadline - time.monotonic()
+            if pull is None and left > 0:
+                # A long-poll asks upstream with its wait at once (answered at once if the object is
+                # there): no plain HEAD, 404 and second request first, one round trip per hop.
+                info = await self.wait_for(key, left)
+                if info is None:
+                    raise ObjectNotFound(f"{key} is not in {self.upstream.url}")
+                if key in self.cache or key in self._pulls:
+                    continue
+                self.metrics.cache_misses.inc()
+                pull = self._start_pull(key, info)  # its size is known: no second HEAD upstream
+            elif pull is None:
                 self.metrics.cache_misses.inc()
                 pull = self._start_pull(key)
             else:
@@ -111,31 +122,28 @@ class ObjectService:
                 return PullBody(pull, cut_through=self.config.cut_through)
             if not isinstance(pull.error, ObjectNotFound):
                 raise StoreError(f"upstream {self.upstream.url}: {key}: {pull.error}") from pull.error
-            left = deadline - time.monotonic()
-            info = await self.wait_for(key, left) if left > 0 else None
-            if info is None:
+            if deadline - time.monotonic() <= 0:
                 raise ObjectNotFound(f"{key} is not in {self.upstream.url}")
-            if key not in self._pulls and key not in self.cache:
-                self._start_pull(key, info)  # its size is known: no second HEAD upstream
+            # (raced with a delete, or a pull started without a wait): wait for it above
 
     async def stat(self, key: str, *, wait: float = 0.0) -> tuple[int, str]:
-        """Size and ETag without starting a pull (HEAD requests)."""
+        """Size and ETag without a pull (HEAD requests); a long-poll (``wait`` > 0) for an object
+        not here yet starts its pull, since whoever waited for it is about to GET it."""
         entry = self.cache.get(key)
         if entry is not None:
             return entry.size, entry.etag
         pull = self._pulls.get(key)
         if pull is not None and pull.size is not None and pull.error is None:
             return pull.size, pull.etag
-        try:
-            self.metrics.upstream_requests.labels("head").inc()
-            info = await self.upstream.head(key)
-        except ObjectNotFound:
-            waited = await self.wait_for(key, min(wait, self.config.max_wait_s)) if wait > 0 else None
-            if waited is None:
-                raise
-            info = waited
+        if wait > 0:
+            info = await self.wait_for(key, min(wait, self.config.max_wait_s))  # at once if it is upstream
+            if info is None:
+                raise ObjectNotFound(f"{key} is not in {self.upstream.url}")
             if key not in self._pulls and key not in self.cache:
-                self._start_pull(key, info)  # whoever long-polled for it is about to GET it: prefetch
+                self._start_pull(key, info)
+            return info.size, info.etag
+        self.metrics.upstream_requests.labels("head").inc()
+        info = await self.upstream.head(key)
         return info.size, info.etag
 
     def _start_pull(self, key: str, info: ObjectInfo | None = None) -> Pull:
@@ -161,22 +169,38 @@ class ObjectService:
         size = info.size
         try:
             pull.begin(size, info.etag, self.cache.temp_path(), self.config.piece_bytes)
-            # Up to pull_streams pieces stream in at once, each written as its bytes arrive; a new
-            # piece starts as soon as any finishes (no head-of-line wait, no round trip between).
-            inflight: set[asyncio.Task[None]] = set()
+            # pull_streams pieces stream in at once, each written as its bytes arrive. The next piece
+            # is asked for once one is half in, not whole: its request's round trip overlaps that
+            # piece's tail, so no stream idles for a round trip between pieces.
+            tasks: set[asyncio.Task[None]] = set()
+            lanes = self.config.pull_streams
+            wake = asyncio.Event()
             nxt = 0
+
+            def free_lane() -> None:
+                nonlocal lanes
+                lanes += 1
+                wake.set()
+
             try:
-                while nxt < pull.pieces or inflight:
-                    while len(inflight) < self.config.pull_streams and nxt < pull.pieces:
-                        inflight.add(asyncio.ensure_future(self._piece(pull, nxt)))
-                        nxt += 1
-                    finished, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-                    for task in finished:
+                while True:
+                    wake.clear()
+                    for task in [t for t in tasks if t.done()]:
+                        tasks.discard(task)
                         task.result()
+                    if nxt >= pull.pieces and not tasks:
+                        break
+                    while lanes > 0 and nxt < pull.pieces:
+                        lanes -= 1
+                        task = asyncio.ensure_future(self._piece(pull, nxt, free_lane))
+                        task.add_done_callback(lambda _: wake.set())
+                        tasks.add(task)
+                        nxt += 1
+                    await wake.wait()
             except BaseException:
-                for t in inflight:
+                for t in tasks:
                     t.cancel()
-                await asyncio.gather(*inflight, return_exceptions=True)
+                await asyncio.gather(*tasks, return_exceptions=True)
                 raise
             sha = pull.digest()
             expected = await expected_task if expected_task is not None else None
@@ -200,27 +224,37 @@ class ObjectService:
         pull.done = True
         pull.notify()
 
-    async def _piece(self, pull: Pull, i: int) -> None:
-        """Stream piece ``i`` into the pull; a broken stream resumes where it stopped."""
+    async def _piece(self, pull: Pull, i: int, free_lane: Callable[[], None]) -> None:
+        """Stream piece ``i`` into the pull (a broken stream resumes where it stopped); call
+        ``free_lane`` once, when half of it is in (or it ends), so the next piece can start."""
         start, end = pull.piece_range(i)
         pos = start
-        for attempt in range(_PIECE_ATTEMPTS):
-            try:
-                self.metrics.upstream_requests.labels("get_range").inc()
-                async for data in self.upstream.stream_range(pull.key, pos, end):
-                    data = data[: end - pos]
-                    if data:
-                        pull.write(pos, data)
-                        pos += len(data)
-                        self.metrics.bytes_in.inc(len(data))
-                if pos != end:
-                    raise TransientStoreError(f"{pull.key}: upstream stopped at {pos - start} of {end - start} bytes")
-                return
-            except TransientStoreError as err:
-                if attempt == _PIECE_ATTEMPTS - 1:
-                    raise
-                log.info("retrying piece [%d, %d) of %s: %s", pos, end, pull.key, err)
-                await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
+        half = start + (end - start) // 2
+        freed = False
+        try:
+            for attempt in range(_PIECE_ATTEMPTS):
+                try:
+                    self.metrics.upstream_requests.labels("get_range").inc()
+                    async for data in self.upstream.stream_range(pull.key, pos, end):
+                        data = data[: end - pos]
+                        if data:
+                            pull.write(pos, data)
+                            pos += len(data)
+                            self.metrics.bytes_in.inc(len(data))
+                        if pos >= half and not freed and pos < end:
+                            freed = True
+                            free_lane()
+                    if pos != end:
+                        raise TransientStoreError(f"{pull.key}: upstream stopped at {pos - start} of {end - start} bytes")
+                    return
+                except TransientStoreError as err:
+                    if attempt == _PIECE_ATTEMPTS - 1:
+                        raise
+                    log.info("retrying piece [%d, %d) of %s: %s", pos, end, pull.key, err)
+                    await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
+        finally:
+            if not freed:
+                free_lane()
 
     def _evict_corrupt(self, entry: CacheEntry) -> None:
         log.error("cached %s is corrupt; evicting it", entry.key)
@@ -308,6 +342,10 @@ class ObjectService:
                     log.info("long-poll of %s upstream failed (%s); retrying", key, err)
                     await asyncio.sleep(self.config.poll_interval_s)
                     continue
+                except StoreError as err:  # not retryable: every waiter gets it
+                    if not w.found.done():
+                        w.found.set_exception(err)
+                    break
                 if not w.found.done():
                     w.found.set_result(info)
         finally:
