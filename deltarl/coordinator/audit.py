@@ -2,7 +2,8 @@
 
 For each admitted record under ``<run>/rollouts/step-<n>/results/`` it checks that
 
-* its version id is in the run's verified version chain (``RunReader.chain``: parent links hashed);
+* its version id is in the run's verified version chain (``RunReader.kept_chain``: parent links
+  hashed, from the oldest stored keyframe, since ``gc --keep-last`` removes older versions);
 * the step accepted that version (the step's stored spec);
 * its lease was valid when admitted: the lease was recorded under ``<run>/coordinator/leases/``,
   is held by the reporting (registered) actor, names the same step and prompts, and
