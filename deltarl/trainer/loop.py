@@ -48,7 +48,14 @@ class StepCoordinator(Protocol):
 class VersionPublisher(Protocol):
     """What the loop needs of ``deltarl.storage.Publisher``."""
 
-    def publish(self, state_dict: Any, step: int) -> Any: ...
+    @property
+    def next_version(self) -> int:
+        """The version the next ``publish`` creates (0 for a run without versions)."""
+        ...
+
+    def publish(self, state_dict: Any, step: int) -> Any:
+        """Publish ``state_dict`` as the next version of ``step``; its ``VersionInfo``."""
+        ...
 
 
 class ClientCoordinator:
@@ -164,7 +171,7 @@ class TrainerLoop:
         write_model_json(self.store, cfg.run, self.model_info().to_bytes())
         if self.version_ids:
             raise RunError("start() was already called")
-        if getattr(self.publisher, "next_version", 0) != 0:
+        if self.publisher.next_version != 0:
             raise RunError(f"run {cfg.run!r} already has versions; resuming a trainer is not supported, use a new run")
         info = self.publisher.publish(self.trainer.export_bf16(), 0)
         if info.version != 0:
