@@ -177,7 +177,8 @@ def test_end_to_end_over_seaweedfs_with_faults(fleet: Fleet, seaweed_s3: S3Locat
     url = coord.wait_for(r"listening on (http://\S+)").group(1)
     fleet.actor("actor-1", url, [url_a], region="us")
     fleet.actor("actor-2", url, [url_b], region="eu", throttle=1.5)
-    victim = fleet.actor("actor-3", url, [url_b], region="eu", throttle=40.0)
+    # slow, but not so slow that its speed-proportional share of 8 prompts rounds to nothing
+    victim = fleet.actor("actor-3", url, [url_b], region="eu", throttle=4.0)
 
     store = seaweed_s3.open()
     trainer_cfg = TrainerConfig.tiny(store=seaweed_s3.url, run=RUN, steps=STEPS, prompts_per_step=8, group_size=4,
