@@ -115,10 +115,18 @@ class CoordinatorStore:
         self._write_once(key, record, lambda old: decode(AdmittedRecord, old).result_sha256 == record.result_sha256)
         return key
 
-    def put_manifest(self, manifest: StepManifest) -> str:
-        key = self.manifest_key(manifest.step)
-        self._write_once(key, manifest, lambda old: decode(StepManifest, old).result_keys == manifest.result_keys)
-        return key
+    def put_manifest(self, manifest: StepManifest) -> StepManifest:
+        """Persist a step's manifest; one already there listing the same results (a close retried
+        after a restart) stands, and is returned: the stored manifest."""
+        stored = manifest
+
+        def same(old: bytes) -> bool:
+            nonlocal stored
+            stored = decode(StepManifest, old)
+            return stored.result_keys == manifest.result_keys
+
+        self._write_once(self.manifest_key(manifest.step), manifest, same)
+        return stored
 
     # --- reads ------------------------------------------------------------------------------------
 

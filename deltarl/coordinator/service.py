@@ -43,6 +43,7 @@ from deltarl.coordinator.records import (
     Registered,
     RegisterRequest,
     RolloutResult,
+    StepManifest,
     StepOpened,
     StepResults,
     StepSpec,
@@ -70,7 +71,7 @@ class Coordinator:
         self._clock = clock
         self.scheduler = Scheduler(self.config.scheduler, clock=clock)
         self._results: dict[int, Results] = {}
-        self._closed: OrderedDict[int, Results] = OrderedDict()
+        self._closed: OrderedDict[int, tuple[StepManifest, Results]] = OrderedDict()  # the last few closed steps
         self._done: dict[int, asyncio.Event] = {}
         self._pending: dict[str, asyncio.Task[Ack]] = {}
         self._closing: set[int] = set()
@@ -204,13 +205,12 @@ class Coordinator:
         try:
             results = self._results.get(step, {})
             spec = self.scheduler.steps[step].spec
-            manifest = build_manifest(spec, results.values(), closed_at=self._clock())
-            await self._io(self.cstore.put_manifest, manifest)
+            manifest = await self._io(self.cstore.put_manifest, build_manifest(spec, results.values(), closed_at=self._clock()))
         finally:
             self._closing.discard(step)
         self._results.pop(step, None)
         self.scheduler.close_step(step)
-        self._closed[step] = results
+        self._closed[step] = (manifest, results)
         while len(self._closed) > self.config.service.keep_closed_steps:
             old, _ = self._closed.popitem(last=False)
             self.scheduler.forget_step(old)
@@ -236,17 +236,16 @@ class Coordinator:
         return StepResults(step=step, complete=False, results=records)
 
     async def _closed_results(self, step: int) -> StepResults:
-        manifest = await self._io(self.cstore.manifest, step)
-        if manifest is None:
-            raise UnknownStep(f"step {step} is not open and has no manifest")
         cached = self._closed.get(step)
-        if cached is not None:
-            records = [r for _, r in sorted(cached.values(), key=lambda kr: kr[0])]
-        else:
-            records = await self._io(
-                lambda: [decode(AdmittedRecord, self.cstore.store.get(k)) for k in manifest.result_keys]
-            )
-        return StepResults(step=step, complete=True, results=records, manifest=manifest)
+        if cached is not None:  # closed here recently: no store reads
+            manifest, results = cached
+            records = [r for _, r in sorted(results.values(), key=lambda kr: kr[0])]
+            return StepResults(step=step, complete=True, results=records, manifest=manifest)
+        stored = await self._io(self.cstore.manifest, step)
+        if stored is None:
+            raise UnknownStep(f"step {step} is not open and has no manifest")
+        records = await self._io(lambda: [decode(AdmittedRecord, self.cstore.store.get(k)) for k in stored.result_keys])
+        return StepResults(step=step, complete=True, results=records, manifest=stored)
 
     def status(self) -> dict[str, Any]:
         out = self.scheduler.status()
