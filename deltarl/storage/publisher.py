@@ -7,8 +7,9 @@ created with ``put_if_absent`` (the commit point), then HEAD moves by compare-an
 any point leaves either no manifest (orphans that ``gc`` or the next publisher removes) or a
 complete version. One writer per run is enforced by :mod:`deltarl.storage.claim`.
 
-Memory: the previous export (one CPU copy of the state, updated in place after each commit) plus
-at most ``max_in_flight`` encoded segments; a keyframe version also holds its serialized snapshot
+Memory: the previous export (one CPU copy of the state, updated in place after each commit, or the
+caller's own export when it hands it over with ``publish(..., owned=True)``, which saves that copy)
+plus at most ``max_in_flight`` encoded segments; a keyframe version also holds its serialized snapshot
 while it uploads.
 """
 
@@ -104,6 +105,7 @@ class Publisher:
         self._lease = WriterLease(store, run, self.writer_id, lease_s=lease_s, takeover=takeover)
         self._info: RunInfo | None = None
         self._prev: dict[str, Any] | None = None
+        self._prev_adopted = False  # _prev holds a caller's tensors (publish(owned=True)): never written
         self._head_id: str | None = None
         self._head_etag: str | None = None
         self._next = 0
@@ -180,8 +182,15 @@ class Publisher:
     def head_version_id(self) -> str | None:
         return self._head_id
 
-    def publish(self, state_dict: Mapping[str, Any], step: int) -> VersionInfo:
-        """Commit ``state_dict`` as the next version; returns once HEAD names it."""
+    def publish(self, state_dict: Mapping[str, Any], step: int, *, owned: bool = False) -> VersionInfo:
+        """Commit ``state_dict`` as the next version; returns once HEAD names it.
+
+        The committed state is the base of the next version, so the publisher keeps it: by default
+        as its own copy (one pass over the whole state per version, after the commit). With
+        ``owned=True`` the caller hands ``state_dict`` over instead: it promises not to modify the
+        mapping or its tensors afterwards (a fresh export per step, as ``export_bf16`` makes), and
+        the publisher keeps references to them, copying nothing (device tensors are copied to CPU).
+        """
         from deltarl.pipeline import check_compatible, state_digest
 
         if self._closed:
@@ -258,11 +267,7 @@ class Publisher:
         self._commit_manifest(manifest.key, data)
         self._crash.at(version, "manifest")
         vid = manifest.version_id
-        if self._prev is None:  # the version is committed: it is the base of the next one
-            self._prev = {name: cpu_copy(value) for name, value in state_dict.items()}
-        else:
-            for name, value in state_dict.items():
-                copy_into(self._prev[name], value, name)
+        self._retain(state_dict, owned)  # the version is committed: it is the base of the next one
         self._force_digest = False
         self._head_id, self._next = vid, version + 1
         self._head_pending = True
@@ -289,6 +294,20 @@ class Publisher:
             encode_s, uploads.busy_s, wall,
         )  # fmt: skip
         return info
+
+    def _retain(self, state: Mapping[str, Any], owned: bool) -> None:
+        """Keep the committed ``state`` as the next base: adopt it (``owned``) or copy it."""
+        from deltarl.pipeline.tensors import is_cuda
+
+        if owned:
+            self._prev = {name: cpu_copy(v) if is_cuda(v) else v for name, v in state.items()}
+            self._prev_adopted = True
+        elif self._prev is None or self._prev_adopted:  # never write into tensors a caller handed over
+            self._prev = {name: cpu_copy(value) for name, value in state.items()}
+            self._prev_adopted = False
+        else:
+            for name, value in state.items():
+                copy_into(self._prev[name], value, name)
 
     def _encode_delta(self, state: Mapping[str, Any], version: int, uploads: UploadPool) -> tuple[float, int, int]:
         from deltarl.pipeline import iter_encode_delta, read_segment_header

@@ -70,6 +70,22 @@ def test_many_segments_are_pipelined(memory_store):
     assert states_equal(replay(memory_store, "r"), trainer.export())
 
 
+def test_owned_states_are_adopted_not_copied(memory_store):
+    trainer = TinyTrainer(0)
+    exports = []
+    with Publisher(memory_store, "r") as pub:
+        for step in range(5):
+            if step:
+                trainer.step()
+            exports.append(trainer.export())
+            kept = {n: t.clone() for n, t in exports[-1].items()}
+            pub.publish(exports[-1], step=step, owned=step < 3)  # handed over, then copied
+            assert states_equal(exports[-1], kept)  # never written, in either mode
+            assert all(a is b for a, b in zip(pub._prev.values(), exports[-1].values(), strict=True)) == (step < 3)
+    for v in range(5):
+        assert states_equal(replay(memory_store, "r", v), exports[v])
+
+
 def test_second_writer_conflicts(memory_store):
     trainer = TinyTrainer(0)
     first = Publisher(memory_store, "r", writer_id="a")
