@@ -251,64 +251,6 @@ def _ctx_arrays(old, new, a64, b64, shift, mask, width):
     )
 
 
-def class_select_sorted(old, shift, mask, targets, tptr):
-    """Like class_select, but returns (positions in scan order, their class-major index, found)."""
-    (a64,) = words16(old)
-    return _class_select_sorted(old, a64, shift, mask, targets, tptr)
-
-
-_FAR = np.int64(1) << 62
-
-
-@njit(cache=True, nogil=True)
-def _class_select_sorted(old, a64, shift, mask, targets, tptr):
-    """Scan the chunk once, counting down to each class's next target rank (one counter per class)."""
-    total = targets.size
-    out_pos = np.empty(total, np.int64)
-    out_idx = np.empty(total, np.int64)
-    if total == 0:
-        return out_pos, out_idx, 0
-    nclass = mask + 1
-    ptr = tptr[:nclass].copy()
-    rem = np.full(nclass, _FAR, np.int64)  # elements of class c still to pass before its next target
-    for c in range(nclass):
-        if ptr[c] < tptr[c + 1]:
-            rem[c] = targets[ptr[c]]
-    kk = 0
-    um = np.uint64(mask)
-    for w in range(a64.size):
-        x = a64[w]
-        for j in range(4):
-            c = (x >> np.uint64(16 * j + shift)) & um
-            r = rem[c] - 1
-            rem[c] = r
-            if r < 0:
-                p = ptr[c]
-                out_pos[kk] = w * 4 + j
-                out_idx[kk] = p
-                kk += 1
-                if kk == total:
-                    return out_pos, out_idx, kk
-                p += 1
-                ptr[c] = p
-                rem[c] = targets[p] - targets[p - 1] - 1 if p < tptr[c + 1] else _FAR
-    for i in range(a64.size * 4, old.size):
-        c = (old[i] >> shift) & mask
-        r = rem[c] - 1
-        rem[c] = r
-        if r < 0:
-            p = ptr[c]
-            out_pos[kk] = i
-            out_idx[kk] = p
-            kk += 1
-            if kk == total:
-                return out_pos, out_idx, kk
-            p += 1
-            ptr[c] = p
-            rem[c] = targets[p] - targets[p - 1] - 1 if p < tptr[c + 1] else _FAR
-    return out_pos, out_idx, kk
-
-
 @njit(cache=True, nogil=True)
 def first_stale(flat, pos, old, new):
     """Index of the first position holding neither its old nor its new bits, or -1."""
@@ -316,6 +258,22 @@ def first_stale(flat, pos, old, new):
         x = flat[pos[j]]
         if x != old[j] and x != new[j]:
             return j
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def write_checked(flat, pos, other, vals, prev):
+    """One pass of check + write: each position must hold vals[j] or other[j]; its bits go to
+    prev[j] and vals[j] is written. At the first position holding neither, everything this call
+    wrote is restored and that index is returned; -1 when all were written."""
+    for j in range(pos.size):
+        x = flat[pos[j]]
+        if x != vals[j] and x != other[j]:
+            for i in range(j):
+                flat[pos[i]] = prev[i]
+            return j
+        prev[j] = x
+        flat[pos[j]] = vals[j]
     return -1
 
 
@@ -331,53 +289,3 @@ def gather(flat, pos):
     for j in range(pos.size):
         out[j] = flat[pos[j]]
     return out
-
-
-@njit(cache=True, nogil=True)
-def _ctx_decode(old, a64, shift, mask, width, gaps, counts, active, n_big, bg, bv, neg):
-    """Ranks from rank gaps, select, then new values (mirrors the numpy tail of ctx.decode_ctx).
-
-    Returns (positions, values, error): 0 ok, 1 rank beyond its class, 2 large-value index beyond
-    its class. Inputs are already range-checked (gaps < chunk size, bv < 2**(width-1) - 1).
-    """
-    changed = gaps.size
-    nclass = mask + 1
-    ranks = np.empty(changed, np.int64)
-    tptr = np.zeros(nclass + 1, np.int64)
-    s = 0
-    for a in range(active.size):
-        r = -1
-        for t in range(s, s + counts[a]):
-            r += np.int64(gaps[t]) + 1
-            ranks[t] = r
-        tptr[active[a] + 1] = counts[a]
-        s += counts[a]
-    for c in range(nclass):
-        tptr[c + 1] += tptr[c]
-    pos, idx, found = _class_select_sorted(old, a64, shift, mask, ranks, tptr)
-    vals = np.empty(changed, old.dtype)
-    if found != changed:
-        return pos, vals, 1
-    m = np.ones(changed, np.int64)
-    s = 0
-    b = 0
-    for a in range(active.size):
-        w = -1
-        for _ in range(n_big[a]):
-            w += np.int64(bg[b]) + 1
-            if w >= counts[a]:
-                return pos, vals, 2
-            m[s + w] = np.int64(bv[b]) + 2
-            b += 1
-        s += counts[a]
-    full = np.int64(1) << width
-    for j in range(changed):
-        i = idx[j]
-        d = full - m[i] if neg[i] else m[i]
-        vals[j] = (np.int64(old[pos[j]]) + d) & (full - 1)
-    return pos, vals, 0
-
-
-def ctx_decode(old, shift, mask, width, gaps, counts, active, n_big, bg, bv, neg):
-    (a64,) = words16(old)
-    return _ctx_decode(old, a64, shift, mask, width, gaps, counts, active, n_big, bg, bv, neg)

@@ -27,8 +27,9 @@ ZSTD_LEVEL = 3
 class Decoded:
     """The changed elements of one chunk: positions relative to the chunk start, and new bit patterns."""
 
-    positions: np.ndarray  # int64, sorted, unique
+    positions: np.ndarray  # int64, sorted, unique; a fresh array the caller may modify
     values: np.ndarray  # uint16 / uint32
+    old_values: np.ndarray | None = None  # old bits at ``positions``, when the decoder read them anyway
 
 
 def zigzag(diff: np.ndarray) -> np.ndarray:
@@ -117,9 +118,10 @@ def decode_aurora(old: np.ndarray, payload: memoryview, changed: int) -> Decoded
         raise FormatError("aurora gap outside the chunk")
     pos = _check_positions(np.cumsum(gaps.astype(np.int64)), old.size)
     vals = _raw_values(vals_b, changed, old.dtype)
-    if bool((vals == old[pos]).any()):
+    o = old[pos]
+    if bool((vals == o).any()):
         raise FormatError("a changed element decodes to its old value")
-    return Decoded(pos, vals)
+    return Decoded(pos, vals, o)
 
 
 # --- rice: Rice-coded gaps + zstd'd zigzag difference bytes with escapes -------------------------
@@ -164,7 +166,7 @@ def decode_rice(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
     vals[esc] = esc_vals
     if bool((vals == o).any()):
         raise FormatError("a changed element decodes to its old value")
-    return Decoded(pos, vals)
+    return Decoded(pos, vals, o)
 
 
 # --- dense: every element's zigzag difference, byte planes, zstd ---------------------------------
@@ -186,4 +188,5 @@ def decode_dense(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
     pos = np.flatnonzero(z)
     if pos.size != changed:
         raise FormatError(f"dense chunk changes {pos.size} elements, header says {changed}")
-    return Decoded(pos.astype(np.int64), old[pos] + unzigzag(z[pos]))
+    o = old[pos]
+    return Decoded(pos.astype(np.int64), o + unzigzag(z[pos]), o)

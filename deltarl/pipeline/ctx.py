@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import struct
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
@@ -206,16 +207,78 @@ def _class_table(data: memoryview, changed: int, nclass: int) -> tuple[np.ndarra
     return tuple(cols)
 
 
-def decode_ctx(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
+def _streams(old: np.ndarray, payload: memoryview, changed: int) -> tuple[int, int, int, list[memoryview]]:
+    """A ctx payload's (shift, mask, width, streams), with the checks both decoders share."""
     (shift, cbits), st = unpack_streams(payload, _PARAMS, NSTREAMS)
     width = old.dtype.itemsize * 8
     if not 1 <= cbits <= 8 or shift + cbits > width:
         raise FormatError(f"ctx class field (shift {shift}, bits {cbits}) does not fit {width}-bit values")
-    mask = (1 << cbits) - 1
-    active, k_pos, k_bg, k_bv, counts, n_big = _class_table(st[0], changed, mask + 1)
     for i in (3, 6, 9):
         if len(st[i]) % 8:
             raise FormatError("ctx escape stream is not a whole number of u64")
+    if len(st[10]) != (changed + 7) // 8:
+        raise FormatError("ctx sign stream has the wrong length")
+    return shift, (1 << cbits) - 1, width, st
+
+
+def decode_ctx(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
+    shift, mask, width, st = _streams(old, payload, changed)
+    jit = kernels.ctx_jit()
+    if jit is not None:
+        state = _prepare_jit(jit, old, shift, mask, width, changed, st)
+        (a64,) = jit.words16(old)
+        err, pos, old_v, new_v = jit.ctx_scan(old, a64, shift, mask, width, changed, 0, *state)
+        _check(err)
+        return Decoded(pos, new_v, old_v)
+    return _decode_numpy(old, shift, mask, width, changed, st)
+
+
+def decode_ctx_pair(
+    a: tuple[np.ndarray, memoryview, int], b: tuple[np.ndarray, memoryview, int]
+) -> tuple[Decoded, Decoded]:
+    """``(decode_ctx(*a), decode_ctx(*b))``, with the two 16-bit chunks scanned interleaved (faster)."""
+    jit = kernels.ctx_jit()
+    if jit is None:
+        return decode_ctx(*a), decode_ctx(*b)
+    (old_a, payload_a, changed_a), (old_b, payload_b, changed_b) = a, b
+    shift, mask, width, st_a = _streams(old_a, payload_a, changed_a)
+    params_b = _streams(old_b, payload_b, changed_b)
+    (a64_a,), (a64_b,) = jit.words16(old_a), jit.words16(old_b)
+    if params_b[:3] != (shift, mask, width) or width != 16 or not a64_a.size or not a64_b.size:
+        return decode_ctx(*a), decode_ctx(*b)
+    state_a = _prepare_jit(jit, old_a, shift, mask, width, changed_a, st_a)
+    state_b = _prepare_jit(jit, old_b, shift, mask, width, changed_b, params_b[3])
+    err_a, pos_a, oa, na, err_b, pos_b, ob, nb = jit.ctx_scan2(
+        old_a, a64_a, changed_a, *state_a, old_b, a64_b, changed_b, *state_b, shift, mask
+    )
+    _check(err_a)
+    _check(err_b)
+    return Decoded(pos_a, na, oa), Decoded(pos_b, nb, ob)
+
+
+def _prepare_jit(
+    jit: Any, old: np.ndarray, shift: int, mask: int, width: int, changed: int, st: list[memoryview]
+) -> tuple[np.ndarray, ...]:
+    """Scan state of one chunk from the numba decoder (deltarl.pipeline._numba_ctx)."""
+    u8 = [np.frombuffer(s, dtype=np.uint8) for s in st]
+    u64 = [np.frombuffer(st[i], dtype="<u8") for i in (3, 6, 9)]
+    err, *state = jit.ctx_prepare(
+        old, shift, mask, width, changed, u8[0], u8[1], u8[2], u64[0], u8[4], u8[5], u64[1],
+        u8[7], u8[8], u64[2], u8[10],
+    )  # fmt: skip
+    _check(err)
+    return tuple(state)
+
+
+def _check(err: int) -> None:
+    if err:
+        raise FormatError(_DECODE_ERRORS[int(err)])
+
+
+def _decode_numpy(
+    old: np.ndarray, shift: int, mask: int, width: int, changed: int, st: list[memoryview]
+) -> Decoded:
+    active, k_pos, k_bg, k_bv, counts, n_big = _class_table(st[0], changed, mask + 1)
     idx = np.repeat(np.arange(active.size), counts)
     gaps = bitio.rice_decode(st[1], st[2], np.frombuffer(st[3], dtype="<u8"), k_pos[idx], changed)
     if gaps.size and int(gaps.max()) >= old.size:
@@ -228,15 +291,7 @@ def decode_ctx(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
     bv = bitio.rice_decode(st[7], st[8], np.frombuffer(st[9], dtype="<u8"), k_bv[big_idx], nb)
     if bv.size and int(bv.max()) >= (1 << (width - 1)) - 1:
         raise FormatError("ctx value difference out of range")
-    if len(st[10]) != (changed + 7) // 8:
-        raise FormatError("ctx sign stream has the wrong length")
     neg = np.unpackbits(np.frombuffer(st[10], dtype=np.uint8), count=changed)
-    jit = kernels.jit()
-    if jit is not None:
-        pos, vals, err = jit.ctx_decode(old, shift, mask, width, gaps, counts, active, n_big, bg, bv, neg)
-        if err:
-            raise FormatError(_DECODE_ERRORS[err])
-        return Decoded(pos, vals)
     ranks = _ranks_in_groups(gaps, counts)
     tptr = np.zeros(mask + 2, dtype=np.int64)
     per_class = np.zeros(mask + 1, dtype=np.int64)
@@ -249,10 +304,24 @@ def decode_ctx(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
     m = np.ones(changed, dtype=np.int64)
     m[(np.cumsum(counts) - counts)[big_idx] + within] = bv.astype(np.int64) + 2
     d = np.where(neg.astype(bool), (1 << width) - m, m).astype(old.dtype)
-    return Decoded(pos, old[pos] + d[cm_index])
+    o = old[pos]
+    return Decoded(pos, o + d[cm_index], o)
 
 
 _DECODE_ERRORS = {
     1: "ctx rank beyond the number of same-class elements",
     2: "ctx large-value index beyond its class",
+    3: "ctx class table is truncated",
+    4: "ctx class table has a bad count",
+    5: "ctx class table entry is invalid",
+    6: "ctx class counts do not add up to the chunk's changed count",
+    7: "ctx unary stream holds fewer codes than expected",
+    8: "ctx unary code longer than the escape length",
+    9: "ctx unary stream has trailing bits or bytes",
+    10: "ctx remainder stream has the wrong length",
+    11: "ctx escape stream does not match the escaped codes",
+    12: "ctx escaped value small enough for a plain code",
+    13: "ctx rank gap outside the chunk",
+    14: "ctx value gap outside the chunk",
+    15: "ctx value difference out of range",
 }

@@ -1,9 +1,11 @@
 """Hot per-element loops, in numba when available and a pure-numpy fallback that gives equal results.
 
 Only the loops that touch every element of a chunk live here (change detection, per-class ranks,
-and the decoder's per-class select); everything per *changed* element is vectorised numpy shared by
-both paths, so the bytes produced never depend on which path ran. numba is imported on first use,
-never at ``import deltarl.pipeline``; ``DELTARL_NO_NUMBA=1`` (read at every call) forces numpy.
+the numpy decoder's per-class select, commit's gather/scatter); the encoder's per-*changed*-element
+work is vectorised numpy shared by both paths, so the bytes produced never depend on which path ran.
+The numba ctx decoder is a module of its own (``_numba_ctx``, see :func:`ctx_jit`). numba is
+imported on first use, never at ``import deltarl.pipeline``; ``DELTARL_NO_NUMBA=1`` (read at every
+call) forces numpy.
 """
 
 from __future__ import annotations
@@ -50,6 +52,20 @@ def _compiled() -> Any:
 def jit() -> Any:
     """The compiled kernels module, or None when numba is disabled or missing."""
     return _compiled() if numba_enabled() else None
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_ctx() -> Any:
+    if _compiled() is None:
+        return None
+    from deltarl.pipeline import _numba_ctx
+
+    return _numba_ctx
+
+
+def ctx_jit() -> Any:
+    """The fused numba ctx decoder module, or None when numba is disabled or missing."""
+    return _compiled_ctx() if numba_enabled() else None
 
 
 def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
@@ -107,14 +123,9 @@ def class_select_sorted(
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`class_select`, returned sorted by position: (positions, index into ``targets``).
 
-    Raises FormatError when a rank exceeds the number of elements of its class.
+    Raises FormatError when a rank exceeds the number of elements of its class. (numpy only: the
+    numba ctx decoder in _numba_ctx scans without materialising ranks.)
     """
-    k = jit()
-    if k is not None:
-        pos, idx, found = k.class_select_sorted(old, shift, mask, targets, tptr)
-        if found != targets.size:
-            raise FormatError("ctx rank beyond the number of same-class elements")
-        return pos, idx
     cm = class_select(old, shift, mask, targets, tptr)
     if cm.size and int(cm.min()) < 0:
         raise FormatError("ctx rank beyond the number of same-class elements")
@@ -144,3 +155,20 @@ def all_old_or_new(flat: np.ndarray, pos: np.ndarray, old: np.ndarray, new: np.n
         cur = flat[pos]
         return bool(((cur == old) | (cur == new)).all())
     return bool(k.first_stale(flat, pos, old, new) < 0)
+
+
+def write_checked(
+    flat: np.ndarray, pos: np.ndarray, other: np.ndarray, vals: np.ndarray
+) -> np.ndarray | None:
+    """``flat[pos] = vals`` if every ``flat[pos[j]]`` holds ``vals[j]`` or ``other[j]``: returns the bits
+    it overwrote (to undo the write), or None, with nothing written, if any position holds neither.
+    """
+    k = jit()
+    if k is None:
+        cur = flat[pos]
+        if not bool(((cur == other) | (cur == vals)).all()):
+            return None
+        flat[pos] = vals
+        return cur
+    prev = np.empty_like(vals)
+    return prev if k.write_checked(flat, pos, other, vals, prev) < 0 else None

@@ -35,6 +35,15 @@ DECODERS: dict[str, Callable[[np.ndarray, memoryview, int], Decoded]] = {
 }
 
 
+# Decoders of two chunks at once (same result as two DECODERS calls, faster).
+PAIR_DECODERS: dict[
+    str,
+    Callable[
+        [tuple[np.ndarray, memoryview, int], tuple[np.ndarray, memoryview, int]], tuple[Decoded, Decoded]
+    ],
+] = {"ctx": ctx.decode_ctx_pair}
+
+
 def detect(old: np.ndarray, new: np.ndarray, dtype: str, with_classes: bool) -> SimpleNamespace:
     """Changed positions of a chunk, plus per-class ranks when a ctx encode will need them."""
     if with_classes:

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from deltarl.errors import BaseMismatch, FormatError, StagingError, TensorMismatch
+from deltarl.errors import BaseMismatch, DeltaRLError, FormatError, StagingError, TensorMismatch
 from deltarl.pipeline import kernels, registry
+from deltarl.pipeline.codecs import Decoded
 from deltarl.pipeline.kernels import worker_threads
 from deltarl.pipeline.segment import ChunkInfo, read_segment_header
 from deltarl.pipeline.tensors import TensorSpec, flat_bits, is_cuda, spec_of, tensor_table, uint_dtype
@@ -62,59 +63,134 @@ class StagedUpdate:
         self.tensors: tuple[str, ...] = tuple(sorted(staged))
         self.changed_elements: int = sum(int(p.size) for p, _, _ in staged.values())
 
-    def _check(self, direction: str) -> None:
+    def _targets(self, direction: str) -> tuple[list[_Job], DeltaRLError | None]:
+        """The tensors to write, in order, up to the first one that was replaced or is read-only."""
+        jobs: list[_Job] = []
         for name, (pos, old, new) in self._staged.items():
             if pos.size == 0:
                 continue
             value = self._state.get(name)
             if value is None or spec_of(name, value) != self._specs[name]:
-                raise TensorMismatch(
+                return jobs, TensorMismatch(
                     f"cannot {direction}: tensor {name!r} was replaced or reshaped since staging"
                 )
             if is_cuda(value):
-                cur = _gather(name, value, pos)
-                fresh = bool(((cur == old) | (cur == new)).all())
-            else:  # writable=True: a read-only tensor is refused here, before anything is written
-                fresh = kernels.all_old_or_new(flat_bits(name, value, writable=True), pos, old, new)
-            if not fresh:
-                raise StagingError(
-                    f"cannot {direction}: tensor {name!r} changed since the update was staged (base {self.base})"
-                )
+                jobs.append((name, value, pos, old, new))
+                continue
+            try:  # writable=True: a read-only tensor is refused here, before anything is written
+                jobs.append((name, flat_bits(name, value, writable=True), pos, old, new))
+            except TensorMismatch as err:
+                return jobs, err
+        return jobs, None
 
-    def _write(self, which: int) -> None:
-        for name, parts in self._staged.items():
-            if parts[0].size:
-                _scatter(name, self._state[name], parts[0], parts[which])
+    def _stale(self, direction: str, name: str) -> StagingError:
+        return StagingError(
+            f"cannot {direction}: tensor {name!r} changed since the update was staged (base {self.base})"
+        )
+
+    def _check(self, direction: str, jobs: list[_Job], refused: DeltaRLError | None) -> None:
+        """Raise unless every changed position holds its old or new bits (tensor order decides which error)."""
+        fresh = {
+            key: all(results)
+            for key, results in _by_key(
+                _run_sliced(
+                    [(i, j[1], j[2], j[3], j[4]) for i, j in enumerate(jobs) if not is_cuda(j[1])],
+                    kernels.all_old_or_new,
+                )
+            ).items()
+        }
+        for i, (name, value, pos, old, new) in enumerate(jobs):
+            if is_cuda(value):
+                cur = _gather_device(name, value, pos)
+                fresh[i] = bool(((cur == old) | (cur == new)).all())
+            if not fresh[i]:
+                raise self._stale(direction, name)
+        if refused is not None:
+            raise refused
+
+    def _swap(self, direction: str, which: int) -> None:
+        """Write ``which`` (3: new bits, 4: old bits of a job) after checking every position.
+
+        On CPU the check and the write are one pass (each position is read, checked and written
+        once); if any position turns out stale, every write is undone before raising, so a refused
+        commit leaves the state exactly as it was, as the separate check would.
+        """
+        jobs, refused = self._targets(direction)
+        if refused is not None or any(is_cuda(j[1]) for j in jobs):
+            self._check(direction, jobs, refused)
+            for name, target, pos, *bits in jobs:
+                if is_cuda(target):
+                    _scatter_device(name, target, pos, bits[which - 3])
+                else:
+                    kernels.scatter(target, pos, bits[which - 3])
+            return
+        other = 7 - which
+        done = _run_sliced(
+            [(i, j[1], j[2], j[other], j[which]) for i, j in enumerate(jobs)], kernels.write_checked
+        )
+        stale = [key for key, _, prev in done if prev is None]
+        if stale:
+            for _, (flat, pos, *_vals), prev in done:
+                if prev is not None:
+                    kernels.scatter(flat, pos, prev)
+            raise self._stale(direction, jobs[min(stale)][0])
 
     def commit(self) -> None:
         """Write the new values in place. Idempotent; refuses a state that moved on since staging."""
-        self._check("commit")
-        self._write(2)
+        self._swap("commit", 4)
 
     def rollback(self) -> None:
         """Restore the old values at the changed positions (undo :meth:`commit`)."""
-        self._check("roll back")
-        self._write(1)
+        self._swap("roll back", 3)
 
 
-def _gather(name: str, value: Any, pos: np.ndarray) -> np.ndarray:
-    if is_cuda(value):
-        torch = sys.modules["torch"]
-        got = _device_flat(name, value)[torch.from_numpy(pos).to(value.device)].cpu().numpy()
-        return got.view(np.uint16 if value.element_size() == 2 else np.uint32)
-    return kernels.gather(flat_bits(name, value), pos)
+_Job = tuple[
+    str, Any, np.ndarray, np.ndarray, np.ndarray
+]  # name, flat bits (or device tensor), pos, old, new
+_SLICE = 1 << 17  # changed elements per commit task: enough to amortise a task, small enough to balance
 
 
-def _scatter(name: str, value: Any, pos: np.ndarray, vals: np.ndarray) -> None:
-    if is_cuda(value):
-        torch = sys.modules["torch"]
-        signed = np.int16 if vals.dtype.itemsize == 2 else np.int32
-        flat = _device_flat(name, value)
-        idx = torch.from_numpy(pos).to(value.device, non_blocking=True)
-        src = torch.from_numpy(vals.view(signed)).to(value.device, non_blocking=True)
-        flat.index_copy_(0, idx, src)
-        return
-    kernels.scatter(flat_bits(name, value, writable=True), pos, vals)
+def _run_sliced(
+    jobs: list[tuple[Any, ...]], fn: Callable[..., Any]
+) -> list[tuple[Any, tuple[Any, ...], Any]]:
+    """Run ``fn(target, pos, *values)`` for each job ``(key, target, pos, *values)``, cut into slices of
+    positions, on worker threads when there is enough work (the kernels release the GIL).
+
+    Returns ``(key, (target, pos slice, *value slices), result)`` per slice, in job and slice order.
+    """
+    tasks = []
+    for key, target, pos, *vals in jobs:
+        for a in range(0, pos.size, _SLICE):
+            tasks.append((key, (target, pos[a : a + _SLICE], *(v[a : a + _SLICE] for v in vals))))
+    threads = min(worker_threads(), len(tasks))
+    if threads > 1 and sum(int(t[1][1].size) for t in tasks) >= 2 * _SLICE:
+        with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-commit") as pool:
+            results = list(pool.map(lambda t: fn(*t[1]), tasks))
+    else:
+        results = [fn(*t[1]) for t in tasks]
+    return [(key, args, r) for (key, args), r in zip(tasks, results, strict=True)]
+
+
+def _by_key(done: list[tuple[Any, tuple[Any, ...], Any]]) -> dict[Any, list[Any]]:
+    out: dict[Any, list[Any]] = {}
+    for key, _, result in done:
+        out.setdefault(key, []).append(result)
+    return out
+
+
+def _gather_device(name: str, value: Any, pos: np.ndarray) -> np.ndarray:
+    torch = sys.modules["torch"]
+    got = _device_flat(name, value)[torch.from_numpy(pos).to(value.device)].cpu().numpy()
+    return got.view(np.uint16 if value.element_size() == 2 else np.uint32)
+
+
+def _scatter_device(name: str, value: Any, pos: np.ndarray, vals: np.ndarray) -> None:
+    torch = sys.modules["torch"]
+    signed = np.int16 if vals.dtype.itemsize == 2 else np.int32
+    flat = _device_flat(name, value)
+    idx = torch.from_numpy(pos).to(value.device, non_blocking=True)
+    src = torch.from_numpy(vals.view(signed)).to(value.device, non_blocking=True)
+    flat.index_copy_(0, idx, src)
 
 
 class Stager:
@@ -155,25 +231,68 @@ class Stager:
             if c.changed:
                 jobs.append((c, mv[off : off + c.nbytes]))
             off += c.nbytes
-        threads = min(worker_threads(), len(jobs))
+        threads = worker_threads()
+        tasks = self._tasks(jobs, threads)
+        threads = min(threads, len(tasks))
         if threads > 1:
             with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-decode") as pool:
-                new_parts = list(pool.map(lambda job: self._decode(*job), jobs))
+                done = list(pool.map(lambda task: self._run(task, jobs), tasks))
         else:
-            new_parts = [self._decode(c, payload) for c, payload in jobs]
-        for name, pos, old_v, new_v in new_parts:
+            done = [self._run(task, jobs) for task in tasks]
+        new_parts: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = [None] * len(jobs)  # type: ignore[list-item]
+        for task, parts in zip(tasks, done, strict=True):
+            for i, part in zip(task, parts, strict=True):
+                new_parts[i] = part
+        for name, pos, old_v, new_v in new_parts:  # chunk-table order
             self._parts.setdefault(name, []).append((pos, old_v, new_v))
         for c in header.chunks:
             self._covered.setdefault(c.tensor, []).append((c.start, c.start + c.count))
 
+    def _tasks(self, jobs: list[tuple[ChunkInfo, memoryview]], threads: int) -> list[tuple[int, ...]]:
+        """Group job indices into tasks, largest first: 16-bit chunks of a codec with a pair decoder
+        go two by two (similar sizes together) when there are enough of them to keep every thread busy.
+        """
+        single: list[tuple[int, ...]] = []
+        pairable: list[int] = []
+        for i, (c, _) in enumerate(jobs):
+            if c.codec in registry.PAIR_DECODERS and uint_dtype(self._specs[c.tensor].dtype).itemsize == 2:
+                pairable.append(i)
+            else:
+                single.append((i,))
+        if len(pairable) < 4 * threads:
+            single += [(i,) for i in pairable]
+            pairable = []
+        pairable.sort(key=lambda i: jobs[i][0].count, reverse=True)
+        tasks = single + [tuple(pairable[k : k + 2]) for k in range(0, len(pairable), 2)]
+        return sorted(tasks, key=lambda t: sum(jobs[i][0].count for i in t), reverse=True)
+
+    def _run(
+        self, task: tuple[int, ...], jobs: list[tuple[ChunkInfo, memoryview]]
+    ) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+        if len(task) == 1:
+            return [self._decode(*jobs[task[0]])]
+        (ca, pa), (cb, pb) = jobs[task[0]], jobs[task[1]]
+        if ca.codec != cb.codec:
+            return [self._decode(ca, pa), self._decode(cb, pb)]
+        olds = [_old_range(c.tensor, self._state[c.tensor], c.start, c.start + c.count) for c in (ca, cb)]
+        da, db = registry.PAIR_DECODERS[ca.codec]((olds[0], pa, ca.changed), (olds[1], pb, cb.changed))
+        return [self._checked(ca, olds[0], da), self._checked(cb, olds[1], db)]
+
     def _decode(self, c: ChunkInfo, payload: memoryview) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
         old = _old_range(c.tensor, self._state[c.tensor], c.start, c.start + c.count)
-        dec = registry.DECODERS[c.codec](old, payload, c.changed)
+        return self._checked(c, old, registry.DECODERS[c.codec](old, payload, c.changed))
+
+    def _checked(
+        self, c: ChunkInfo, old: np.ndarray, dec: Decoded
+    ) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
         if dec.positions.size != c.changed or dec.values.dtype != uint_dtype(self._specs[c.tensor].dtype):
             raise FormatError(
                 f"chunk of {c.tensor!r} decoded to {dec.positions.size} of {c.changed} elements"
             )
-        return c.tensor, dec.positions + c.start, kernels.gather(old, dec.positions), dec.values
+        old_v = dec.old_values if dec.old_values is not None else kernels.gather(old, dec.positions)
+        pos = dec.positions
+        pos += c.start  # a fresh array (Decoded's contract)
+        return c.tensor, pos, old_v, dec.values
 
     def finish(self) -> StagedUpdate:
         """Check that the delta covers every element of every tensor exactly once; return the update."""
@@ -189,7 +308,11 @@ class Stager:
         self._finished = True
         staged: dict[str, tuple[np.ndarray, ...]] = {}
         for name, parts in self._parts.items():
-            staged[name] = tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
+            staged[name] = (
+                parts[0]
+                if len(parts) == 1
+                else tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
+            )
         self._parts = {}
         return StagedUpdate(self._state, self._base, staged, self._specs)
 
