@@ -108,8 +108,9 @@ def _class_table(raw, changed, nclass):
 
 
 @njit(cache=True, nogil=True)
-def _rice_groups(unary, rem, esc, ks, ns, ngroups, escape, limit, out):
-    """Decode ``sum(ns)`` Rice codes, ``ns[g]`` of them with parameter ``ks[g]``, into ``out``.
+def _rice_groups(unary, rem, esc, ks, ns, ngroups, escape, limit, out, skip):
+    """Decode ``sum(ns)`` Rice codes, ``ns[g]`` of them with parameter ``ks[g]``, into ``out``,
+    leaving ``skip`` slots of ``out`` after each group.
 
     The same split-stream code as bitio.rice_decode, with its checks; every value must also be
     below ``limit``. Returns an error code (0 ok).
@@ -164,6 +165,7 @@ def _rice_groups(unary, rem, esc, ks, ns, ngroups, escape, limit, out):
                 return VALUE_RANGE
             out[t] = np.int64(v)
             t += 1
+        t += skip
     used = ui * 8 - ubits
     if (used + 7) // 8 != nu or ubuf != 0:
         return RICE_TRAILING
@@ -186,30 +188,31 @@ def ctx_prepare(old, shift, mask, width, changed, tab, pu, pr, pe, bu, br, be, v
     """
     n = old.size
     nclass = mask + 1
-    g2 = np.full(changed + nclass + 2, _FAR, np.int64)  # + 1: _hits_word reads one slot ahead
-    dd = np.ones(changed + nclass + 2, np.int64)
+    g2 = np.empty(changed + nclass + 2, np.int64)  # + 1: _hits_word reads one slot ahead
+    dd = np.empty(changed + nclass + 2, np.int64)
     ptr = np.empty(nclass, np.int64)
     rem = np.empty(nclass, np.int64)
     err, active, kp, kb, kv, cnt, nbig, na = _class_table(tab, changed, nclass)
     if err:
         return err, g2, dd, ptr, rem
-    gaps = np.empty(changed, np.int64)
-    err = _rice_groups(pu, pr, pe, kp, cnt, na, 40, np.uint64(n), gaps)
+    err = _rice_groups(pu, pr, pe, kp, cnt, na, 40, np.uint64(n), g2, 1)
     if err:
         return (GAP_OUTSIDE if err == VALUE_RANGE else err), g2, dd, ptr, rem
     nb = 0
     for a in range(na):
         nb += nbig[a]
     bg = np.empty(nb, np.int64)
-    err = _rice_groups(bu, br, be, kb, nbig, na, 40, np.uint64(changed), bg)
+    err = _rice_groups(bu, br, be, kb, nbig, na, 40, np.uint64(changed), bg, 0)
     if err:
         return (BIG_GAP_OUTSIDE if err == VALUE_RANGE else err), g2, dd, ptr, rem
     bv = np.empty(nb, np.int64)
-    err = _rice_groups(vu, vr, ve, kv, nbig, na, 40, np.uint64((np.int64(1) << (width - 1)) - 1), bv)
+    err = _rice_groups(vu, vr, ve, kv, nbig, na, 40, np.uint64((np.int64(1) << (width - 1)) - 1), bv, 0)
     if err:
         return err, g2, dd, ptr, rem
     last = changed + na
     ptr[:] = last
+    g2[last:] = _FAR
+    dd[last:] = 0
     full = np.int64(1) << width
     s = 0
     slot = 0
@@ -217,23 +220,23 @@ def ctx_prepare(old, shift, mask, width, changed, tab, pu, pr, pe, bu, br, be, v
     for a in range(na):
         m = cnt[a]
         ptr[active[a]] = slot
-        for t in range(m):
-            g2[slot + t] = gaps[s + t]
+        for t in range(m):  # |d| = 1 with its sign (branch-free: signs are coin flips)
+            i = s + t
+            neg = np.int64((signs[i >> 3] >> (7 - (i & 7))) & 1)
+            dd[slot + t] = 1 + neg * (full - 2)
         w = -1
         for _ in range(nbig[a]):
             w += bg[b] + 1
             if w >= m:
                 return BIG_BEYOND_CLASS, g2, dd, ptr, rem
-            dd[slot + w] = bv[b] + 2
+            mag = bv[b] + 2
+            neg = np.int64(dd[slot + w] != 1)
+            dd[slot + w] = mag + neg * (full - 2 * mag)
             b += 1
-        for t in range(m):
-            i = s + t
-            if (signs[i >> 3] >> (7 - (i & 7))) & 1:
-                dd[slot + t] = full - dd[slot + t]
         g2[slot + m] = _FAR
+        dd[slot + m] = 0
         slot += m + 1
         s += m
-    g2[last] = _FAR
     for c in range(nclass):
         rem[c] = g2[ptr[c]]
     return OK, g2, dd, ptr, rem
