@@ -108,23 +108,23 @@ class StagedUpdate:
         if refused is not None:
             raise refused
 
-    def _swap(self, direction: str, which: int) -> None:
-        """Write ``which`` (3: new bits, 4: old bits of a job) after checking every position.
+    def _swap(self, direction: str, to_new: bool) -> None:
+        """Write the new (or old) bits after checking that every position holds the old or new bits.
 
         On CPU the check and the write are one pass (each position is read, checked and written
         once); if any position turns out stale, every write is undone before raising, so a refused
         commit leaves the state exactly as it was, as the separate check would.
         """
         jobs, refused = self._targets(direction)
+        which, other = (4, 3) if to_new else (3, 4)  # indices into a _Job
         if refused is not None or any(is_cuda(j[1]) for j in jobs):
             self._check(direction, jobs, refused)
-            for name, target, pos, *bits in jobs:
-                if is_cuda(target):
-                    _scatter_device(name, target, pos, bits[which - 3])
+            for job in jobs:
+                if is_cuda(job[1]):
+                    _scatter_device(job[0], job[1], job[2], job[which])
                 else:
-                    kernels.scatter(target, pos, bits[which - 3])
+                    kernels.scatter(job[1], job[2], job[which])
             return
-        other = 7 - which
         done = _run_sliced(
             [(i, j[1], j[2], j[other], j[which]) for i, j in enumerate(jobs)], kernels.write_checked
         )
@@ -137,16 +137,15 @@ class StagedUpdate:
 
     def commit(self) -> None:
         """Write the new values in place. Idempotent; refuses a state that moved on since staging."""
-        self._swap("commit", 4)
+        self._swap("commit", to_new=True)
 
     def rollback(self) -> None:
         """Restore the old values at the changed positions (undo :meth:`commit`)."""
-        self._swap("roll back", 3)
+        self._swap("roll back", to_new=False)
 
 
-_Job = tuple[
-    str, Any, np.ndarray, np.ndarray, np.ndarray
-]  # name, flat bits (or device tensor), pos, old, new
+# A tensor to write: name, flat bits (or the device tensor), positions, old bits, new bits.
+_Job = tuple[str, Any, np.ndarray, np.ndarray, np.ndarray]
 _SLICE = 1 << 17  # changed elements per commit task: enough to amortise a task, small enough to balance
 
 
