@@ -3,8 +3,7 @@
 ``fetch_objects(refs)`` splits each object into ranges of ``range_bytes`` and puts them, object
 by object, on one queue that ``streams`` workers drain: consecutive ranges (and small objects)
 land on different TCP streams (round-robin striping), so one window-limited stream no longer
-bounds the transfer. A range half in hands its stream's turn to the next range, so that request's
-round trip overlaps the tail of the one before instead of leaving the stream idle between them. Each range is retried on its source with capped, jittered backoff
+bounds the transfer. Each range is retried on its source with capped, jittered backoff
 (:class:`~deltarl.storage.retry.RetryPolicy`); when a source keeps failing (dead relay, refused
 connection, truncated or stalled response), the range moves to the next source, and the source
 is skipped for ``cooldown_s``. Ranges that already arrived are kept: a failover refetches only
@@ -93,9 +92,8 @@ class Fetcher:
             raise ValueError("a fetcher needs at least one source")
         if streams < 1 or range_bytes < 1 or attempts_per_source < 1:
             raise ValueError("streams, range_bytes and attempts_per_source must be >= 1")
-        # streams for data (twice: a request half in overlaps the next), plus headroom for the
-        # long-polls of a manifest and HEAD held meanwhile
-        self.sources = [make_source(s, connections=2 * streams + 2, read_timeout_s=read_timeout_s, token=token) for s in sources]
+        # streams for data, plus headroom for the long-polls of a manifest and HEAD held meanwhile
+        self.sources = [make_source(s, connections=streams + 2, read_timeout_s=read_timeout_s, token=token) for s in sources]
         self.streams = streams
         self.range_bytes = range_bytes
         self.retry = retry if retry is not None else RetryPolicy(attempts=attempts_per_source, base_delay=0.05, max_delay=1.0)
@@ -170,10 +168,7 @@ class Fetcher:
                 work.put_nowait((obj, idx))
             if not obj.ranges:
                 done.put_nowait(obj)
-        # `streams` requests at full rate; a request half in hands its lane to the next one, so up
-        # to twice as many are open while their round trips overlap the tails before them.
-        lanes = asyncio.Semaphore(self.streams)
-        workers = [asyncio.ensure_future(self._worker(work, done, wait_s, lanes)) for _ in range(min(2 * self.streams, max(1, work.qsize())))]
+        workers = [asyncio.ensure_future(self._worker(work, done, wait_s)) for _ in range(min(self.streams, max(1, work.qsize())))]
         remaining = len(objects)
         try:
             while remaining:
@@ -213,36 +208,22 @@ class Fetcher:
         for idx in range(len(obj.ranges)):
             work.put_nowait((obj, idx))  # it re-enters `done` once these complete
 
-    async def _worker(
-        self, work: asyncio.Queue[tuple[_Object, int] | None], done: asyncio.Queue[_Object], wait_s: float, lanes: asyncio.Semaphore
-    ) -> None:
+    async def _worker(self, work: asyncio.Queue[tuple[_Object, int] | None], done: asyncio.Queue[_Object], wait_s: float) -> None:
         while True:
-            await lanes.acquire()
-            held = True
-
-            def free_lane() -> None:  # once half the range is in: the next request's round trip overlaps its tail
-                nonlocal held
-                if held:
-                    held = False
-                    lanes.release()
-
+            item = await work.get()
+            if item is None:
+                return
+            obj, idx = item
+            if obj.failed is not None or idx not in obj.missing:
+                continue
+            start, end = obj.ranges[idx]
+            call = functools.partial(_get_range, obj.ref.key, start, end, len(obj.ranges) == 1, wait_s)
             try:
-                item = await work.get()
-                if item is None:
-                    return
-                obj, idx = item
-                if obj.failed is not None or idx not in obj.missing:
-                    continue
-                start, end = obj.ranges[idx]
-                call = functools.partial(_get_range, obj.ref.key, start, end, len(obj.ranges) == 1, wait_s, free_lane)
-                try:
-                    data, i = await self._with_failover(f"{obj.ref.key}[{start}:{end}]", obj.source, call)
-                except (TransferError, ObjectNotFound) as err:
-                    obj.failed = err
-                    done.put_nowait(obj)
-                    continue
-            finally:
-                free_lane()
+                data, i = await self._with_failover(f"{obj.ref.key}[{start}:{end}]", obj.source, call)
+            except (TransferError, ObjectNotFound) as err:
+                obj.failed = err
+                done.put_nowait(obj)
+                continue
             if len(obj.buf) != obj.ref.size:
                 obj.buf = bytearray(obj.ref.size)  # allocated when the first range lands
             obj.buf[start:end] = data
@@ -286,19 +267,10 @@ async def _sha256(data: bytes) -> str:
     return await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
 
 
-async def _get_range(
-    key: str, start: int, end: int, whole: bool, wait_s: float, half_in: Callable[[], None], src: Source, i: int
-) -> bytes:
+async def _get_range(key: str, start: int, end: int, whole: bool, wait_s: float, src: Source, i: int) -> bytes:
     """Range ``[start, end)`` of ``key`` from ``src`` (a plain GET when it is the whole object, so
-    a relay can check the object's sha256 as it sends it); a short answer is an error. ``half_in``
-    is called once half the range has arrived."""
-    half = (end - start) // 2
-
-    def progress(got: int) -> None:
-        if got >= half:
-            half_in()
-
-    data = await src.get_range(key, start, None if whole else end, wait=wait_s, progress=progress)
+    a relay can check the object's sha256 as it sends it); a short answer is an error."""
+    data = await src.get_range(key, start, None if whole else end, wait=wait_s)
     if len(data) != end - start:
         raise TransferError(f"{key}[{start}:{end}] from {src.name}: got {len(data)} of {end - start} bytes")
     return data

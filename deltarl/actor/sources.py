@@ -26,11 +26,8 @@ class Source(abc.ABC):
     name: str
 
     @abc.abstractmethod
-    async def get_range(
-        self, key: str, start: int, end: int | None, *, wait: float = 0.0, progress: Callable[[int], None] | None = None
-    ) -> bytes:
-        """Bytes ``[start, end)`` (``end=None``: to the end, the whole object when ``start == 0``).
-        ``progress(n)`` is told the bytes received so far as they arrive (where the source streams)."""
+    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0) -> bytes:
+        """Bytes ``[start, end)`` (``end=None``: to the end, the whole object when ``start == 0``)."""
 
     @abc.abstractmethod
     async def head(self, key: str, *, wait: float = 0.0) -> ObjectInfo: ...
@@ -50,17 +47,8 @@ class RelaySource(Source):
         self.name = url
         self.client = RelayClient(url, connections=connections, read_timeout_s=read_timeout_s, token=token)
 
-    async def get_range(
-        self, key: str, start: int, end: int | None, *, wait: float = 0.0, progress: Callable[[int], None] | None = None
-    ) -> bytes:
-        if progress is None:
-            return await self.client.get_range(key, start, end, wait=wait or None)
-        chunks, got = [], 0
-        async for chunk in self.client.stream(key, start, end, wait=wait or None):
-            chunks.append(chunk)
-            got += len(chunk)
-            progress(got)
-        return b"".join(chunks)
+    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0) -> bytes:
+        return await self.client.get_range(key, start, end, wait=wait or None)
 
     async def head(self, key: str, *, wait: float = 0.0) -> ObjectInfo:
         return await self.client.head(key, wait=wait or None)
@@ -91,10 +79,8 @@ class StoreSource(Source):
                     raise
                 await asyncio.sleep(min(self.poll_interval_s, left))
 
-    async def get_range(
-        self, key: str, start: int, end: int | None, *, wait: float = 0.0, progress: Callable[[int], None] | None = None
-    ) -> bytes:
-        return await self._polling(lambda: self.store.get_range(key, start, end), wait)  # all at once: no progress
+    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0) -> bytes:
+        return await self._polling(lambda: self.store.get_range(key, start, end), wait)
 
     async def head(self, key: str, *, wait: float = 0.0) -> ObjectInfo:
         return await self._polling(lambda: self.store.head(key), wait)

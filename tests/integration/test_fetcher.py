@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-from collections.abc import Callable
 
 import pytest
 
 from deltarl.actor.fetcher import Fetcher
-from deltarl.actor.sources import Source
 from deltarl.errors import TransferError
 from deltarl.netem import EmulatedLink
 from deltarl.storage import MemoryStore
 from deltarl.storage.manifest import ObjectRef
-from deltarl.storage.store import ObjectInfo
 from tests.fixtures.relays import StartRelay
 
 RUN = "r"
@@ -133,46 +129,3 @@ async def test_every_source_failing_raises_transfer_error(start_relay: StartRela
             await fetcher.fetch(bad)
         with pytest.raises(FileNotFoundError):
             await fetcher.fetch(ObjectRef(key=f"{RUN}/versions/000000000009/seg-00000.bin", sha256="0" * 64, size=1))
-
-
-class GatedSource(Source):
-    """Hands over the first half of every range at once; the rest waits until ``release`` is set."""
-
-    name = "gated"
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.starts: list[int] = []
-        self.release = asyncio.Event()
-
-    async def get_range(
-        self, key: str, start: int, end: int | None, *, wait: float = 0.0, progress: Callable[[int], None] | None = None
-    ) -> bytes:
-        self.starts.append(start)
-        end = len(self.data) if end is None else end
-        if progress is not None:
-            progress((end - start) // 2)
-        await self.release.wait()
-        return self.data[start:end]
-
-    async def head(self, key: str, *, wait: float = 0.0) -> ObjectInfo:
-        raise NotImplementedError
-
-    async def get_mutable(self, key: str, *, etag: str | None = None, wait: float = 0.0) -> tuple[bytes, str] | None:
-        raise NotImplementedError
-
-
-async def test_the_next_range_is_asked_for_while_the_one_before_still_arrives() -> None:
-    data = os.urandom(4 * (64 << 10))
-    ref = ObjectRef.of(f"{RUN}/versions/000000000001/seg-00000.bin", data)
-    source = GatedSource(data)
-    async with Fetcher([source], streams=1, range_bytes=64 << 10) as fetcher:
-        task = asyncio.ensure_future(fetcher.fetch(ref))
-        deadline = time.monotonic() + 5
-        while len(source.starts) < 2:  # one stream, yet a half-arrived range let the next one start
-            assert time.monotonic() < deadline, f"ranges requested: {source.starts}"
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
-        assert source.starts == [0, 64 << 10]  # at most twice the streams at once
-        source.release.set()
-        assert await task == data

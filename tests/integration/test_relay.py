@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -184,39 +183,6 @@ async def test_cut_through_serves_bytes_before_the_pull_completes(start_relay: S
     c = relay.counters()
     assert c["deltarl_relay_upstream_pulls_total"] == 1  # five readers, one upstream pull
     assert c["deltarl_relay_upstream_bytes_total"] == len(data)
-
-
-class GatedUpstream(StoreUpstream):
-    """Streams every range in two halves; the second halves wait until ``release`` is set."""
-
-    def __init__(self, store: MemoryStore) -> None:
-        super().__init__(store, poll_interval_s=0.02)
-        self.starts: list[int] = []
-        self.release = asyncio.Event()
-
-    async def stream_range(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
-        self.starts.append(start)
-        data = await self.get_range(key, start, end)
-        yield data[: len(data) // 2]
-        await self.release.wait()
-        yield data[len(data) // 2 :]
-
-
-async def test_the_next_piece_is_asked_for_while_the_one_before_still_arrives(start_relay: StartRelay) -> None:
-    origin = MemoryStore()
-    data = os.urandom(4 * (64 << 10))
-    origin.put(SEG, data)
-    upstream = GatedUpstream(origin)
-    relay = await start_relay(upstream, piece_bytes=64 << 10, pull_streams=1)
-    async with RelayClient(relay.url) as client:
-        task = asyncio.ensure_future(client.get(SEG))
-        deadline = time.monotonic() + 5
-        while len(upstream.starts) < 4:  # no piece has ended, yet each half-arrived one let the next start
-            assert time.monotonic() < deadline, f"pieces requested: {upstream.starts}"
-            await asyncio.sleep(0.01)
-        upstream.release.set()
-        assert await task == data
-    assert upstream.starts == [0, 64 << 10, 128 << 10, 192 << 10]
 
 
 async def test_integrity_mismatch_is_never_served_and_refetched(start_relay: StartRelay) -> None:

@@ -9,7 +9,7 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from deltarl.errors import IntegrityError, ObjectNotFound, StoreError, TransientStoreError
@@ -169,38 +169,23 @@ class ObjectService:
         size = info.size
         try:
             pull.begin(size, info.etag, self.cache.temp_path(), self.config.piece_bytes)
-            # pull_streams pieces stream in at once, each written as its bytes arrive. The next piece
-            # is asked for once one is half in, not whole: its request's round trip overlaps that
-            # piece's tail, so no stream idles for a round trip between pieces.
-            tasks: set[asyncio.Task[None]] = set()
-            lanes = self.config.pull_streams
-            wake = asyncio.Event()
+            # Up to pull_streams pieces stream in at once, each written as its bytes arrive; a new
+            # piece starts as soon as any finishes (no head-of-line wait). pull_streams is the number
+            # of connections an object may hold upstream, so pieces are not overlapped beyond it.
+            inflight: set[asyncio.Task[None]] = set()
             nxt = 0
-
-            def free_lane() -> None:
-                nonlocal lanes
-                lanes += 1
-                wake.set()
-
             try:
-                while True:
-                    wake.clear()
-                    for task in [t for t in tasks if t.done()]:
-                        tasks.discard(task)
-                        task.result()
-                    if nxt >= pull.pieces and not tasks:
-                        break
-                    while lanes > 0 and nxt < pull.pieces:
-                        lanes -= 1
-                        task = asyncio.ensure_future(self._piece(pull, nxt, free_lane))
-                        task.add_done_callback(lambda _: wake.set())
-                        tasks.add(task)
+                while nxt < pull.pieces or inflight:
+                    while len(inflight) < self.config.pull_streams and nxt < pull.pieces:
+                        inflight.add(asyncio.ensure_future(self._piece(pull, nxt)))
                         nxt += 1
-                    await wake.wait()
+                    finished, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                    for task in finished:
+                        task.result()
             except BaseException:
-                for t in tasks:
+                for t in inflight:
                     t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.gather(*inflight, return_exceptions=True)
                 raise
             sha = pull.digest()
             expected = await expected_task if expected_task is not None else None
@@ -224,37 +209,27 @@ class ObjectService:
         pull.done = True
         pull.notify()
 
-    async def _piece(self, pull: Pull, i: int, free_lane: Callable[[], None]) -> None:
-        """Stream piece ``i`` into the pull (a broken stream resumes where it stopped); call
-        ``free_lane`` once, when half of it is in (or it ends), so the next piece can start."""
+    async def _piece(self, pull: Pull, i: int) -> None:
+        """Stream piece ``i`` into the pull; a broken stream resumes where it stopped."""
         start, end = pull.piece_range(i)
         pos = start
-        half = start + (end - start) // 2
-        freed = False
-        try:
-            for attempt in range(_PIECE_ATTEMPTS):
-                try:
-                    self.metrics.upstream_requests.labels("get_range").inc()
-                    async for data in self.upstream.stream_range(pull.key, pos, end):
-                        data = data[: end - pos]
-                        if data:
-                            pull.write(pos, data)
-                            pos += len(data)
-                            self.metrics.bytes_in.inc(len(data))
-                        if pos >= half and not freed and pos < end:
-                            freed = True
-                            free_lane()
-                    if pos != end:
-                        raise TransientStoreError(f"{pull.key}: upstream stopped at {pos - start} of {end - start} bytes")
-                    return
-                except TransientStoreError as err:
-                    if attempt == _PIECE_ATTEMPTS - 1:
-                        raise
-                    log.info("retrying piece [%d, %d) of %s: %s", pos, end, pull.key, err)
-                    await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
-        finally:
-            if not freed:
-                free_lane()
+        for attempt in range(_PIECE_ATTEMPTS):
+            try:
+                self.metrics.upstream_requests.labels("get_range").inc()
+                async for data in self.upstream.stream_range(pull.key, pos, end):
+                    data = data[: end - pos]
+                    if data:
+                        pull.write(pos, data)
+                        pos += len(data)
+                        self.metrics.bytes_in.inc(len(data))
+                if pos != end:
+                    raise TransientStoreError(f"{pull.key}: upstream stopped at {pos - start} of {end - start} bytes")
+                return
+            except TransientStoreError as err:
+                if attempt == _PIECE_ATTEMPTS - 1:
+                    raise
+                log.info("retrying piece [%d, %d) of %s: %s", pos, end, pull.key, err)
+                await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
 
     def _evict_corrupt(self, entry: CacheEntry) -> None:
         log.error("cached %s is corrupt; evicting it", entry.key)
