@@ -116,17 +116,20 @@ class StagedUpdate:
         commit leaves the state exactly as it was, as the separate check would.
         """
         jobs, refused = self._targets(direction)
-        which, other = (4, 3) if to_new else (3, 4)  # indices into a _Job
         if refused is not None or any(is_cuda(j[1]) for j in jobs):
             self._check(direction, jobs, refused)
-            for job in jobs:
-                if is_cuda(job[1]):
-                    _scatter_device(job[0], job[1], job[2], job[which])
+            for name, target, pos, old, new in jobs:
+                if is_cuda(target):
+                    _scatter_device(name, target, pos, new if to_new else old)
                 else:
-                    kernels.scatter(job[1], job[2], job[which])
+                    kernels.scatter(target, pos, new if to_new else old)
             return
         done = _run_sliced(
-            [(i, j[1], j[2], j[other], j[which]) for i, j in enumerate(jobs)], kernels.write_checked
+            [
+                (i, flat, pos, *((old, new) if to_new else (new, old)))
+                for i, (_, flat, pos, old, new) in enumerate(jobs)
+            ],
+            kernels.write_checked,  # (flat, pos, other bits, bits to write)
         )
         stale = [key for key, _, prev in done if prev is None]
         if stale:
