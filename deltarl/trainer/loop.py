@@ -53,8 +53,11 @@ class VersionPublisher(Protocol):
         """The version the next ``publish`` creates (0 for a run without versions)."""
         ...
 
-    def publish(self, state_dict: Any, step: int) -> Any:
-        """Publish ``state_dict`` as the next version of ``step``; its ``VersionInfo``."""
+    def publish(self, state_dict: Any, step: int, *, owned: bool = False) -> Any:
+        """Publish ``state_dict`` as the next version of ``step``; its ``VersionInfo``.
+
+        ``owned=True`` hands the tensors over: the caller never touches them again, so the
+        publisher keeps them as the next base instead of copying the whole state."""
         ...
 
 
@@ -173,7 +176,7 @@ class TrainerLoop:
             raise RunError("start() was already called")
         if self.publisher.next_version != 0:
             raise RunError(f"run {cfg.run!r} already has versions; resuming a trainer is not supported, use a new run")
-        info = self.publisher.publish(self.trainer.export_bf16(), 0)
+        info = self.publisher.publish(self.trainer.export_bf16(), 0, owned=True)
         if info.version != 0:
             raise RunError(f"run {cfg.run!r} already has versions (published {info.version}); use a new run name")
         self.version_ids.append(info.version_id)
@@ -212,7 +215,7 @@ class TrainerLoop:
         stale = sum(len(r.samples) for r in results if r.version_id != spec.accepted_versions[0])
         stats = self.trainer.train_step(results)
         t1 = time.perf_counter()
-        info = self.publisher.publish(self.trainer.export_bf16(), step)
+        info = self.publisher.publish(self.trainer.export_bf16(), step, owned=True)
         publish_s = time.perf_counter() - t1
         self.version_ids.append(info.version_id)
         report = StepReport(
