@@ -93,11 +93,16 @@ class LocalStore(ObjectStore):
         """
         cutoff = time.time() - older_than_s
         removed = 0
-        for entry in os.scandir(self._tmp):
-            if entry.name.endswith(".tmp") and entry.is_file() and entry.stat().st_mtime < cutoff:
-                with contextlib.suppress(FileNotFoundError):  # another sweeper got it first
-                    os.unlink(entry.path)
-                    removed += 1
+        with os.scandir(self._tmp) as entries:
+            for entry in entries:
+                if not entry.name.endswith(".tmp"):
+                    continue
+                # A temp file may vanish at any moment: its writer renamed or linked it into place,
+                # or another sweeper removed it. Either way there is nothing left to sweep.
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.is_file() and entry.stat().st_mtime < cutoff:
+                        os.unlink(entry.path)
+                        removed += 1
         if removed:
             log.info("%s: swept %d stale temp files", self.url, removed)
         return removed

@@ -86,3 +86,27 @@ def test_etag_recorded_at_write_and_invalidated_by_edits(tmp_path: Path) -> None
     assert store.head("k").etag == etag_of(b"jello")
     (tmp_path / "copied").write_bytes(b"no xattr")  # a file the store did not write is hashed
     assert store.head("copied").etag == etag_of(b"no xattr")
+
+
+def test_sweep_survives_temp_files_vanishing_under_it(tmp_path: Path) -> None:
+    """Writers in other processes rename their temp files away while a new store sweeps."""
+    import threading
+
+    store = LocalStore(tmp_path)
+    stop = threading.Event()
+
+    def write_forever() -> None:
+        i = 0
+        while not stop.is_set():
+            store.put(f"k/{i % 50}", b"x" * 64)
+            i += 1
+
+    writer = threading.Thread(target=write_forever)
+    writer.start()
+    try:
+        for _ in range(300):
+            assert LocalStore(tmp_path).sweep_temp() == 0  # nothing is an hour old
+    finally:
+        stop.set()
+        writer.join()
+    assert store.get("k/0") == b"x" * 64
