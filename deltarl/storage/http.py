@@ -22,8 +22,8 @@ from urllib.parse import quote
 import urllib3
 
 from deltarl.errors import InvalidRange, ObjectExists, PreconditionFailed, TransientStoreError
-from deltarl.storage.keys import check_range_args, validate_key, validate_prefix
-from deltarl.storage.relay.client import raise_for_status, strip_etag
+from deltarl.storage.keys import check_range_args, strip_etag, validate_key, validate_prefix
+from deltarl.storage.relay.client import raise_for_status
 from deltarl.storage.retry import NO_RETRY, RetryPolicy
 from deltarl.storage.store import ObjectInfo, ObjectStore
 

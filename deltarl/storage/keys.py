@@ -60,3 +60,12 @@ def clamp_range(key: str, start: int, end: int | None, size: int) -> tuple[int, 
     if start > size:
         raise InvalidRange(f"{key}: range start {start} is beyond the object's size {size}")
     return start, size if end is None else min(end, size)
+
+
+def strip_etag(value: str | None) -> str:
+    """An ETag as our stores report it: without quotes or a weak ``W/`` prefix ("" for none)."""
+    if not value:
+        return ""
+    if value.startswith("W/"):
+        value = value[2:]
+    return value.strip('"')

@@ -50,9 +50,9 @@ from deltarl.errors import (
     StoreError,
 )
 from deltarl.storage import s3_multipart
-from deltarl.storage.keys import check_range_args, validate_key, validate_prefix
+from deltarl.storage.keys import check_range_args, strip_etag, validate_key, validate_prefix
 from deltarl.storage.retry import RetryPolicy
-from deltarl.storage.s3_errors import is_code, is_precondition, strip_etag, translate
+from deltarl.storage.s3_errors import is_code, is_precondition, translate
 from deltarl.storage.store import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)

@@ -31,11 +31,6 @@ def is_precondition(err: StoreError) -> bool:
     return is_code(err, *PRECONDITION_CODES)
 
 
-def strip_etag(etag: str) -> str:
-    """An ETag without the quotes S3 puts around it."""
-    return etag.strip('"')
-
-
 def translate(err: Exception, where: str, bucket: str) -> StoreError:
     """Map a boto/urllib3 error to our hierarchy (called once retries are exhausted)."""
     if isinstance(err, botocore.exceptions.ClientError):

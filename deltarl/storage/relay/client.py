@@ -28,7 +28,7 @@ from deltarl.errors import (
     StoreError,
     TransientStoreError,
 )
-from deltarl.storage.keys import validate_key
+from deltarl.storage.keys import strip_etag, validate_key
 from deltarl.storage.store import ObjectInfo
 
 #: Errors of aiohttp and the loop that mean "this connection or server failed; try again/elsewhere".
@@ -40,15 +40,6 @@ def object_url(base_url: str, key: str, **query: str) -> URL:
     validate_key(key)
     url = URL(base_url.rstrip("/") + "/" + quote(key, safe="/-_.~"), encoded=True)
     return url.with_query(query) if query else url
-
-
-def strip_etag(value: str | None) -> str:
-    """An ETag header without its quotes or weak prefix."""
-    if not value:
-        return ""
-    if value.startswith("W/"):
-        value = value[2:]
-    return value.strip('"')
 
 
 def raise_for_status(status: int, what: str, body: str = "") -> NoReturn:

@@ -29,9 +29,8 @@ from deltarl.errors import (
     PreconditionFailed,
     StoreError,
 )
-from deltarl.storage.keys import validate_key, validate_prefix
+from deltarl.storage.keys import strip_etag, validate_key, validate_prefix
 from deltarl.storage.layout import is_immutable
-from deltarl.storage.relay.client import strip_etag
 from deltarl.storage.relay.config import RelayConfig
 from deltarl.storage.relay.metrics import RelayMetrics
 from deltarl.storage.relay.ranges import RangeNotSatisfiable, parse_range
