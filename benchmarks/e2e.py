@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         "range_bytes": RANGE_BYTES,
         "cpus": os.cpu_count(),
         "emulation": ("tbf-shaped veth per region into a network namespace (rate) + EmulatedLink (delay, window)" if args.netns
-                      else "rootless asyncio proxy (deltarl.netem.EmulatedLink) per region"),
+                      else "rootless asyncio proxy (deltarl.testing.wan.EmulatedLink) per region"),
         "rates": {f"{r['rate_gbps']:g}gbps": r for r in rows},
         "command": " ".join(["python", "benchmarks/e2e.py", *(argv if argv is not None else sys.argv[1:])]),
     }

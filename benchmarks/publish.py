@@ -55,9 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _trace import AdamTrace, qwen3_like_shapes
 
-from deltarl.pipeline import encode_delta
-from deltarl.storage import LocalStore, ObjectStore, Publisher
-from deltarl.storage.manifest import ObjectRef
+from deltarl.pipeline import Publisher, encode_delta
+from deltarl.pipeline.manifest import ObjectRef
+from deltarl.storage import LocalStore, ObjectStore
 from deltarl.storage.store import ObjectInfo
 
 REPO = Path(__file__).resolve().parents[1]

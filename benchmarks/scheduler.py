@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from deltarl.coordinator.config import CoordinatorConfig, SchedulerConfig, ServiceConfig
-from deltarl.coordinator.records import PromptItem, RolloutResult, Sample
-from deltarl.coordinator.simulate import scenario, simulate
+from deltarl.protocol.records import PromptItem, RolloutResult, Sample
+from deltarl.testing.fleet import scenario, simulate
 
 RESULTS = Path(__file__).resolve().parent / "results" / "scheduler.json"
 
@@ -71,8 +71,8 @@ def bench_makespan(args: argparse.Namespace) -> list[dict[str, Any]]:
 async def _throughput(url: str, actors: int, seconds: float) -> dict[str, Any]:
     import aiohttp
 
-    from deltarl.coordinator.client import CoordinatorClient
     from deltarl.errors import AdmissionRejected
+    from deltarl.protocol.client import CoordinatorClient
 
     counts = {"requests": 0, "admitted": 0, "rejected": 0, "empty": 0}
     latencies: list[float] = []

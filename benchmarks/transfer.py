@@ -1,6 +1,6 @@
 """Cross-region transfer: multi-stream fetch, relay fan-out, cut-through, and faults.
 
-Every link is an emulated WAN (:class:`deltarl.netem.EmulatedLink`: one-way delay, a per-connection
+Every link is an emulated WAN (:class:`deltarl.testing.wan.EmulatedLink`: one-way delay, a per-connection
 window, one shared rate) in this process, so the whole benchmark runs without root on loopback.
 A Python proxy cannot carry 1 Gbps on this 2-core machine, so the links run at **1/10 scale**
 (100 Mbps instead of 1 Gbps, same 50 ms RTT, same 256 KiB window per connection); rates and byte
@@ -45,10 +45,10 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from deltarl.actor.fetcher import Fetcher
-from deltarl.netem import EmulatedLink
+from deltarl.pipeline.manifest import ObjectRef
+from deltarl.relay import RelayConfig, RelayServer
 from deltarl.storage import LocalStore, MemoryStore
-from deltarl.storage.manifest import ObjectRef
-from deltarl.storage.relay import RelayConfig, RelayServer
+from deltarl.testing.wan import EmulatedLink
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _trace
 
@@ -255,7 +255,7 @@ def _trace_states(shapes: list[tuple[str, tuple[int, ...]]]) -> tuple[Any, Any]:
 
 def _trainer_process(root: str, shapes: list[tuple[str, tuple[int, ...]]], rate_bps: float, ready: Any, go: Any, out: str) -> None:
     """The trainer, in its own process (its encoding must not share the GIL with relays and links)."""
-    from deltarl.storage.publisher import Publisher
+    from deltarl.pipeline.publisher import Publisher
 
     v0, v1 = _trace_states(shapes)
     store = PacedStore(root, rate_bps)
@@ -279,7 +279,7 @@ async def bench_staged(tmp: Path, shapes: list[tuple[str, tuple[int, ...]]], spe
     import multiprocessing as mp
 
     from deltarl.actor.subscriber import Subscriber
-    from deltarl.storage.layout import RunLayout
+    from deltarl.pipeline.layout import RunLayout
 
     layout = RunLayout(RUN)
     work = Path(tempfile.mkdtemp(prefix="staged-", dir=tmp))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 
 class DeltaRLError(Exception):
     """Base class of every error deltarl raises on purpose."""
@@ -18,8 +20,8 @@ class UnsupportedFormatVersion(FormatError):
     """A record or segment carries a format version this build does not read."""
 
 
-class ChecksumMismatch(FormatError):
-    """Bytes whose checksum or sha256 differs from the one recorded for them."""
+class IntegrityError(FormatError):
+    """Bytes whose checksum, sha256 or state digest differs from the one recorded for them."""
 
 
 class BaseMismatch(DeltaRLError, ValueError):
@@ -73,15 +75,22 @@ class WriterConflict(RunError):
     """Another publisher owns this run (or moved HEAD underneath us)."""
 
 
-class IntegrityError(DeltaRLError, ValueError):
-    """Stored bytes do not match the hash or digest that a manifest records for them."""
-
-
 # --- transfer / actors ---------------------------------------------------------------------------
 
 
 class TransferError(DeltaRLError, OSError):
     """Every source (relays, then the origin) failed to deliver an object."""
+
+
+class RangeNotSatisfiable(DeltaRLError, ValueError):
+    """An HTTP ``Range`` header is malformed or lies outside the object: answer 416."""
+
+
+# --- processes -----------------------------------------------------------------------------------
+
+
+class ChildError(DeltaRLError, RuntimeError):
+    """A child process exited or did not become ready."""
 
 
 # --- coordinator ---------------------------------------------------------------------------------
@@ -95,15 +104,37 @@ class AuthError(CoordinatorError, PermissionError):
     """An unknown or missing token."""
 
 
-class LeaseError(CoordinatorError):
-    """A lease is unknown, expired, or held by another actor."""
+class UnknownActor(CoordinatorError, LookupError):
+    """A request named an actor id the coordinator never registered (register again)."""
+
+
+class UnknownStep(CoordinatorError, LookupError):
+    """A step that was never opened."""
+
+
+class RecordConflict(CoordinatorError):
+    """A write-once key already holds a different record (a second coordinator, or a forged retry)."""
+
+
+class AdmissionReason(str, enum.Enum):
+    """Why a result was not admitted (the coordinator's reason codes, on the wire as their values)."""
+
+    UNKNOWN_LEASE = "unknown_lease"
+    WRONG_ACTOR = "wrong_actor"
+    WRONG_STEP = "wrong_step"
+    LEASE_EXPIRED = "lease_expired"
+    LEASE_REVOKED = "lease_revoked"
+    VERSION_NOT_ACCEPTED = "version_not_accepted"
+    PROMPT_MISMATCH = "prompt_mismatch"
+    ALREADY_ADMITTED = "already_admitted"
+    IN_PROGRESS = "in_progress"
 
 
 class AdmissionRejected(CoordinatorError):
-    """A result was not admitted; `reason` says why."""
+    """A result was not admitted; ``reason`` says why."""
 
-    def __init__(self, reason: str, message: str | None = None) -> None:
-        super().__init__(message or reason)
+    def __init__(self, reason: AdmissionReason, message: str | None = None) -> None:
+        super().__init__(message or reason.value)
         self.reason = reason
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi-region emulation on one Linux host (root only): network namespaces joined by veth pairs
 # whose egress is rate-limited with tbf. The kernel here has no netem, so there is no in-kernel
-# delay: put deltarl.netem.EmulatedLink (a rootless asyncio proxy) on the path for RTT and
+# delay: put deltarl.testing.wan.EmulatedLink (a rootless asyncio proxy) on the path for RTT and
 # per-connection windows, or run it alone when root is not available.
 #
 #   sudo infra/netns-regions.sh up [RATE]     # default RATE=1gbit; creates ${PREFIX}-origin/-east/-west

@@ -28,9 +28,9 @@ import numpy as np
 from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.subscriber import Subscriber
 from deltarl.errors import ObjectNotFound, TransferError
-from deltarl.pipeline import BF16
-from deltarl.storage import ObjectStore, Publisher
-from deltarl.storage.manifest import ObjectRef
+from deltarl.pipeline import BF16, Publisher
+from deltarl.pipeline.manifest import ObjectRef
+from deltarl.storage import ObjectStore
 
 State = dict[str, BF16]
 WATCH_S = 0.005

@@ -24,9 +24,9 @@ from pathlib import Path
 from aiohttp import web
 
 from _e2e.netns import ShapedRegions
-from deltarl.netem import EmulatedLink
+from deltarl.relay import RelayConfig, RelayServer, create_app
 from deltarl.storage import LocalStore
-from deltarl.storage.relay import RelayConfig, RelayServer, create_app
+from deltarl.testing.wan import EmulatedLink
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from deltarl.errors import (
     StoreError,
     TransferError,
 )
-from deltarl.storage.manifest import ObjectRef
+from deltarl.pipeline.manifest import ObjectRef
 from deltarl.storage.retry import RetryPolicy
 from deltarl.storage.store import ObjectStore
 

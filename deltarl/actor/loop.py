@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from deltarl.actor.config import ActorConfig
 from deltarl.actor.events import CommitTiming, EventLog
-from deltarl.coordinator.scheduler import UnknownActor
 from deltarl.errors import (
     AdmissionRejected,
     AuthError,
@@ -37,11 +36,12 @@ from deltarl.errors import (
     IntegrityError,
     ObjectNotFound,
     RunError,
+    UnknownActor,
 )
 
 if TYPE_CHECKING:
     from deltarl.actor.backends.base import Generation, GenerationBackend
-    from deltarl.coordinator.records import LeaseGrant, PromptItem, RolloutResult
+    from deltarl.protocol.records import LeaseGrant, PromptItem, RolloutResult
     from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class ActorLoop:
 
     def run(self) -> None:
         """Bootstrap, register, then lease/generate/report/commit until stopped."""
-        from deltarl.coordinator.client import SyncCoordinatorClient
+        from deltarl.protocol.client import SyncCoordinatorClient
         from deltarl.storage.open import open_store
 
         cfg = self.config
@@ -166,8 +166,8 @@ class ActorLoop:
     def _setup(self, store: ObjectStore) -> None:
         """Wait for the run, read its model spec, bootstrap the newest version into a backend."""
         from deltarl.actor.weights import Weights
-        from deltarl.trainer.tasks import TaskSpec, build_task
-        from deltarl.trainer.tokenizer import load_tokenizer
+        from deltarl.model.tasks import TaskSpec, build_task
+        from deltarl.model.tokenizer import load_tokenizer
 
         cfg = self.config
         if cfg.torch_threads:
@@ -193,7 +193,7 @@ class ActorLoop:
         log.info("actor %s bootstrapped version %d in %.2fs", self.name, self.weights.version, time.perf_counter() - t0)
 
     def _wait_model_json(self, store: ObjectStore) -> Any:
-        from deltarl.trainer.loop import read_model_json
+        from deltarl.model.record import read_model_json
 
         deadline = time.monotonic() + self.config.bootstrap_timeout_s
         while not self.stopping:
@@ -310,7 +310,7 @@ class ActorLoop:
         self.events.emit("result", step=lease.step, lease_id=lease.lease_id, admitted=False, reason="unreachable")
 
     def _generate(self, grant: LeaseGrant) -> RolloutResult:
-        from deltarl.coordinator.records import RolloutResult, Sample
+        from deltarl.protocol.records import RolloutResult, Sample
 
         assert self.backend is not None
         assert self.actor_id is not None
@@ -335,7 +335,7 @@ class ActorLoop:
         )
 
     def _encode(self, text: str) -> list[int]:
-        from deltarl.trainer.tokenizer import encode_prompt
+        from deltarl.model.tokenizer import encode_prompt
 
         return encode_prompt(self.tokenizer, text, chat_template=self.model_info.tokenizer.chat_template)
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from deltarl.errors import ObjectNotFound
+from deltarl.storage.http_client import RelayClient
 from deltarl.storage.keys import etag_of
-from deltarl.storage.relay.client import RelayClient
 from deltarl.storage.store import ObjectInfo, ObjectStore
 
 T = TypeVar("T")

@@ -26,8 +26,8 @@ from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
 from deltarl.errors import DeltaRLError, ObjectNotFound, TransferError
-from deltarl.storage.layout import RunLayout
-from deltarl.storage.manifest import Manifest
+from deltarl.pipeline.layout import RunLayout
+from deltarl.pipeline.manifest import Manifest
 
 log = logging.getLogger(__name__)
 

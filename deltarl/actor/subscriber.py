@@ -19,7 +19,7 @@ trainer's. The next commit confirms the previous one first.
 
 An actor that is new (:meth:`Subscriber.bootstrap`) or more than ``catch_up_after`` versions behind
 catches up from the newest keyframe at or before HEAD, applying the deltas after it on a copy that
-the next commit swaps in. (``deltarl.storage.replay.squash`` builds one delta between two versions
+the next commit swaps in. (``deltarl.pipeline.replay.squash`` builds one delta between two versions
 but needs the origin store; a relay-only actor uses the keyframe path.)
 """
 
@@ -37,8 +37,8 @@ from typing import Any
 from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.staging import VersionStaging
 from deltarl.errors import IntegrityError, ObjectNotFound, RunError, StagingError, TransferError
-from deltarl.storage.layout import RunLayout
-from deltarl.storage.manifest import HeadRecord, Manifest, version_id
+from deltarl.pipeline.layout import RunLayout
+from deltarl.pipeline.manifest import HeadRecord, Manifest, version_id
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,3 @@ def add_store_argument(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help=f"store URL: a path, file://…, memory://…, s3://bucket/prefix (default: {DEFAULT_STORE})",
     )
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")

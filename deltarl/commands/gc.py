@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from deltarl.commands._store import add_store_argument, human_bytes
+from deltarl.commands._store import add_store_argument
+from deltarl.pipeline.inspect import human_bytes
 
 HELP = "remove orphaned objects of a run and, with --keep-last, old versions replay no longer needs"
 
@@ -19,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from deltarl.errors import DeltaRLError
-    from deltarl.storage import gc, open_store
+    from deltarl.pipeline import gc
+    from deltarl.storage import open_store
 
     store = open_store(args.store)
     try:

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from deltarl.commands._store import add_store_argument, human_bytes
+from deltarl.commands._store import add_store_argument
+from deltarl.pipeline.inspect import human_bytes
 
 HELP = "show a run's versions: changed fraction, delta bytes, ratio vs full weights, keyframes, digests"
 
@@ -24,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from deltarl.errors import DeltaRLError
-    from deltarl.storage import inspect_run, open_store
+    from deltarl.pipeline import inspect_run
+    from deltarl.storage import open_store
 
     store = open_store(args.store)
     try:

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from deltarl.errors import DeltaRLError
-    from deltarl.storage.relay import RelayConfig, RelayServer
+    from deltarl.relay import RelayConfig, RelayServer
 
     log = logging.getLogger("deltarl.relay")
     try:

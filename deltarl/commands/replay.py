@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
     from deltarl.errors import DeltaRLError
-    from deltarl.storage import RunReader, open_store, replay
+    from deltarl.pipeline import RunReader, replay
+    from deltarl.storage import open_store
 
     store = open_store(args.store)
     try:

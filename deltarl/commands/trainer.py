@@ -40,10 +40,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(config: object, url: str, token: str) -> int:
-    from deltarl.coordinator.client import SyncCoordinatorClient
     from deltarl.errors import DeltaRLError
+    from deltarl.pipeline.publisher import Publisher
+    from deltarl.protocol.client import SyncCoordinatorClient
     from deltarl.storage.open import open_store
-    from deltarl.storage.publisher import Publisher
     from deltarl.trainer.config import TrainerConfig
     from deltarl.trainer.loop import ClientCoordinator, StepReport, TrainerLoop
 

@@ -24,9 +24,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from deltarl.coordinator.persistence import CoordinatorStore
-from deltarl.coordinator.records import AdmittedRecord, LeaseRecord, StepSpec, sha256_of
 from deltarl.errors import DeltaRLError
-from deltarl.storage.reader import RunReader
+from deltarl.pipeline.reader import RunReader
+from deltarl.protocol.records import AdmittedRecord, LeaseRecord, StepSpec, sha256_of
 from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)

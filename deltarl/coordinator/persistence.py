@@ -21,7 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from deltarl.coordinator.config import SchedulerConfig
-from deltarl.coordinator.records import (
+from deltarl.coordinator.scheduler import Scheduler
+from deltarl.errors import ObjectExists, ObjectNotFound, RecordConflict
+from deltarl.pipeline.layout import VERSION_DIGITS, RunLayout
+from deltarl.protocol.records import (
     ActorRecord,
     AdmittedRecord,
     LeaseRecord,
@@ -32,16 +35,10 @@ from deltarl.coordinator.records import (
     encode,
     sha256_of,
 )
-from deltarl.coordinator.scheduler import Scheduler
-from deltarl.errors import CoordinatorError, ObjectExists, ObjectNotFound
-from deltarl.storage.layout import VERSION_DIGITS, RunLayout
 from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
-
-class RecordConflict(CoordinatorError):
-    """A write-once key already holds a different record (a second coordinator, or a forged retry)."""
 
 
 class CoordinatorStore:

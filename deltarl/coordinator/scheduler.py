@@ -29,14 +29,6 @@ from collections.abc import Callable
 from typing import Any
 
 from deltarl.coordinator.config import SchedulerConfig
-from deltarl.coordinator.records import (
-    ActorRecord,
-    AdmittedRecord,
-    LeaseRecord,
-    PromptItem,
-    RolloutResult,
-    StepSpec,
-)
 from deltarl.coordinator.state import (
     ActorState,
     Decision,
@@ -45,13 +37,20 @@ from deltarl.coordinator.state import (
     Pool,
     Reason,
     Step,
-    UnknownActor,
     proportional_split,
 )
 from deltarl.coordinator.views import check_invariants, fleet_status
-from deltarl.errors import CoordinatorError
+from deltarl.errors import CoordinatorError, UnknownActor
+from deltarl.protocol.records import (
+    ActorRecord,
+    AdmittedRecord,
+    LeaseRecord,
+    PromptItem,
+    RolloutResult,
+    StepSpec,
+)
 
-__all__ = ["Decision", "LeaseStatus", "Reason", "Scheduler", "UnknownActor", "proportional_split"]
+__all__ = ["Decision", "LeaseStatus", "Reason", "Scheduler", "proportional_split"]
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The coordinator's HTTP service (aiohttp): the scheduler behind a JSON API, its records in the store.
 
-Routes (JSON bodies are the models in :mod:`deltarl.coordinator.records`)::
+Routes (JSON bodies are the models in :mod:`deltarl.protocol.records`)::
 
     POST /register            actor    RegisterRequest  -> Registered
     POST /lease               actor    LeaseRequest     -> LeaseResponse
@@ -31,8 +31,18 @@ from pydantic import BaseModel
 
 from deltarl.coordinator.config import CoordinatorConfig
 from deltarl.coordinator.metrics import CoordinatorMetrics
-from deltarl.coordinator.persistence import CoordinatorStore, RecordConflict, build_manifest, recover
-from deltarl.coordinator.records import (
+from deltarl.coordinator.persistence import CoordinatorStore, build_manifest, recover
+from deltarl.coordinator.scheduler import Reason, Scheduler
+from deltarl.errors import (
+    CoordinatorError,
+    DeltaRLError,
+    FormatError,
+    RecordConflict,
+    StoreError,
+    UnknownActor,
+    UnknownStep,
+)
+from deltarl.protocol.records import (
     Ack,
     AdmittedRecord,
     HeartbeatRequest,
@@ -50,8 +60,6 @@ from deltarl.coordinator.records import (
     decode,
     sha256_of,
 )
-from deltarl.coordinator.scheduler import Reason, Scheduler, UnknownActor
-from deltarl.errors import CoordinatorError, DeltaRLError, FormatError, StoreError
 from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -252,9 +260,6 @@ class Coordinator:
         out.update(run=self.run, store=self.cstore.store.url, uptime_s=round(self._clock() - self.started_at, 3))
         return out
 
-
-class UnknownStep(CoordinatorError, LookupError):
-    """A step that was never opened."""
 
 
 # --- HTTP ----------------------------------------------------------------------------------------------

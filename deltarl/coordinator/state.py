@@ -8,26 +8,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from deltarl.coordinator.records import ActorRecord, LeaseRecord, PromptItem, StepSpec
-from deltarl.errors import CoordinatorError
-
-
-class UnknownActor(CoordinatorError, LookupError):
-    """A request named an actor id the coordinator never registered (register again)."""
-
-
-class Reason(str, enum.Enum):
-    """Why a result was not admitted."""
-
-    UNKNOWN_LEASE = "unknown_lease"
-    WRONG_ACTOR = "wrong_actor"
-    WRONG_STEP = "wrong_step"
-    LEASE_EXPIRED = "lease_expired"
-    LEASE_REVOKED = "lease_revoked"
-    VERSION_NOT_ACCEPTED = "version_not_accepted"
-    PROMPT_MISMATCH = "prompt_mismatch"
-    ALREADY_ADMITTED = "already_admitted"
-    IN_PROGRESS = "in_progress"
+from deltarl.errors import AdmissionReason as Reason
+from deltarl.protocol.records import ActorRecord, LeaseRecord, PromptItem, StepSpec
 
 
 class LeaseStatus(str, enum.Enum):

@@ -23,8 +23,9 @@ from typing import Any
 
 from rich.console import Console
 
-from deltarl.demo.procs import Child, ChildError, stop_all
+from deltarl.demo.procs import Child, stop_all
 from deltarl.demo.view import DemoView, StepRow
+from deltarl.errors import ChildError
 
 log = logging.getLogger(__name__)
 
@@ -176,9 +177,9 @@ class Demo:
             self.actors.append(ActorRun(name, throttle, child, events, state_out))
 
     def _train(self, coordinator: str) -> tuple[Any, dict[str, Any]]:
-        from deltarl.coordinator.client import SyncCoordinatorClient
+        from deltarl.pipeline.publisher import Publisher
+        from deltarl.protocol.client import SyncCoordinatorClient
         from deltarl.storage.open import open_store
-        from deltarl.storage.publisher import Publisher
         from deltarl.trainer.config import TrainerConfig
         from deltarl.trainer.loop import ClientCoordinator, StepReport, TrainerLoop
 

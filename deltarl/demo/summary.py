@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from deltarl.commands._store import human_bytes
+from deltarl.pipeline.inspect import human_bytes
 
 if TYPE_CHECKING:
     from deltarl.demo.runner import Demo
@@ -42,8 +42,8 @@ class Summary:
         from deltarl.coordinator.audit import audit_run
         from deltarl.demo.report import write_report
         from deltarl.pipeline import state_digest
+        from deltarl.pipeline.replay import replay
         from deltarl.storage.open import open_store
-        from deltarl.storage.replay import replay
 
         d, console = self.demo, self.demo.console
         final_version = len(self.trainer.version_ids) - 1

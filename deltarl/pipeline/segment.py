@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from deltarl.errors import ChecksumMismatch, FormatError, UnsupportedFormatVersion
+from deltarl.errors import FormatError, IntegrityError, UnsupportedFormatVersion
 from deltarl.pipeline.registry import CODEC_IDS, CODEC_NAMES
 from deltarl.pipeline.tensors import DTYPE_BY_CODE, DTYPES, TensorSpec
 
@@ -133,10 +133,10 @@ def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
         raise FormatError(f"segment header length {hlen} is out of bounds")
     (crc,) = struct.unpack_from("<I", mv, len(mv) - 4)
     if zlib.crc32(mv[:-4]) != crc:
-        raise ChecksumMismatch("segment crc32 does not match its bytes")
+        raise IntegrityError("segment crc32 does not match its bytes")
     body = mv[_PREFIX.size : _PREFIX.size + hlen]
     if zlib.crc32(body) != hcrc:
-        raise ChecksumMismatch("segment header crc32 does not match")
+        raise IntegrityError("segment header crc32 does not match")
     r = _Reader(body)
     (blen,) = r.take("<H")
     if not 0 < blen <= MAX_BASE_BYTES:

@@ -1,73 +1,30 @@
-"""deltarl.storage: the object-store interface, its backends, and the run namespace on top of them."""
+"""deltarl.storage: object stores only — the interface, its backends, and ``open_store``.
+
+Every backend implements :class:`ObjectStore` (``get``, ``get_range``, ``put``,
+``put_if_absent``, ``exists``, ``list``, ``delete``, ``cas``); ``open_store`` turns a URL
+(a path, ``file://``, ``memory://``, ``s3://``, ``http(s)://``) into one. The run namespace on
+top of a store (manifests, publishing, replay) is :mod:`deltarl.pipeline`.
+"""
 
 from typing import TYPE_CHECKING
 
-# --- object stores (interface, backends, factory) ------------------------------------------------
 from deltarl.storage.local import LocalStore
 from deltarl.storage.memory import MemoryStore
 from deltarl.storage.open import open_store
 from deltarl.storage.store import ObjectInfo, ObjectStore
-
-# isort: split
-# --- the run namespace (layout, records, publishing, reading back) -------------------------------
-from deltarl.storage.catchup import SquashRecord, read_squash, store_squash
-from deltarl.storage.claim import WriterClaim, WriterLease
-from deltarl.storage.gc import GcReport, gc
-from deltarl.storage.inspect import RunSummary, VersionRow, inspect_run
-from deltarl.storage.layout import RunLayout, is_immutable, validate_run_name
-from deltarl.storage.manifest import (
-    DeltaStatsRecord,
-    HeadRecord,
-    Manifest,
-    ObjectRef,
-    RunInfo,
-    TensorEntry,
-    canonical_json,
-    version_id,
-)
-from deltarl.storage.publisher import Publisher, VersionInfo
-from deltarl.storage.reader import RunReader
-from deltarl.storage.replay import apply_versions, replay, squash
 
 if TYPE_CHECKING:
     from deltarl.storage.retry import RetryPolicy
     from deltarl.storage.s3 import S3Store
 
 __all__ = [
-    "DeltaStatsRecord",
-    "GcReport",
-    "HeadRecord",
     "LocalStore",
-    "Manifest",
     "MemoryStore",
     "ObjectInfo",
-    "ObjectRef",
     "ObjectStore",
-    "Publisher",
     "RetryPolicy",
-    "RunInfo",
-    "RunLayout",
-    "RunReader",
-    "RunSummary",
     "S3Store",
-    "SquashRecord",
-    "TensorEntry",
-    "VersionInfo",
-    "VersionRow",
-    "WriterClaim",
-    "WriterLease",
-    "apply_versions",
-    "canonical_json",
-    "gc",
-    "inspect_run",
-    "is_immutable",
     "open_store",
-    "read_squash",
-    "replay",
-    "squash",
-    "store_squash",
-    "validate_run_name",
-    "version_id",
 ]
 
 

@@ -9,7 +9,7 @@ Idempotent requests (reads, plain PUT, DELETE) are retried by :mod:`deltarl.stor
 conditional writes are not retried after a dropped connection, since the first attempt may have
 landed and a retry would then report a false conflict.
 
-For asyncio code use :class:`deltarl.storage.relay.client.RelayClient` instead.
+For asyncio code use :class:`deltarl.storage.http_client.RelayClient` instead.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from urllib.parse import quote
 import urllib3
 
 from deltarl.errors import InvalidRange, ObjectExists, PreconditionFailed, TransientStoreError
+from deltarl.storage.http_client import raise_for_status
 from deltarl.storage.keys import check_range_args, strip_etag, validate_key, validate_prefix
-from deltarl.storage.relay.client import raise_for_status
 from deltarl.storage.retry import NO_RETRY, RetryPolicy
 from deltarl.storage.store import ObjectInfo, ObjectStore
 

@@ -2,10 +2,10 @@
 
 Modules (none imports torch at import time):
 
-* :mod:`~deltarl.trainer.tokenizer` - the offline byte tokenizer, local HF tokenizers, ``TokenizerSpec``
-* :mod:`~deltarl.trainer.model` - ``ModelSpec``, ``build_model`` (tiny Qwen3 or a local checkpoint),
+* :mod:`~deltarl.model.tokenizer` - the offline byte tokenizer, local HF tokenizers, ``TokenizerSpec``
+* :mod:`~deltarl.model.build` - ``ModelSpec``, ``build_model`` (tiny Qwen3 or a local checkpoint),
   ``export_bf16`` / ``load_bf16_into``, ``RunModelInfo`` (``<run>/model.json``)
-* :mod:`~deltarl.trainer.tasks` - the synthetic addition task and GSM8K/MATH answer checking
+* :mod:`~deltarl.model.tasks` - the synthetic addition task and GSM8K/MATH answer checking
 * :mod:`~deltarl.trainer.grpo` - ``GRPOConfig``, ``GRPOTrainer.train_step`` -> ``TrainStats``
 * :mod:`~deltarl.trainer.loop` - ``TrainerLoop``: open step, wait for rollouts, train, publish
 * :mod:`~deltarl.trainer.config` - ``TrainerConfig`` (YAML), the tiny preset ``TINY_GRPO``

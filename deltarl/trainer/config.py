@@ -8,10 +8,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deltarl.configfile import load_model
+from deltarl.model.build import ModelSpec
+from deltarl.model.tasks import TaskSpec
+from deltarl.model.tokenizer import TokenizerSpec
 from deltarl.trainer.grpo import GRPOConfig
-from deltarl.trainer.model import ModelSpec
-from deltarl.trainer.tasks import TaskSpec
-from deltarl.trainer.tokenizer import TokenizerSpec
 
 #: GRPO settings under which the tiny model learns the addition task from scratch in ~25 steps on
 #: 2 CPU cores (measured: mean reward ~0.02 -> ~0.7 in 30 steps). The large learning rate changes

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from deltarl.model.build import export_bf16
 from deltarl.trainer.logprobs import completion_logprobs
-from deltarl.trainer.model import export_bf16
 
 if TYPE_CHECKING:
     import torch
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class SampleLike(Protocol):
-    """What GRPO reads of one rollout sample (``deltarl.coordinator.records.Sample`` fits)."""
+    """What GRPO reads of one rollout sample (``deltarl.protocol.records.Sample`` fits)."""
 
     prompt_id: str
     prompt_token_ids: Sequence[int]
@@ -39,7 +39,7 @@ class SampleLike(Protocol):
 
 
 class ResultLike(Protocol):
-    """What GRPO reads of one admitted result (``deltarl.coordinator.records.RolloutResult`` fits)."""
+    """What GRPO reads of one admitted result (``deltarl.protocol.records.RolloutResult`` fits)."""
 
     @property
     def samples(self) -> Sequence[Any]: ...
@@ -159,7 +159,7 @@ class GRPOTrainer:
         self.steps_done = 0
 
     def export_bf16(self) -> dict[str, torch.Tensor]:
-        """The BF16 inference state to publish (see :func:`deltarl.trainer.model.export_bf16`)."""
+        """The BF16 inference state to publish (see :func:`deltarl.model.build.export_bf16`)."""
         return export_bf16(self.model)
 
     def train_step(self, results: Sequence[ResultLike]) -> TrainStats:

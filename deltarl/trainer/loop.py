@@ -19,15 +19,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from deltarl.errors import ObjectExists, RunError
+from deltarl.errors import RunError
+from deltarl.model.build import build_model
+from deltarl.model.record import RunModelInfo, write_model_json
+from deltarl.model.tasks import build_task
+from deltarl.model.tokenizer import encode_prompt, load_tokenizer
 from deltarl.trainer.config import TrainerConfig
 from deltarl.trainer.grpo import GRPOTrainer, TrainStats
-from deltarl.trainer.model import RunModelInfo, build_model
-from deltarl.trainer.tasks import build_task
-from deltarl.trainer.tokenizer import encode_prompt, load_tokenizer
 
 if TYPE_CHECKING:
-    from deltarl.coordinator.records import RolloutResult, StepSpec
+    from deltarl.protocol.records import RolloutResult, StepSpec
     from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class VersionPublisher(Protocol):
 
 
 class ClientCoordinator:
-    """Adapts ``deltarl.coordinator.client.SyncCoordinatorClient`` to :class:`StepCoordinator`."""
+    """Adapts ``deltarl.protocol.client.SyncCoordinatorClient`` to :class:`StepCoordinator`."""
 
     def __init__(self, client: Any, *, poll_s: float = 30.0) -> None:
         self.client = client
@@ -89,25 +90,6 @@ class StepReport:
     wait_s: float
     publish_s: float
     publish: Any  # the publisher's VersionInfo (changed elements, bytes, timings)
-
-
-def model_json_key(run: str) -> str:
-    return f"{run}/model.json"
-
-
-def write_model_json(store: ObjectStore, run: str, data: bytes) -> None:
-    """Create ``<run>/model.json`` once; an existing one must hold the same bytes (else ``RunError``)."""
-    key = model_json_key(run)
-    try:
-        store.put_if_absent(key, data)
-    except ObjectExists:
-        if store.get(key) != data:
-            raise RunError(f"{key} exists with a different model/tokenizer/task spec") from None
-
-
-def read_model_json(store: ObjectStore, run: str) -> RunModelInfo:
-    """The model, tokenizer, task and sampling settings a run records."""
-    return RunModelInfo.from_bytes(store.get(model_json_key(run)))
 
 
 class TrainerLoop:
@@ -185,7 +167,7 @@ class TrainerLoop:
 
     def step_spec(self, step: int) -> StepSpec:
         """The prompts of ``step`` and the versions it accepts (newest first)."""
-        from deltarl.coordinator.records import PromptItem, StepSpec
+        from deltarl.protocol.records import PromptItem, StepSpec
 
         cfg = self.config
         prompts = []

@@ -18,7 +18,7 @@ from deltarl.actor.backends.base import FinishReason, Generation, ThroughputMete
 if TYPE_CHECKING:
     import torch
 
-    from deltarl.trainer.model import ModelSpec
+    from deltarl.model.build import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class HFBackend:
         """Build the BF16 model of ``spec`` on ``device`` and load ``state`` (an exported version) into it."""
         import torch
 
-        from deltarl.trainer.model import build_model, load_bf16_into
+        from deltarl.model.build import build_model, load_bf16_into
 
         model = build_model(spec, dtype=torch.bfloat16, device=device)
         if state is not None:
@@ -86,7 +86,7 @@ class HFBackend:
 
     def state_dict_for_update(self) -> dict[str, torch.Tensor]:
         """The live BF16 parameters by exported name (tied weights once): write in place to update."""
-        from deltarl.trainer.model import live_parameters
+        from deltarl.model.build import live_parameters
 
         return live_parameters(self.model)
 
@@ -101,7 +101,7 @@ class HFBackend:
 
     def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
         """Overwrite every parameter with a full exported state (names and shapes checked first)."""
-        from deltarl.trainer.model import load_bf16_into
+        from deltarl.model.build import load_bf16_into
 
         load_bf16_into(self.model, dict(state))
 

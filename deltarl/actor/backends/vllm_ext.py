@@ -243,6 +243,6 @@ def _load_hf_state(path: str) -> dict[str, torch.Tensor]:
     """The BF16 HF state of a local checkpoint, tied weights once (the names the trainer exports)."""
     import torch
 
-    from deltarl.trainer.model import ModelSpec, build_model, export_bf16
+    from deltarl.model.build import ModelSpec, build_model, export_bf16
 
     return export_bf16(build_model(ModelSpec(name=path), dtype=torch.bfloat16))

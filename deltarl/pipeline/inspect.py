@@ -1,0 +1,106 @@
+"""Table data for ``deltarl inspect``: one row per committed version, read from its manifest."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from deltarl.errors import ObjectNotFound
+from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo
+from deltarl.pipeline.reader import RunReader
+from deltarl.storage.store import ObjectStore
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    """One version as ``deltarl inspect`` shows it."""
+
+    version: int
+    version_id: str
+    step: int
+    kind: str
+    parent: str | None
+    segments: int
+    changed_elements: int
+    total_elements: int
+    encoded_bytes: int
+    full_bytes: int
+    keyframe_bytes: int | None
+    state_digest: str | None
+    created_at: str
+
+    @property
+    def changed_fraction(self) -> float:
+        return self.changed_elements / self.total_elements if self.total_elements else 0.0
+
+    @property
+    def ratio(self) -> float:
+        """Encoded delta bytes as a fraction of the full state's bytes."""
+        return self.encoded_bytes / self.full_bytes if self.full_bytes else 0.0
+
+    @classmethod
+    def of(cls, manifest: Manifest, vid: str) -> VersionRow:
+        s = manifest.stats
+        return cls(
+            version=manifest.version,
+            version_id=vid,
+            step=manifest.step,
+            kind=manifest.kind,
+            parent=manifest.parent,
+            segments=len(manifest.segments),
+            changed_elements=s.changed_elements,
+            total_elements=s.total_elements,
+            encoded_bytes=s.encoded_bytes,
+            full_bytes=s.full_bytes,
+            keyframe_bytes=None if manifest.keyframe is None else manifest.keyframe.size,
+            state_digest=manifest.state_digest,
+            created_at=manifest.created_at,
+        )
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """run.json, HEAD, and the rows asked for (ascending)."""
+
+    info: RunInfo
+    head: HeadRecord | None
+    rows: tuple[VersionRow, ...]
+
+
+def inspect_run(store: ObjectStore, run: str, *, version: int | None = None, last: int | None = 50) -> RunSummary:
+    """Rows for ``version`` alone, or for the ``last`` versions up to HEAD (``None``: all kept)."""
+    reader = RunReader(store, run)
+    info = reader.info()
+    try:
+        head: HeadRecord | None = reader.head()
+    except ObjectNotFound:
+        head = None
+    top = None if version is not None else reader.last_committed()
+    if version is not None:
+        wanted = [version]
+    elif top is None:
+        wanted = []
+    else:
+        first = 0 if last is None else max(0, top - last + 1)
+        wanted = list(range(first, top + 1))
+
+    def row(v: int) -> VersionRow | None:
+        try:
+            return VersionRow.of(*reader.manifest(v))
+        except ObjectNotFound:
+            if version is not None:
+                raise
+            return None  # removed by gc
+
+    with ThreadPoolExecutor(8) as pool:
+        rows = [r for r in pool.map(row, wanted) if r is not None]
+    return RunSummary(info=info, head=head, rows=tuple(rows))
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes as a short binary-unit string (``'1.5 MiB'``)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,433 @@
+"""The trainer side of a run: publish each policy version with the commit protocol.
+
+Per version ``v`` (see DESIGN.md): the delta against the previous export is encoded segment by
+segment while earlier segments upload on a bounded pool (``put_if_absent``); the keyframe (version
+0 and every ``keyframe_interval``) uploads alongside; once every object is durable the manifest is
+created with ``put_if_absent`` (the commit point), then HEAD moves by compare-and-swap. A crash at
+any point leaves either no manifest (orphans that ``gc`` or the next publisher removes) or a
+complete version. One writer per run is enforced by :mod:`deltarl.pipeline.claim`.
+
+Memory: the previous export (one CPU copy of the state, updated in place after each commit, or the
+caller's own export when it hands it over with ``publish(..., owned=True)``, which saves that copy)
+plus at most ``max_in_flight`` encoded segments; a keyframe version also holds its serialized snapshot
+while it uploads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from deltarl.errors import (
+    ObjectExists,
+    ObjectNotFound,
+    PreconditionFailed,
+    RunError,
+    StoreError,
+    WriterConflict,
+)
+from deltarl.pipeline.claim import WriterLease, new_writer_id
+from deltarl.pipeline.layout import RunLayout
+from deltarl.pipeline.manifest import DeltaStatsRecord, HeadRecord, Manifest, ObjectRef, RunInfo
+from deltarl.pipeline.reader import RunReader, entries_of, table_of
+from deltarl.pipeline.uploads import CrashPoint, UploadPool, as_torch, copy_into, cpu_copy
+from deltarl.storage.store import ObjectStore
+
+logger = logging.getLogger(__name__)
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """What one ``publish`` committed, and how long its parts took (seconds)."""
+
+    version: int
+    version_id: str
+    step: int
+    kind: str
+    manifest_key: str
+    stats: DeltaStatsRecord
+    segment_keys: tuple[str, ...]
+    keyframe_key: str | None
+    state_digest: str | None
+    encode_s: float
+    upload_s: float
+    wall_s: float
+
+
+def utc_now() -> str:
+    """ISO-8601 UTC with milliseconds, e.g. ``2026-12-02T13:00:00.123Z``."""
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+
+
+
+class Publisher:
+    """Publishes versions of one run. Not thread-safe: one ``publish`` at a time."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        run: str,
+        *,
+        keyframe_interval: int = 50,
+        digest_interval: int = 10,
+        segment_bytes: int = 16 << 20,
+        codec: str = "auto",
+        upload_workers: int = 4,
+        max_in_flight: int | None = None,
+        writer_id: str | None = None,
+        lease_s: float = 300.0,
+        takeover: bool = False,
+        previous_state: Mapping[str, Any] | None = None,
+    ) -> None:
+        if keyframe_interval < 1 or digest_interval < 1 or segment_bytes < 1 or upload_workers < 1:
+            raise ValueError("keyframe_interval, digest_interval, segment_bytes and upload_workers must be >= 1")
+        self.store = store
+        self.layout = RunLayout(run)
+        self.run = self.layout.run
+        self.keyframe_interval = keyframe_interval
+        self.digest_interval = digest_interval
+        self.segment_bytes = segment_bytes
+        self.codec = codec
+        self.max_in_flight = max_in_flight or upload_workers + 2
+        self.writer_id = writer_id or new_writer_id()
+        self.reader = RunReader(store, run)
+        self._crash = CrashPoint()
+        self._crash_lock = threading.Lock()
+        self._crash_count = 0
+        self._lease = WriterLease(store, run, self.writer_id, lease_s=lease_s, takeover=takeover)
+        self._info: RunInfo | None = None
+        self._prev: dict[str, Any] | None = None
+        self._prev_adopted = False  # _prev holds a caller's tensors (publish(owned=True)): never written
+        self._head_id: str | None = None
+        self._head_etag: str | None = None
+        self._next = 0
+        self._force_digest = False
+        self._head_pending = False  # a version was committed but moving HEAD to it failed
+        self._closed = False
+        self._lease.acquire()
+        try:
+            self._resume(previous_state)
+        except BaseException:
+            self._lease.release()
+            raise
+        self._pool = ThreadPoolExecutor(upload_workers, thread_name_prefix="deltarl-upload")
+
+    # --- opening -----------------------------------------------------------------------------------
+    def _resume(self, previous_state: Mapping[str, Any] | None) -> None:
+        if self.store.exists(self.layout.run_json):
+            self._info = self.reader.info()
+            stored = (self._info.keyframe_interval, self._info.digest_interval)
+            if stored != (self.keyframe_interval, self.digest_interval):
+                logger.warning("run %s: using keyframe/digest intervals %s from run.json", self.run, stored)
+            self.keyframe_interval, self.digest_interval = stored
+        head = self.reader.head_with_etag()
+        if head is not None:
+            record, self._head_etag = head
+            manifest, vid = self.reader.manifest(record.version)
+            if vid != record.version_id:
+                raise RunError(f"{self.layout.head}: names id {record.version_id[:16]}…, {manifest.key} has {vid[:16]}…")
+            self._head_id, self._next = vid, record.version + 1
+        self._roll_forward()
+        self._remove_orphans(self._next)
+        if self._head_id is None:
+            return
+        head_version = self._next - 1
+        if previous_state is not None:
+            from deltarl.pipeline import check_compatible, state_digest
+
+            check_compatible(previous_state, table_of(self.reader.info()))
+            manifest, _ = self.reader.manifest(head_version)
+            if manifest.state_digest is not None and state_digest(previous_state) != manifest.state_digest:
+                raise RunError(f"previous_state is not version {head_version} (digest differs from {manifest.key})")
+            self._prev = {name: cpu_copy(value) for name, value in previous_state.items()}
+        else:
+            from deltarl.pipeline.replay import replay
+
+            logger.info("run %s: replaying version %d to resume publishing", self.run, head_version)
+            self._prev = dict(replay(self.store, self.run, head_version))
+        self._force_digest = True  # the first version after a resume records a digest
+        logger.info("run %s: resuming after version %d as writer %s", self.run, head_version, self.writer_id)
+
+    def _roll_forward(self) -> None:
+        """Move HEAD over versions whose manifest was committed by a writer that crashed before HEAD."""
+        while self.reader.has_manifest(self._next):
+            manifest, vid = self.reader.manifest(self._next)
+            if manifest.parent != self._head_id:
+                raise RunError(f"{manifest.key}: parent does not match {self.layout.head}; the run needs repair")
+            logger.warning("run %s: version %d was committed but HEAD not moved; moving HEAD", self.run, self._next)
+            self._move_head(self._next, vid)
+
+    def _remove_orphans(self, version: int) -> None:
+        """Delete objects of an uncommitted publish of ``version`` (we hold the writer claim)."""
+        keys = [*self.store.list(self.layout.version_prefix(version)), self.layout.keyframe(version)]
+        for key in keys:
+            if self.store.exists(key):
+                logger.info("removing orphan %s of an interrupted publish", key)
+                self.store.delete(key)
+
+    # --- publishing --------------------------------------------------------------------------------
+    @property
+    def next_version(self) -> int:
+        return self._next
+
+    @property
+    def head_version_id(self) -> str | None:
+        return self._head_id
+
+    def publish(self, state_dict: Mapping[str, Any], step: int, *, owned: bool = False) -> VersionInfo:
+        """Commit ``state_dict`` as the next version; returns once HEAD names it.
+
+        The committed state is the base of the next version, so the publisher keeps it: by default
+        as its own copy (one pass over the whole state per version, after the commit). With
+        ``owned=True`` the caller hands ``state_dict`` over instead: it promises not to modify the
+        mapping or its tensors afterwards (a fresh export per step, as ``export_bf16`` makes), and
+        the publisher keeps references to them, copying nothing (device tensors are copied to CPU).
+        """
+        from deltarl.pipeline import check_compatible, state_digest
+
+        if self._closed:
+            raise RunError(f"publisher of run {self.run!r} is closed")
+        t0 = time.perf_counter()
+        early: Future[None] | None = None
+        try:
+            if self._head_pending:
+                self._lease.renew()
+                self._repair_head()
+            else:  # renew while encoding: a lost claim shows up before commit without a round trip here
+                early = self._pool.submit(self._lease.renew)
+        except WriterConflict:
+            self._closed = True
+            raise
+        version = self._next
+        if self._info is None:
+            self._info = self._create_run_info(state_dict)
+        check_compatible(state_dict, table_of(self._info))
+        is_keyframe = version % self.keyframe_interval == 0
+        uploads = UploadPool(self._pool, self.max_in_flight)
+        encode_s = 0.0
+        changed = encoded = 0
+        try:
+            if version > 0:
+                encode_s, changed, encoded = self._encode_delta(state_dict, version, uploads)
+            digest = None
+            kf_ref: ObjectRef | None = None
+            if is_keyframe:
+                t = time.perf_counter()
+                kf_data = self._serialize(state_dict)
+                kf_ref = ObjectRef.of(self.layout.keyframe(version), kf_data)
+                encode_s += time.perf_counter() - t
+                uploads.submit(self._upload, version, "keyframe", kf_ref.key, kf_data)
+                del kf_data
+            if is_keyframe or version % self.digest_interval == 0 or self._force_digest:
+                digest = state_digest(state_dict)
+            refs = uploads.results()
+        except BaseException:
+            if early is not None and early.exception() is not None:
+                self._closed = True  # the claim is lost: what we wrote may now be another writer's keys
+            else:
+                self._discard(uploads)
+            raise
+        seg_refs = tuple(r for r in refs if r.key.endswith(".bin"))
+        full = self._info.total_elements, sum(t.numel * _DTYPE_BYTES[t.dtype] for t in self._info.tensors)
+        if version == 0:
+            stats = DeltaStatsRecord(full[0], full[0], kf_ref.size if kf_ref else 0, full[1])
+        else:
+            stats = DeltaStatsRecord(changed, full[0], encoded, full[1])
+        manifest = Manifest(
+            run=self.run,
+            version=version,
+            step=step,
+            parent=self._head_id,
+            kind="keyframe" if is_keyframe else "delta",
+            base_version=None if version == 0 else version - 1,
+            segments=seg_refs,
+            keyframe=kf_ref,
+            stats=stats,
+            state_digest=digest,
+            codec=self.codec,
+            created_at=utc_now(),
+            writer_id=self.writer_id,
+        )
+        data = manifest.to_bytes()
+        try:
+            if early is not None:
+                early.result()
+            self._lease.renew()  # a writer fenced or taken over stops here, before committing
+        except WriterConflict:
+            self._closed = True  # its objects stay for gc: their keys may be the new writer's now
+            raise
+        self._commit_manifest(manifest.key, data)
+        self._crash.at(version, "manifest")
+        vid = manifest.version_id
+        self._retain(state_dict, owned)  # the version is committed: it is the base of the next one
+        self._force_digest = False
+        self._head_id, self._next = vid, version + 1
+        self._head_pending = True
+        self._move_head(version, vid)
+        self._head_pending = False
+        wall = time.perf_counter() - t0
+        info = VersionInfo(
+            version=version,
+            version_id=vid,
+            step=step,
+            kind=manifest.kind,
+            manifest_key=manifest.key,
+            stats=stats,
+            segment_keys=tuple(r.key for r in seg_refs),
+            keyframe_key=None if kf_ref is None else kf_ref.key,
+            state_digest=digest,
+            encode_s=encode_s,
+            upload_s=uploads.busy_s,
+            wall_s=wall,
+        )
+        logger.info(
+            "published %s v%d (%s): %d segments, %d bytes, changed %.4f%%, encode %.3fs upload %.3fs wall %.3fs",
+            self.run, version, manifest.kind, len(seg_refs), stats.encoded_bytes, 100 * stats.changed_fraction,
+            encode_s, uploads.busy_s, wall,
+        )  # fmt: skip
+        return info
+
+    def _retain(self, state: Mapping[str, Any], owned: bool) -> None:
+        """Keep the committed ``state`` as the next base: adopt it (``owned``) or copy it."""
+        from deltarl.pipeline.tensors import is_cuda
+
+        if owned:
+            self._prev = {name: cpu_copy(v) if is_cuda(v) else v for name, v in state.items()}
+            self._prev_adopted = True
+        elif self._prev is None or self._prev_adopted:  # never write into tensors a caller handed over
+            self._prev = {name: cpu_copy(value) for name, value in state.items()}
+            self._prev_adopted = False
+        else:
+            for name, value in state.items():
+                copy_into(self._prev[name], value, name)
+
+    def _encode_delta(self, state: Mapping[str, Any], version: int, uploads: UploadPool) -> tuple[float, int, int]:
+        from deltarl.pipeline import iter_encode_delta, read_segment_header
+
+        assert self._prev is not None
+        assert self._head_id is not None
+        it = iter_encode_delta(self._prev, state, base=self._head_id, segment_bytes=self.segment_bytes, codec=self.codec)
+        encode_s = 0.0
+        changed = encoded = 0
+        index = 0
+        while True:
+            t = time.perf_counter()
+            seg = next(it, None)
+            if seg is not None:
+                changed += sum(c.changed for c in read_segment_header(seg).chunks)
+                encoded += len(seg)
+            encode_s += time.perf_counter() - t
+            if seg is None:
+                return encode_s, changed, encoded
+            uploads.submit(self._upload, version, "segments", self.layout.segment(version, index), seg)
+            index += 1
+            del seg
+
+    def _upload(self, version: int, point: str, key: str, data: bytes) -> ObjectRef:
+        ref = ObjectRef.of(key, data)
+        try:
+            self.store.put_if_absent(key, data)
+        except ObjectExists as err:
+            existing = self.store.get(key)
+            if existing != data:
+                raise WriterConflict(f"{key} already exists with other bytes: another writer is publishing this run") from err
+        self._crash_after_upload(version, point)
+        return ref
+
+    def _crash_after_upload(self, version: int, point: str) -> None:
+        if self._crash.version == version and self._crash.point == point:
+            with self._crash_lock:
+                self._crash_count += 1
+                self._crash.at(version, point, self._crash_count)
+
+    def _serialize(self, state: Mapping[str, Any]) -> bytes:
+        from safetensors.torch import save
+
+        return save({name: as_torch(value) for name, value in state.items()}, metadata={"run": self.run})
+
+    def _discard(self, uploads: UploadPool) -> None:
+        """After a failed publish: wait for in-flight uploads and delete what they wrote (best effort)."""
+        for f in uploads.futures:
+            if f.exception() is None:
+                try:
+                    self.store.delete(f.result().key)
+                except StoreError as err:
+                    logger.warning("could not delete %s after a failed publish (gc will): %s", f.result().key, err)
+
+    def _create_run_info(self, state: Mapping[str, Any]) -> RunInfo:
+        info = RunInfo(
+            run=self.run,
+            tensors=entries_of(state),
+            codec=self.codec,
+            keyframe_interval=self.keyframe_interval,
+            digest_interval=self.digest_interval,
+            segment_bytes=self.segment_bytes,
+            created_at=utc_now(),
+        )
+        try:
+            self.store.put_if_absent(self.layout.run_json, info.to_bytes())
+        except ObjectExists:
+            stored = RunInfo.from_bytes(self.store.get(self.layout.run_json), where=self.layout.run_json)
+            if stored.tensors != info.tensors:
+                raise RunError(f"{self.layout.run_json} exists with another tensor table") from None
+            return stored
+        return info
+
+    def _commit_manifest(self, key: str, data: bytes) -> None:
+        try:
+            self.store.put_if_absent(key, data)
+        except ObjectExists as err:
+            if self.store.get(key) != data:  # not our own write retried after an ambiguous failure
+                self._closed = True
+                raise WriterConflict(f"{key}: another writer committed this version first; this publisher stops") from err
+
+    def _move_head(self, version: int, vid: str) -> None:
+        record = HeadRecord(version=version, version_id=vid, writer_id=self.writer_id).to_bytes()
+        try:
+            self._head_etag = self.store.cas(self.layout.head, record, self._head_etag)
+        except (PreconditionFailed, ObjectNotFound) as err:
+            current = self.reader.head_with_etag()
+            if current is None or current[0].to_bytes() != record:
+                self._closed = True
+                raise WriterConflict(
+                    f"{self.layout.head} moved underneath writer {self.writer_id!r} (now "
+                    f"{current[0] if current else 'absent'}); version {version} is committed, this publisher stops"
+                ) from err
+            self._head_etag = current[1]
+        self._head_id, self._next = vid, version + 1
+
+    def _repair_head(self) -> None:
+        """Retry moving HEAD to the last committed version after a failed (or ambiguous) CAS."""
+        current = self.reader.head_with_etag()
+        want = self._next - 1
+        if current is not None and (current[0].version, current[0].version_id) == (want, self._head_id):
+            self._head_etag = current[1]
+        else:
+            if current is not None and (current[0].version != want - 1 or current[0].writer_id != self.writer_id):
+                raise WriterConflict(f"{self.layout.head} moved underneath writer {self.writer_id!r} (now {current[0]})")
+            self._head_etag = None if current is None else current[1]
+            assert self._head_id is not None
+            self._move_head(want, self._head_id)
+        self._head_pending = False
+
+    # --- lifetime ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wait for the upload pool and release the writer claim."""
+        if getattr(self, "_pool", None) is not None:
+            self._pool.shutdown(wait=True)
+        self._closed = True
+        self._lease.release()
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

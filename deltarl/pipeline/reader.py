@@ -1,0 +1,219 @@
+"""Read a run back from the store, trusting nothing: every object is checked before use.
+
+``RunReader`` is what replay, relays, actors and ``gc`` share. It checks that run.json and each
+manifest name the run and version they are stored under, that a manifest's bytes hash to the id its
+child names (the parent chain), and that every segment and keyframe matches the size and sha256
+its manifest records. Every error names the offending object's key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from deltarl.errors import FormatError, IntegrityError, ObjectNotFound, RunError, TensorMismatch
+from deltarl.pipeline.layout import RunLayout
+from deltarl.pipeline.manifest import HeadRecord, Manifest, ObjectRef, RunInfo, TensorEntry, version_id
+from deltarl.storage.store import ObjectStore
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+
+def check_ref(ref: ObjectRef, data: bytes, *, named_by: str) -> bytes:
+    """Return ``data`` if it has the size and sha256 ``ref`` records, else raise IntegrityError."""
+    if len(data) != ref.size:
+        what = "truncated" if len(data) < ref.size else "oversized"
+        raise IntegrityError(f"{ref.key}: {what}: {len(data)} bytes, {named_by} records {ref.size}")
+    got = hashlib.sha256(data).hexdigest()
+    if got != ref.sha256:
+        raise IntegrityError(f"{ref.key}: sha256 {got[:16]}… differs from {ref.sha256[:16]}… recorded in {named_by}")
+    return data
+
+
+def table_of(info: RunInfo) -> list[TensorEntry]:
+    """run.json's tensor table (pipeline ``TensorSpec`` rows, for ``check_compatible``)."""
+    return list(info.tensors)
+
+
+def entries_of(state: Any) -> tuple[TensorEntry, ...]:
+    """The run.json tensor table of a state."""
+    from deltarl.pipeline import tensor_table
+
+    return tuple(tensor_table(state))
+
+
+class RunReader:
+    """Verified reads of one run. Manifests are cached (they are immutable). Thread-safe."""
+
+    def __init__(self, store: ObjectStore, run: str) -> None:
+        self.store = store
+        self.layout = RunLayout(run)
+        self.run = self.layout.run
+        self._info: RunInfo | None = None
+        self._manifests: dict[int, tuple[Manifest, str]] = {}
+        self._lock = threading.Lock()
+
+    def _get(self, key: str, what: str) -> bytes:
+        try:
+            return self.store.get(key)
+        except ObjectNotFound as err:
+            raise ObjectNotFound(f"{key}: {what} of run {self.run!r} is missing") from err
+
+    def info(self) -> RunInfo:
+        """run.json, validated; a run.json that names another run is a RunError."""
+        if self._info is None:
+            key = self.layout.run_json
+            info = RunInfo.from_bytes(self._get(key, "run.json"), where=key)
+            if info.run != self.run:
+                raise RunError(f"{key}: run.json names run {info.run!r}, not {self.run!r}")
+            self._info = info
+        return self._info
+
+    def head(self) -> HeadRecord:
+        """The HEAD record (a hint: the manifests are the truth)."""
+        key = self.layout.head
+        return HeadRecord.from_bytes(self._get(key, "HEAD"), where=key)
+
+    def head_with_etag(self) -> tuple[HeadRecord, str] | None:
+        """HEAD and its ETag (consistent across a concurrent swap), or None if there is no HEAD."""
+        key = self.layout.head
+        for _ in range(10):
+            try:
+                before = self.store.head(key).etag
+                data = self.store.get(key)
+                after = self.store.head(key).etag
+            except ObjectNotFound:
+                return None
+            if before == after:
+                return HeadRecord.from_bytes(data, where=key), after
+        raise RunError(f"{key}: HEAD keeps changing while being read")
+
+    def manifest(self, version: int) -> tuple[Manifest, str]:
+        """The manifest of ``version`` and its version id, checked to belong to this run and version."""
+        with self._lock:
+            hit = self._manifests.get(version)
+        if hit is not None:
+            return hit
+        key = self.layout.manifest(version)
+        data = self._get(key, f"manifest of version {version}")
+        manifest = Manifest.from_bytes(data, where=key)
+        if manifest.run != self.run or manifest.version != version:
+            raise RunError(f"{key}: manifest is for run {manifest.run!r} version {manifest.version}")
+        result = (manifest, version_id(data))
+        with self._lock:
+            self._manifests[version] = result
+        return result
+
+    def has_manifest(self, version: int) -> bool:
+        return self.store.exists(self.layout.manifest(version))
+
+    def last_committed(self) -> int | None:
+        """The newest committed version, or None if there is none: HEAD's, or later where manifests
+        exist past it (HEAD is a hint; a crash between manifest and HEAD leaves it behind)."""
+        try:
+            last: int | None = self.head().version
+        except ObjectNotFound:
+            last = None
+        nxt = 0 if last is None else last + 1
+        while self.has_manifest(nxt):
+            last, nxt = nxt, nxt + 1
+        return last
+
+    def kept_chain(self) -> list[tuple[Manifest, str]]:
+        """Every version replay can rebuild: from the oldest stored keyframe up to the last committed
+        version, ascending, with every parent link checked. Versions before it were removed by
+        ``gc --keep-last`` (or are being removed: gc deletes the oldest first). Empty if no version."""
+        last = self.last_committed()
+        if last is None:
+            return []
+        out: list[tuple[Manifest, str]] = []
+        try:
+            for item in self._down(last):
+                out.append(item)
+        except ObjectNotFound:  # the first version gc removed: the stored chain starts after it
+            if not out:
+                raise
+        out.reverse()
+        for i, (manifest, _) in enumerate(out):
+            if manifest.keyframe is not None:
+                return out[i:]
+        raise RunError(f"{self.layout.versions_prefix}: no keyframe among the stored versions {out[0][0].version}..{last}")
+
+    def version_numbers(self) -> dict[str, int]:
+        """Version id -> version number for every version of :meth:`kept_chain`."""
+        return {vid: manifest.version for manifest, vid in self.kept_chain()}
+
+    def segment(self, manifest: Manifest, index: int) -> bytes:
+        """Segment ``index`` of ``manifest``, checked against its recorded size and sha256."""
+        ref = manifest.segments[index]
+        return check_ref(ref, self._get(ref.key, f"segment {index} of version {manifest.version}"), named_by=manifest.key)
+
+    def keyframe_bytes(self, manifest: Manifest) -> bytes:
+        if manifest.keyframe is None:
+            raise RunError(f"{manifest.key}: version {manifest.version} has no keyframe")
+        ref = manifest.keyframe
+        return check_ref(ref, self._get(ref.key, f"keyframe of version {manifest.version}"), named_by=manifest.key)
+
+    def keyframe(self, manifest: Manifest) -> dict[str, torch.Tensor]:
+        """The full state of a keyframe version, checked (sha256, tensor table of run.json)."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        from deltarl.pipeline import check_compatible
+
+        data = self.keyframe_bytes(manifest)
+        key = manifest.keyframe.key  # type: ignore[union-attr]  # checked in keyframe_bytes
+        try:
+            state = load(data)
+        except (SafetensorError, ValueError, RuntimeError) as err:
+            raise FormatError(f"{key}: not a readable safetensors file: {err}") from err
+        try:
+            check_compatible(state, table_of(self.info()))
+        except TensorMismatch as err:
+            raise TensorMismatch(f"{key}: keyframe disagrees with {self.layout.run_json}: {err}") from err
+        return state
+
+    def chain(self, to_version: int, *, from_version: int | None = None) -> list[tuple[Manifest, str]]:
+        """Manifests from ``from_version`` (default: the nearest keyframe at or before ``to_version``)
+        up to ``to_version``, ascending, with every parent link checked."""
+        if from_version is not None and from_version > to_version:
+            raise ValueError(f"from_version {from_version} is after to_version {to_version}")
+        out: list[tuple[Manifest, str]] = []
+        for manifest, vid in self._down(to_version):
+            out.append((manifest, vid))
+            if manifest.version == from_version or (from_version is None and manifest.keyframe is not None):
+                break
+        else:
+            raise RunError(f"{self.layout.manifest(0)}: reached version 0 without finding version {from_version}")
+        out.reverse()
+        return out
+
+    def _down(self, version: int) -> Iterator[tuple[Manifest, str]]:
+        """Manifests from ``version`` down to 0, each checked to be the parent its child names."""
+        child: Manifest | None = None
+        for v in range(version, -1, -1):
+            manifest, vid = self.manifest(v)
+            if child is not None and child.parent != vid:
+                raise RunError(
+                    f"{child.key}: broken parent chain: it names parent {child.parent[:16] if child.parent else None}…, "
+                    f"but {manifest.key} has id {vid[:16]}…"
+                )
+            yield manifest, vid
+            child = manifest
+
+    def check_head(self, version: int, vid: str) -> None:
+        """If HEAD names ``version``, check that it names the same id; a mismatch is a RunError."""
+        try:
+            head = self.head()
+        except ObjectNotFound:
+            return
+        if head.version == version and head.version_id != vid:
+            raise RunError(f"{self.layout.head}: names id {head.version_id[:16]}… for version {version}, manifest has {vid[:16]}…")
+        if head.version < version:
+            logger.debug("version %d is past HEAD (%d): committed but HEAD not yet moved", version, head.version)

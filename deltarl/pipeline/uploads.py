@@ -1,0 +1,125 @@
+"""The publisher's upload side: a bounded pool of in-flight puts, state copies, and a crash hook.
+
+``UploadPool`` keeps at most ``max_in_flight`` objects queued or uploading (so memory holds a few
+segments, never the whole delta), fails fast when one upload fails, and measures the time during
+which at least one upload was running (the upload critical path of a pipelined publish).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from deltarl.pipeline.manifest import ObjectRef
+
+logger = logging.getLogger(__name__)
+
+#: Test hook: ``<version>:<point>[:<k>]`` kills this process with SIGKILL at that point of that
+#: version's publish. Points: ``segments`` (after k segment uploads), ``keyframe`` (after the
+#: keyframe upload), ``manifest`` (after the manifest, before HEAD).
+CRASH_ENV = "DELTARL_TEST_CRASH_AT"
+
+
+def cpu_copy(value: Any) -> Any:
+    """A private, contiguous CPU copy of one state value (torch tensor or numpy array)."""
+    if isinstance(value, np.ndarray):
+        return np.array(value, copy=True, order="C")
+    if hasattr(value, "bits"):  # pipeline.BF16
+        return type(value)(np.array(value.bits, copy=True, order="C"))
+    return value.detach().to("cpu", copy=True).contiguous()
+
+
+def as_torch(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().contiguous()
+    if hasattr(value, "bits"):
+        return torch.from_numpy(np.ascontiguousarray(value.bits)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(value))
+
+
+def copy_into(dst: Any, src: Any, name: str) -> None:
+    from deltarl.pipeline.tensors import flat_bits, is_cuda
+
+    if is_cuda(src):
+        src = src.cpu()
+    np.copyto(flat_bits(name, dst, writable=True), flat_bits(name, src))
+
+
+class CrashPoint:
+    """Test hook: SIGKILL this process at a named point of one version's publish (see CRASH_ENV)."""
+
+    def __init__(self) -> None:
+        spec = os.environ.get(CRASH_ENV, "")
+        parts = spec.split(":") if spec else []
+        self.version = int(parts[0]) if parts else -1
+        self.point = parts[1] if len(parts) > 1 else ""
+        self.k = int(parts[2]) if len(parts) > 2 else 0
+
+    def at(self, version: int, point: str, count: int = 0) -> None:
+        if version == self.version and point == self.point and count >= self.k:
+            logger.warning("%s: killing this process at version %d %s %d", CRASH_ENV, version, point, count)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class UploadPool:
+    """A bounded set of in-flight uploads; tracks the time at least one was running."""
+
+    def __init__(self, pool: ThreadPoolExecutor, max_in_flight: int) -> None:
+        self.pool = pool
+        self.slots = threading.BoundedSemaphore(max_in_flight)
+        self.lock = threading.Lock()
+        self.futures: list[Future[ObjectRef]] = []
+        self.running = 0
+        self.busy_since = 0.0
+        self.busy_s = 0.0
+        self.done = 0
+
+    def submit(self, fn: Any, *args: Any) -> None:
+        self.slots.acquire()
+        for f in self.futures:  # fail fast: stop encoding as soon as one upload failed
+            if f.done() and f.exception() is not None:
+                self.slots.release()
+                f.result()
+        try:
+            self.futures.append(self.pool.submit(self._run, fn, *args))
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def _run(self, fn: Any, *args: Any) -> ObjectRef:
+        with self.lock:
+            if self.running == 0:
+                self.busy_since = time.perf_counter()
+            self.running += 1
+        try:
+            return fn(*args)
+        finally:
+            with self.lock:
+                self.running -= 1
+                self.done += 1
+                if self.running == 0:
+                    self.busy_s += time.perf_counter() - self.busy_since
+            self.slots.release()
+
+    def results(self) -> list[ObjectRef]:
+        """Wait for all; raise the first failure (after every upload has finished)."""
+        errors = []
+        refs = []
+        for f in self.futures:
+            err = f.exception()
+            if err is not None:
+                errors.append(err)
+            else:
+                refs.append(f.result())
+        if errors:
+            raise errors[0]
+        return refs

@@ -1,0 +1,22 @@
+"""The regional relay: an aiohttp server with a bounded cache, cut-through, long-poll and fan-out.
+
+See :mod:`deltarl.relay.server` for the HTTP API and ``infra/README.md`` for deployment.
+"""
+
+from deltarl.relay.config import RelayConfig
+from deltarl.relay.runner import BackgroundRelay, RelayServer
+from deltarl.relay.server import create_app
+from deltarl.relay.upstream import HTTPUpstream, StoreUpstream, Upstream, make_upstream
+from deltarl.storage.http_client import RelayClient
+
+__all__ = [
+    "BackgroundRelay",
+    "HTTPUpstream",
+    "RelayClient",
+    "RelayConfig",
+    "RelayServer",
+    "StoreUpstream",
+    "Upstream",
+    "create_app",
+    "make_upstream",
+]

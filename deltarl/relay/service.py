@@ -1,0 +1,342 @@
+"""The relay's object logic, independent of HTTP: cache lookups, shared upstream pulls,
+long-poll waits and integrity checks against manifests (mutable objects: :mod:`.mutable`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Coroutine
+from typing import Any
+
+from deltarl.errors import IntegrityError, ObjectNotFound, StoreError, TransientStoreError
+from deltarl.relay.bodies import CachedBody, PullBody
+from deltarl.relay.cache import CacheEntry, DiskCache, file_sha256
+from deltarl.relay.config import RelayConfig
+from deltarl.relay.metrics import RelayMetrics
+from deltarl.relay.mutable import MutableObjects
+from deltarl.relay.pull import Pull
+from deltarl.relay.upstream import Upstream
+from deltarl.storage.store import ObjectInfo
+
+log = logging.getLogger(__name__)
+
+_SEGMENT = re.compile(r"^(?P<run>[^/]+)/versions/(?P<v>\d+)/seg-\d+\.bin$")
+_KEYFRAME = re.compile(r"^(?P<run>[^/]+)/keyframes/(?P<v>\d+)\.safetensors$")
+_PIECE_ATTEMPTS = 4
+
+
+def manifest_key_for(key: str) -> str | None:
+    """The manifest that records ``key``'s sha256 (segments and keyframes), else ``None``."""
+    m = _SEGMENT.match(key) or _KEYFRAME.match(key)
+    return f"{m['run']}/versions/{m['v']}/manifest.json" if m else None
+
+
+def refs_in_manifest(data: bytes) -> dict[str, str]:
+    """``{key: sha256}`` of every object a manifest names (lenient: only the ref fields are read)."""
+    obj = json.loads(data)
+    refs = list(obj.get("segments") or [])
+    if obj.get("keyframe"):
+        refs.append(obj["keyframe"])
+    return {str(r["key"]): str(r["sha256"]) for r in refs if isinstance(r, dict) and "key" in r and "sha256" in r}
+
+
+class _Wait:
+    """One shared long-poll for a missing key; its future resolves when the key lands."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.found: asyncio.Future[ObjectInfo] = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task[None] | None = None
+        self.waiters = 0
+
+
+class ObjectService:
+    """Everything a relay does per key. Lives in one event loop; ``close()`` it."""
+
+    def __init__(self, upstream: Upstream, config: RelayConfig, metrics: RelayMetrics) -> None:
+        self.upstream = upstream
+        self.config = config
+        self.metrics = metrics
+        self.cache = DiskCache(config.cache_dir, config.cache_bytes, on_evict=lambda e: metrics.evictions.inc())
+        metrics.cache_bytes.set(self.cache.bytes)
+        self._pulls: dict[str, Pull] = {}
+        self._waits: dict[str, _Wait] = {}
+        self.mutable = MutableObjects(upstream, config, metrics)
+        self._manifests: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self._manifest_misses: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def close(self) -> None:
+        tasks = list(self._tasks) + [w.task for w in self._waits.values() if w.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.upstream.close()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- immutable objects ----------------------------------------------------------------------
+
+    async def open(self, key: str, *, wait: float = 0.0) -> CachedBody | PullBody:
+        """A readable body for ``key``: from the cache, a pull in flight, or a new pull.
+
+        With ``wait`` > 0 a missing object is waited for (long-poll) before ``ObjectNotFound``.
+        """
+        deadline = time.monotonic() + min(wait, self.config.max_wait_s)
+        while True:
+            entry = self.cache.get(key)
+            if entry is not None and self.config.verify and not entry.verified:
+                entry = await self._check_cached(entry)
+            if entry is not None:
+                self.metrics.cache_hits.inc()
+                return CachedBody(entry, self._evict_corrupt, check=self.config.check_on_serve)
+            pull = self._pulls.get(key)
+            left = deadline - time.monotonic()
+            if pull is None and left > 0:
+                # A long-poll asks upstream with its wait at once (answered at once if the object is
+                # there): no plain HEAD, 404 and second request first, one round trip per hop.
+                info = await self.wait_for(key, left)
+                if info is None:
+                    raise ObjectNotFound(f"{key} is not in {self.upstream.url}")
+                if key in self.cache or key in self._pulls:
+                    continue
+                self.metrics.cache_misses.inc()
+                pull = self._start_pull(key, info)  # its size is known: no second HEAD upstream
+            elif pull is None:
+                self.metrics.cache_misses.inc()
+                pull = self._start_pull(key)
+            else:
+                self.metrics.shared_pulls.inc()
+            await pull.wait_ready()
+            if pull.size is not None and pull.tmp_path is not None and not pull.error:
+                if pull.done:
+                    continue  # committed between our wake-up and now: read the cache entry
+                return PullBody(pull, cut_through=self.config.cut_through)
+            if not isinstance(pull.error, ObjectNotFound):
+                raise StoreError(f"upstream {self.upstream.url}: {key}: {pull.error}") from pull.error
+            if deadline - time.monotonic() <= 0:
+                raise ObjectNotFound(f"{key} is not in {self.upstream.url}")
+            # (raced with a delete, or a pull started without a wait): wait for it above
+
+    async def stat(self, key: str, *, wait: float = 0.0) -> tuple[int, str]:
+        """Size and ETag without a pull (HEAD requests); a long-poll (``wait`` > 0) for an object
+        not here yet starts its pull, since whoever waited for it is about to GET it."""
+        entry = self.cache.get(key)
+        if entry is not None:
+            return entry.size, entry.etag
+        pull = self._pulls.get(key)
+        if pull is not None and pull.size is not None and pull.error is None:
+            return pull.size, pull.etag
+        if wait > 0:
+            info = await self.wait_for(key, min(wait, self.config.max_wait_s))  # at once if it is upstream
+            if info is None:
+                raise ObjectNotFound(f"{key} is not in {self.upstream.url}")
+            if key not in self._pulls and key not in self.cache:
+                self._start_pull(key, info)
+            return info.size, info.etag
+        self.metrics.upstream_requests.labels("head").inc()
+        info = await self.upstream.head(key)
+        return info.size, info.etag
+
+    def _start_pull(self, key: str, info: ObjectInfo | None = None) -> Pull:
+        pull = self._pulls[key] = Pull(key)
+        self._spawn(self._run_pull(pull, info))
+        return pull
+
+    async def _run_pull(self, pull: Pull, known: ObjectInfo | None = None) -> None:
+        key = pull.key
+        try:
+            if known is not None:
+                info = known
+            else:
+                self.metrics.upstream_requests.labels("head").inc()
+                info = await self.upstream.head(key)
+        except Exception as err:  # handed to every reader of this pull
+            self._pulls.pop(key, None)
+            pull.fail(err)
+            return
+        self.metrics.upstream_pulls.inc()
+        # Look the expected sha256 up while the bytes travel, so the check at the end costs no round trip.
+        expected_task = asyncio.ensure_future(self._expected_sha256(key)) if self.config.verify else None
+        size = info.size
+        try:
+            pull.begin(size, info.etag, self.cache.temp_path(), self.config.piece_bytes)
+            # Up to pull_streams pieces stream in at once, each written as its bytes arrive; a new
+            # piece starts as soon as any finishes (no head-of-line wait). pull_streams is the number
+            # of connections an object may hold upstream, so pieces are not overlapped beyond it.
+            inflight: set[asyncio.Task[None]] = set()
+            nxt = 0
+            try:
+                while nxt < pull.pieces or inflight:
+                    while len(inflight) < self.config.pull_streams and nxt < pull.pieces:
+                        inflight.add(asyncio.ensure_future(self._piece(pull, nxt)))
+                        nxt += 1
+                    finished, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                    for task in finished:
+                        task.result()
+            except BaseException:
+                for t in inflight:
+                    t.cancel()
+                await asyncio.gather(*inflight, return_exceptions=True)
+                raise
+            sha = pull.digest()
+            expected = await expected_task if expected_task is not None else None
+            if expected is not None and expected != sha:
+                self.metrics.integrity_failures.inc()
+                raise IntegrityError(f"{key} from {self.upstream.url} has sha256 {sha}, its manifest says {expected}")
+        except BaseException as err:
+            if expected_task is not None and not expected_task.done():
+                expected_task.cancel()
+            self._pulls.pop(key, None)
+            pull.fail(err)
+            if not isinstance(err, Exception):
+                raise
+            log.warning("pull of %s failed: %s", key, err)
+            return
+        assert pull.tmp_path is not None
+        self._pulls.pop(key, None)
+        self.cache.commit(key, pull.tmp_path, size=size, etag=pull.etag, sha256=sha, verified=expected is not None)
+        self.metrics.cache_bytes.set(self.cache.bytes)
+        pull.sha256 = sha
+        pull.done = True
+        pull.notify()
+
+    async def _piece(self, pull: Pull, i: int) -> None:
+        """Stream piece ``i`` into the pull; a broken stream resumes where it stopped."""
+        start, end = pull.piece_range(i)
+        pos = start
+        for attempt in range(_PIECE_ATTEMPTS):
+            try:
+                self.metrics.upstream_requests.labels("get_range").inc()
+                async for data in self.upstream.stream_range(pull.key, pos, end):
+                    data = data[: end - pos]
+                    if data:
+                        pull.write(pos, data)
+                        pos += len(data)
+                        self.metrics.bytes_in.inc(len(data))
+                if pos != end:
+                    raise TransientStoreError(f"{pull.key}: upstream stopped at {pos - start} of {end - start} bytes")
+                return
+            except TransientStoreError as err:
+                if attempt == _PIECE_ATTEMPTS - 1:
+                    raise
+                log.info("retrying piece [%d, %d) of %s: %s", pos, end, pull.key, err)
+                await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
+
+    def _evict_corrupt(self, entry: CacheEntry) -> None:
+        log.error("cached %s is corrupt; evicting it", entry.key)
+        self.metrics.integrity_failures.inc()
+        self.cache.remove(entry.key)
+        self.metrics.cache_bytes.set(self.cache.bytes)
+
+    async def _check_cached(self, entry: CacheEntry) -> CacheEntry | None:
+        """Verify an entry cached before its manifest was known (or before a restart)."""
+        expected = await self._expected_sha256(entry.key)
+        if expected is None:
+            return entry  # nothing to check against yet; readers check the sha256 themselves
+        actual = await asyncio.to_thread(file_sha256, entry.path)
+        if actual != expected:
+            self._evict_corrupt(entry)
+            return None
+        self.cache.mark_verified(entry.key)
+        return self.cache.get(entry.key)
+
+    async def _expected_sha256(self, key: str) -> str | None:
+        mkey = manifest_key_for(key)
+        if mkey is None:
+            return None
+        refs = self._manifests.get(mkey)
+        if refs is None:
+            missed = self._manifest_misses.get(mkey)
+            if missed is not None and time.monotonic() - missed < self.config.poll_interval_s:
+                return None
+            try:
+                entry = self.cache.get(mkey)
+                if entry is not None:
+                    data = await asyncio.to_thread(_read_file, entry.path)
+                else:
+                    self.metrics.upstream_requests.labels("get").inc()
+                    data, _ = await self.upstream.get_with_etag(mkey)
+                refs = refs_in_manifest(data)
+            except ObjectNotFound:
+                self._manifest_misses[mkey] = time.monotonic()
+                return None
+            except (ValueError, TypeError, AttributeError) as err:
+                log.warning("cannot read refs from %s: %s", mkey, err)
+                return None
+            self._manifest_misses.pop(mkey, None)
+            self._manifests[mkey] = refs
+            while len(self._manifests) > 1024:
+                self._manifests.popitem(last=False)
+        return refs.get(key)
+
+    # --- long-poll for objects that do not exist yet --------------------------------------------
+
+    async def wait_for(self, key: str, timeout: float) -> ObjectInfo | None:
+        """Hold until ``key`` exists upstream (or is pushed here); its info, or ``None`` after ``timeout``."""
+        now = time.monotonic()
+        w = self._waits.get(key)
+        if w is None or w.found.done():
+            w = self._waits[key] = _Wait(now + timeout)
+            w.task = asyncio.ensure_future(self._poll(key, w))
+        w.deadline = max(w.deadline, now + timeout)
+        w.waiters += 1
+        self.metrics.waiters.inc()
+        try:
+            return await asyncio.wait_for(asyncio.shield(w.found), timeout)
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            self.metrics.waiters.dec()
+            w.waiters -= 1
+            if w.waiters == 0 and w.task is not None and not w.found.done():
+                if self._waits.get(key) is w:
+                    del self._waits[key]  # a later waiter starts afresh
+                w.task.cancel()  # nobody waits any more (clients left): stop asking upstream
+
+    async def _poll(self, key: str, w: _Wait) -> None:
+        try:
+            while not w.found.done():
+                left = w.deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    self.metrics.upstream_requests.labels("wait_head").inc()
+                    info = await self.upstream.wait_head(key, left)
+                except ObjectNotFound:
+                    continue
+                except TransientStoreError as err:
+                    log.info("long-poll of %s upstream failed (%s); retrying", key, err)
+                    await asyncio.sleep(self.config.poll_interval_s)
+                    continue
+                except StoreError as err:  # not retryable: every waiter gets it
+                    if not w.found.done():
+                        w.found.set_exception(err)
+                    break
+                if not w.found.done():
+                    w.found.set_result(info)
+        finally:
+            if self._waits.get(key) is w:
+                del self._waits[key]
+            if not w.found.done():
+                w.found.cancel()
+
+    def landed(self, key: str, info: ObjectInfo | None) -> None:
+        """A push wrote (``info``) or deleted (``None``) ``key``: forget stale copies, wake long-polls."""
+        self.cache.remove(key)
+        self.mutable.forget(key)
+        w = self._waits.get(key)
+        if info is not None and w is not None and not w.found.done():
+            w.found.set_result(info)
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

@@ -1,0 +1,187 @@
+"""The actor loop in-process against a real coordinator service and trainer: bootstrap, lease, generate,
+report tagged results, commit each published version at the safe point, and end on the trainer's bits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from deltarl.actor.config import ActorConfig
+from deltarl.actor.loop import ActorLoop
+from deltarl.errors import ConfigError
+from deltarl.pipeline import state_digest
+from deltarl.pipeline.publisher import Publisher
+from deltarl.protocol.client import SyncCoordinatorClient
+from deltarl.storage.store import ObjectStore
+from deltarl.trainer.config import TrainerConfig
+from deltarl.trainer.loop import ClientCoordinator, TrainerLoop
+from tests.fixtures.coordinator import ACTOR_TOKEN, RUN, TRAINER_TOKEN, RunningCoordinator
+
+pytestmark = pytest.mark.torch
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _train(store: ObjectStore, url: str, steps: int) -> TrainerLoop:
+    cfg = TrainerConfig.tiny(run=RUN, steps=steps, prompts_per_step=4, group_size=2, max_new_tokens=4, torch_threads=1,
+                             result_timeout_s=30)
+    with SyncCoordinatorClient(url, TRAINER_TOKEN) as client, Publisher(store, RUN, keyframe_interval=50,
+                                                                        digest_interval=2) as pub:
+        loop = TrainerLoop(cfg, coordinator=ClientCoordinator(client, poll_s=5), publisher=pub, store=store)
+        loop.run()
+    return loop
+
+
+class ShadowBackend:
+    """A CPU stand-in for the vLLM backend: the codec stages against a host shadow, and the served
+    weights (an HF model) change only through ``commit`` / ``load_state``, as vLLM's workers do."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.shadow = {k: v.clone() for k, v in inner.state_dict_for_update().items()}
+        self.commits = self.loads = 0
+
+    def state_dict_for_update(self) -> dict[str, Any]:
+        return self.shadow
+
+    def commit(self, staged: Any) -> None:
+        staged.commit()
+        self.inner.load_state(self.shadow)  # "send the changes to every worker"
+        self.commits += 1
+
+    def load_state(self, state: Any) -> None:
+        self.inner.load_state(state)
+        self.loads += 1
+
+    def hf_state(self) -> dict[str, Any]:
+        return {k: v.clone() for k, v in self.inner.state_dict_for_update().items()}
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.generate(*args, **kwargs)
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return float(self.inner.tokens_per_second or 0.0)
+
+
+class ShadowActor(ActorLoop):
+    def _build_backend(self) -> Any:
+        self.shadow_backend = ShadowBackend(self._hf_backend())
+        return self.shadow_backend
+
+
+@pytest.mark.parametrize("backend", ["hf", "vllm"], ids=["hf-in-place", "shadow-like-vllm"])
+async def test_actor_follows_versions_and_ends_on_the_trainers_bits(
+    coordinator_service: RunningCoordinator, tmp_path: Path, torch_threads: Any, backend: str
+) -> None:
+    store = coordinator_service.store
+    events, state_out = tmp_path / "events.jsonl", tmp_path / "state.json"
+    cfg = ActorConfig(coordinator=coordinator_service.url, token=ACTOR_TOKEN, store=str(tmp_path / "store"), run=RUN,
+                      events=str(events), state_out=str(state_out), idle_poll_s=0.05, head_poll_s=0.05,
+                      backend=backend)  # type: ignore[arg-type]
+    actor = (ShadowActor if backend == "vllm" else ActorLoop)(cfg, name="a1", store=store)
+    thread = threading.Thread(target=actor.run, name="actor", daemon=True)
+    thread.start()
+    try:
+        trainer = await asyncio.to_thread(_train, store, coordinator_service.url, 3)
+        final = trainer.trainer.export_bf16()
+        deadline = time.monotonic() + 60
+        while (actor.weights is None or actor.weights.held is None or actor.weights.held[0] < 3) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        actor.request_state()  # what SIGUSR1 does in `deltarl actor`: write the state file, keep running
+        while not state_out.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert thread.is_alive()
+        assert json.loads(state_out.read_text())["state_digest"] == state_digest(final)
+        state_out.unlink()
+    finally:
+        actor.stop()
+        await asyncio.to_thread(thread.join, 60)
+    assert not thread.is_alive()
+    state = json.loads(state_out.read_text())
+    if backend == "vllm":  # every version reached the served weights through the backend
+        sb = actor.shadow_backend  # type: ignore[attr-defined]
+        assert (sb.loads, sb.commits) == (1, 3)  # the bootstrap's full state, then three deltas
+    assert state["version"] == 3
+    assert state["version_id"] == trainer.version_ids[3]
+    assert state["state_digest"] == state_digest(final)
+
+    evs = _events(events)
+    kinds = [e["event"] for e in evs]
+    assert kinds[0] == "bootstrap"
+    assert kinds[1] == "registered"
+    assert kinds[-1] == "exit"
+    commits = [e for e in evs if e["event"] == "commit"]
+    assert [c["version"] for c in commits] == [1, 2, 3]
+    for c in commits:
+        assert c["pause_ms"] < 1000
+        assert c["publish_to_staged_s"] is not None
+        assert 0 <= c["publish_to_staged_s"] < 30
+    assert any(c["digest_checked"] for c in commits)  # digest_interval=2: version 2 records one
+    results = [e for e in evs if e["event"] == "result"]
+    assert results
+    assert all(r["admitted"] for r in results)
+    assert sorted({r["step"] for r in results}) == [1, 2, 3]
+    # step s accepts versions s-1 and s-2 (one-step asynchrony); nothing newer was ever used
+    for r in results:
+        assert r["step"] - 2 <= r["version"] <= r["step"] - 1
+
+
+def test_config_from_a_deployment_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "deploy.yaml"
+    path.write_text(
+        "trainer: {run: r}\n"
+        "actor:\n  run: r\n  store: s3://b/p\n  regions:\n    eu: {relays: ['http://10.0.0.1:1', 'http://10.0.0.2:2']}\n"
+    )
+    cfg = ActorConfig.load(path, region="eu", throttle=2.5)
+    assert cfg.relay_urls() == ["http://10.0.0.1:1", "http://10.0.0.2:2"]
+    assert cfg.throttle == 2.5
+    assert ActorConfig.load(path, region="eu", relays=["http://x:3"]).relay_urls() == ["http://x:3"]
+    assert ActorConfig.load(path, region="us").relay_urls() == []
+    monkeypatch.delenv("DELTARL_ACTOR_TOKEN", raising=False)
+    monkeypatch.delenv("DELTARL_COORDINATOR_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="token"):
+        cfg.resolved_token()
+    monkeypatch.setenv("DELTARL_ACTOR_TOKEN", "t")
+    assert cfg.resolved_token() == "t"
+    with pytest.raises(ConfigError, match="throttle"):
+        ActorConfig.load(path, throttle=0.5)
+    with pytest.raises(ConfigError, match="relay URL"):
+        ActorConfig.load(path, relays=["ftp://x"])
+
+
+def test_actor_waits_for_an_unreachable_coordinator(local_store: ObjectStore, tmp_path: Path, torch_threads: Any) -> None:
+    """Bootstrapped but the coordinator is not up (or restarting): keep retrying, stop cleanly on request."""
+    import socket
+
+    cfg = TrainerConfig.tiny(run="r", steps=1, torch_threads=1)
+    with Publisher(local_store, "r") as pub:
+        TrainerLoop(cfg, coordinator=None, publisher=pub, store=local_store).start()  # type: ignore[arg-type]
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    events = tmp_path / "events.jsonl"
+    actor = ActorLoop(ActorConfig(coordinator=f"http://127.0.0.1:{port}", token="t", store="unused", run="r",
+                                  events=str(events)), name="a", store=local_store)
+    thread = threading.Thread(target=actor.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not any(e["event"] == "bootstrap" for e in _events(events)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)
+    assert thread.is_alive()
+    assert [e["event"] for e in _events(events)] == ["bootstrap"]
+    actor.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert _events(events)[-1]["event"] == "exit"

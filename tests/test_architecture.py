@@ -1,0 +1,93 @@
+"""The package layering of docs/ARCHITECTURE.md, enforced by reading every import (ast, no import side effects).
+
+Each top-level part of ``deltarl`` is one role; imports point only downward. A module may import
+anything inside its own part, and from other parts only those listed for it below.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "deltarl"
+
+BASE = {"errors", "defaults", "configfile"}
+# part -> the other parts it may import
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "defaults": set(),
+    "configfile": {"errors"},
+    "storage": BASE,
+    "pipeline": BASE | {"storage"},
+    "model": BASE | {"storage", "pipeline"},
+    "protocol": BASE | {"storage", "pipeline", "model"},
+    "relay": BASE | {"storage", "pipeline"},
+    "actor": BASE | {"storage", "pipeline", "model", "protocol", "relay"},
+    "coordinator": BASE | {"storage", "pipeline", "model", "protocol"},
+    "trainer": BASE | {"storage", "pipeline", "model", "protocol"},
+    "integrations": BASE | {"storage", "pipeline", "model", "protocol", "trainer"},
+}
+TOP = {"__init__", "cli", "demo", "commands", "testing"}  # may import everything
+
+
+def _part(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "deltarl" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def _imports(path: Path, root: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    own = ".".join(("deltarl", *path.relative_to(root).with_suffix("").parts))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative import: resolve against this module
+                pkg = own.split(".")[: -node.level if path.name != "__init__.py" else len(own.split(".")) - node.level + 1]
+                base = ".".join(pkg + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found.append((node.lineno, base))
+    return found
+
+
+def _violations(root: Path = PACKAGE) -> list[str]:
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        me = rel.parts[0].removesuffix(".py")
+        for lineno, module in _imports(path, root):
+            other = _part(module)
+            if other is None or other == me or me in TOP:
+                continue
+            if me not in ALLOWED:
+                out.append(f"{rel}: part {me!r} is not in the layer table")
+                break
+            if other not in ALLOWED.get(me, set()):
+                out.append(f"{rel}:{lineno}: {me} imports {module} ({other} is not below {me})")
+    return out
+
+
+def test_imports_point_only_downward():
+    assert _violations() == []
+
+
+def test_every_part_is_in_the_table():
+    parts = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert parts - set(ALLOWED) - TOP - {"py"} == set()
+
+
+@pytest.mark.parametrize(
+    "source", ["from deltarl.trainer.grpo import x", "import deltarl.actor.loop", "from ...relay import server"]
+)
+def test_the_check_catches_an_upward_import(tmp_path, source):
+    # a module of the pipeline that imports a role above it is reported, relative imports included
+    probe = tmp_path / "deltarl" / "pipeline" / "sub" / "probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(source + "\n")
+    assert [v.split(":")[0] for v in _violations(tmp_path / "deltarl")] == ["pipeline/sub/probe.py"]

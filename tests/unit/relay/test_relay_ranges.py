@@ -1,0 +1,55 @@
+"""Range header parsing and relay config bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from deltarl.errors import ConfigError, RangeNotSatisfiable
+from deltarl.relay.config import RelayConfig
+from deltarl.relay.ranges import parse_range
+from deltarl.relay.service import manifest_key_for, refs_in_manifest
+
+
+@pytest.mark.parametrize(
+    ("header", "size", "expected"),
+    [
+        (None, 10, None),
+        ("bytes=0-0", 10, (0, 1)),
+        ("bytes=2-5", 10, (2, 6)),
+        ("bytes=2-", 10, (2, 10)),
+        ("bytes=5-100", 10, (5, 10)),
+        ("bytes=-3", 10, (7, 10)),
+        ("bytes=-30", 10, (0, 10)),
+    ],
+)
+def test_parse_range(header: str | None, size: int, expected: tuple[int, int] | None) -> None:
+    assert parse_range(header, size) == expected
+
+
+@pytest.mark.parametrize(
+    ("header", "size"),
+    [("bytes=10-", 10), ("bytes=11-12", 10), ("bytes=5-2", 10), ("bytes=-0", 10), ("bytes=0-", 0),
+     ("bytes=0-1,3-4", 10), ("items=0-1", 10), ("bytes=-", 10), ("bytes=a-b", 10)],
+)
+def test_unsatisfiable_ranges(header: str, size: int) -> None:
+    with pytest.raises(RangeNotSatisfiable):
+        parse_range(header, size)
+
+
+def test_config_bounds() -> None:
+    with pytest.raises(ConfigError):
+        RelayConfig(cache_dir="")
+    with pytest.raises(ConfigError):
+        RelayConfig(cache_dir="d", piece_bytes=10)
+    with pytest.raises(ConfigError):
+        RelayConfig(cache_dir="d", token="")
+    assert RelayConfig(cache_dir="d").cut_through
+
+
+def test_manifest_lookup_for_keys() -> None:
+    assert manifest_key_for("r/versions/000000000042/seg-00003.bin") == "r/versions/000000000042/manifest.json"
+    assert manifest_key_for("r/keyframes/000000000040.safetensors") == "r/versions/000000000040/manifest.json"
+    assert manifest_key_for("r/versions/000000000042/manifest.json") is None
+    assert manifest_key_for("r/HEAD") is None
+    refs = refs_in_manifest(b'{"segments":[{"key":"a","sha256":"1","size":1}],"keyframe":{"key":"k","sha256":"2","size":3}}')
+    assert refs == {"a": "1", "k": "2"}
