@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from deltarl.actor.sources import Source, make_source
 from deltarl.errors import (
     DeltaRLError,
     IntegrityError,
@@ -37,6 +36,7 @@ from deltarl.errors import (
     TransferError,
 )
 from deltarl.pipeline.manifest import ObjectRef
+from deltarl.storage.aio import AsyncSource, make_async_source
 from deltarl.storage.retry import RetryPolicy
 from deltarl.storage.store import ObjectStore
 
@@ -78,7 +78,7 @@ class Fetcher:
 
     def __init__(
         self,
-        sources: Sequence[str | ObjectStore | Source],
+        sources: Sequence[str | ObjectStore | AsyncSource],
         *,
         streams: int = 4,
         range_bytes: int = 4 << 20,
@@ -93,7 +93,10 @@ class Fetcher:
         if streams < 1 or range_bytes < 1 or attempts_per_source < 1:
             raise ValueError("streams, range_bytes and attempts_per_source must be >= 1")
         # streams for data, plus headroom for the long-polls of a manifest and HEAD held meanwhile
-        self.sources = [make_source(s, connections=streams + 2, read_timeout_s=read_timeout_s, token=token) for s in sources]
+        self.sources = [
+            make_async_source(s, connections=streams + 2, read_timeout_s=read_timeout_s, token=token, poll_interval_s=0.1)
+            for s in sources
+        ]
         self.streams = streams
         self.range_bytes = range_bytes
         self.retry = retry if retry is not None else RetryPolicy(attempts=attempts_per_source, base_delay=0.05, max_delay=1.0)
@@ -122,10 +125,10 @@ class Fetcher:
         return first if first < len(self.sources) else len(self.sources)
 
     def _mark_dead(self, i: int, err: BaseException) -> None:
-        log.warning("source %s failed (%s); failing over for %.0fs", self.sources[i].name, err, self.cooldown_s)
+        log.warning("source %s failed (%s); failing over for %.0fs", self.sources[i].url, err, self.cooldown_s)
         self._dead_until[i] = time.monotonic() + self.cooldown_s
 
-    async def _with_failover(self, what: str, first: int, call: Callable[[Source, int], Awaitable[T]]) -> tuple[T, int]:
+    async def _with_failover(self, what: str, first: int, call: Callable[[AsyncSource, int], Awaitable[T]]) -> tuple[T, int]:
         """Run ``call(source, index)`` on source ``first`` or later; return ``(result, index)``."""
         i = self._pick(first)
         last: BaseException | None = None
@@ -196,7 +199,7 @@ class Fetcher:
         self.stats.integrity_refetches += 1
         nxt = max(obj.used) + 1 if obj.used else obj.source + 1
         log.warning("%s: sha256 mismatch from %s; refetching from the next source",
-                    obj.ref.key, ", ".join(self.sources[i].name for i in sorted(obj.used)))
+                    obj.ref.key, ", ".join(self.sources[i].url for i in sorted(obj.used)))
         if nxt >= len(self.sources):
             raise TransferError(f"{obj.ref.key}: no source delivered bytes matching sha256 {obj.ref.sha256}") from IntegrityError(
                 f"{obj.ref.key}: sha256 mismatch from every source tried"
@@ -234,7 +237,7 @@ class Fetcher:
                 done.put_nowait(obj)
 
     def _count(self, source: int, n: int) -> None:
-        name = self.sources[source].name
+        name = self.sources[source].url
         self.stats.bytes_by_source[name] = self.stats.bytes_by_source.get(name, 0) + n
 
     # --- small and mutable objects ------------------------------------------------------------
@@ -242,7 +245,7 @@ class Fetcher:
     async def fetch_key(self, key: str, *, wait_s: float = 0.0) -> bytes:
         """A whole object whose hash is not known in advance (manifests, run.json): failover only."""
 
-        async def call(src: Source, i: int) -> bytes:
+        async def call(src: AsyncSource, i: int) -> bytes:
             return await src.get_range(key, 0, None, wait=wait_s)
 
         data, i = await self._with_failover(key, 0, call)
@@ -252,7 +255,7 @@ class Fetcher:
     async def get_mutable(self, key: str, *, etag: str | None = None, wait_s: float = 0.0) -> tuple[bytes, str] | None:
         """A mutable object (HEAD) and its ETag; ``None`` if still ``etag`` after ``wait_s``."""
 
-        async def call(src: Source, i: int) -> tuple[bytes, str] | None:
+        async def call(src: AsyncSource, i: int) -> tuple[bytes, str] | None:
             return await src.get_mutable(key, etag=etag, wait=wait_s)
 
         value, _ = await self._with_failover(key, 0, call)
@@ -267,10 +270,10 @@ async def _sha256(data: bytes) -> str:
     return await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
 
 
-async def _get_range(key: str, start: int, end: int, whole: bool, wait_s: float, src: Source, i: int) -> bytes:
+async def _get_range(key: str, start: int, end: int, whole: bool, wait_s: float, src: AsyncSource, i: int) -> bytes:
     """Range ``[start, end)`` of ``key`` from ``src`` (a plain GET when it is the whole object, so
     a relay can check the object's sha256 as it sends it); a short answer is an error."""
     data = await src.get_range(key, start, None if whole else end, wait=wait_s)
     if len(data) != end - start:
-        raise TransferError(f"{key}[{start}:{end}] from {src.name}: got {len(data)} of {end - start} bytes")
+        raise TransferError(f"{key}[{start}:{end}] from {src.url}: got {len(data)} of {end - start} bytes")
     return data

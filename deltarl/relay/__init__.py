@@ -6,17 +6,12 @@ See :mod:`deltarl.relay.server` for the HTTP API and ``infra/README.md`` for dep
 from deltarl.relay.config import RelayConfig
 from deltarl.relay.runner import BackgroundRelay, RelayServer
 from deltarl.relay.server import create_app
-from deltarl.relay.upstream import HTTPUpstream, StoreUpstream, Upstream, make_upstream
 from deltarl.storage.http_client import RelayClient
 
 __all__ = [
     "BackgroundRelay",
-    "HTTPUpstream",
     "RelayClient",
     "RelayConfig",
     "RelayServer",
-    "StoreUpstream",
-    "Upstream",
     "create_app",
-    "make_upstream",
 ]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from deltarl.errors import ObjectNotFound
 from deltarl.relay.config import RelayConfig
 from deltarl.relay.metrics import RelayMetrics
-from deltarl.relay.upstream import Upstream
+from deltarl.storage.aio import AsyncSource
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Mutable:
 class MutableObjects:
     """Coalesced reads of mutable keys. Lives in one event loop."""
 
-    def __init__(self, upstream: Upstream, config: RelayConfig, metrics: RelayMetrics) -> None:
+    def __init__(self, upstream: AsyncSource, config: RelayConfig, metrics: RelayMetrics) -> None:
         self.upstream = upstream
         self.config = config
         self.metrics = metrics

@@ -14,14 +14,14 @@ from aiohttp import web
 from deltarl.relay.config import RelayConfig
 from deltarl.relay.server import METRICS, SERVICE, create_app
 from deltarl.relay.service import ObjectService
-from deltarl.relay.upstream import Upstream
+from deltarl.storage.aio import AsyncSource
 from deltarl.storage.store import ObjectStore
 
 
 class RelayServer:
     """A relay listening on ``host:port`` (port 0 picks a free one) in the running loop."""
 
-    def __init__(self, upstream: str | ObjectStore | Upstream, config: RelayConfig, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, upstream: str | ObjectStore | AsyncSource, config: RelayConfig, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.app = create_app(upstream, config)
         self.host = host
         self.port = port

@@ -35,7 +35,7 @@ from deltarl.relay.config import RelayConfig
 from deltarl.relay.metrics import RelayMetrics
 from deltarl.relay.ranges import parse_range
 from deltarl.relay.service import ObjectService
-from deltarl.relay.upstream import Upstream, make_upstream
+from deltarl.storage.aio import AsyncSource, make_async_source
 from deltarl.storage.keys import strip_etag, validate_key, validate_prefix
 from deltarl.storage.store import ObjectInfo, ObjectStore
 
@@ -257,9 +257,9 @@ async def _count(request: web.Request, handler: Callable[[web.Request], Awaitabl
     return resp
 
 
-def create_app(upstream: str | ObjectStore | Upstream, config: RelayConfig) -> web.Application:
+def create_app(upstream: str | ObjectStore | AsyncSource, config: RelayConfig) -> web.Application:
     """A relay application over ``upstream`` (a store, a store URL, or another relay's URL)."""
-    up = upstream if isinstance(upstream, Upstream) else make_upstream(
+    up = make_async_source(
         upstream, token=config.upstream_token, poll_interval_s=config.poll_interval_s, connections=config.upstream_connections
     )
     metrics = RelayMetrics()

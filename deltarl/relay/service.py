@@ -19,7 +19,7 @@ from deltarl.relay.config import RelayConfig
 from deltarl.relay.metrics import RelayMetrics
 from deltarl.relay.mutable import MutableObjects
 from deltarl.relay.pull import Pull
-from deltarl.relay.upstream import Upstream
+from deltarl.storage.aio import AsyncSource
 from deltarl.storage.store import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class _Wait:
 class ObjectService:
     """Everything a relay does per key. Lives in one event loop; ``close()`` it."""
 
-    def __init__(self, upstream: Upstream, config: RelayConfig, metrics: RelayMetrics) -> None:
+    def __init__(self, upstream: AsyncSource, config: RelayConfig, metrics: RelayMetrics) -> None:
         self.upstream = upstream
         self.config = config
         self.metrics = metrics
@@ -310,7 +310,7 @@ class ObjectService:
                     break
                 try:
                     self.metrics.upstream_requests.labels("wait_head").inc()
-                    info = await self.upstream.wait_head(key, left)
+                    info = await self.upstream.head(key, wait=left)
                 except ObjectNotFound:
                     continue
                 except TransientStoreError as err:

@@ -14,16 +14,19 @@ from deltarl.storage.open import open_store
 from deltarl.storage.store import ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:
+    from deltarl.storage.aio import AsyncSource, make_async_source
     from deltarl.storage.retry import RetryPolicy
     from deltarl.storage.s3 import S3Store
 
 __all__ = [
+    "AsyncSource",
     "LocalStore",
     "MemoryStore",
     "ObjectInfo",
     "ObjectStore",
     "RetryPolicy",
     "S3Store",
+    "make_async_source",
     "open_store",
 ]
 
@@ -38,4 +41,8 @@ def __getattr__(name: str) -> object:
         from deltarl.storage.retry import RetryPolicy
 
         return RetryPolicy
+    if name in ("AsyncSource", "make_async_source"):  # aiohttp: only where async reads are used
+        from deltarl.storage import aio
+
+        return getattr(aio, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

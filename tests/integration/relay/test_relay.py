@@ -14,8 +14,9 @@ import aiohttp
 import pytest
 
 from deltarl.errors import PreconditionFailed, StoreError, TransientStoreError
-from deltarl.relay import RelayClient, StoreUpstream
+from deltarl.relay import RelayClient
 from deltarl.storage import LocalStore, MemoryStore
+from deltarl.storage.aio import StoreSource
 from tests.fixtures.relays import RelayChain, StartRelay
 
 SEG = "r/versions/000000000001/seg-00000.bin"
@@ -146,16 +147,16 @@ async def test_head_polls_are_coalesced_and_long_polled(start_relay: StartRelay)
     assert got[0] == b"2"
 
 
-class SlowUpstream(StoreUpstream):
+class SlowUpstream(StoreSource):
     """A store upstream whose ranged reads each take ``delay`` seconds (a slow WAN pull)."""
 
     def __init__(self, store: MemoryStore, delay: float) -> None:
         super().__init__(store, poll_interval_s=0.02)
         self.delay = delay
 
-    async def get_range(self, key: str, start: int, end: int) -> bytes:
+    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0) -> bytes:
         await asyncio.sleep(self.delay)
-        return await super().get_range(key, start, end)
+        return await super().get_range(key, start, end, wait=wait)
 
 
 async def test_cut_through_serves_bytes_before_the_pull_completes(start_relay: StartRelay) -> None:
