@@ -9,7 +9,8 @@ must be a mapping. Every error (unreadable, unparsable, wrong shape, invalid fie
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,17 +47,37 @@ def load_section(path: str | Path, *names: str) -> dict[str, Any]:
     return dict(data)
 
 
-def load_model(model: type[M], path: str | Path | None, section: str, overrides: Mapping[str, Any] | None = None) -> M:
+def load_model(
+    model: type[M], path: str | Path | None, section: str | Sequence[str], overrides: Mapping[str, Any] | None = None
+) -> M:
     """``model`` validated from a config file, then the non-None ``overrides`` (top-level fields).
 
     A deployment file holds one section per process: its ``section`` mapping is read when there is
-    one, else the whole file. ``path=None`` starts from the model's defaults.
+    one, else the whole file. A nested section (``("relays", "us-east")``) must exist. ``path=None``
+    starts from the model's defaults.
     """
-    data = {} if path is None else read_mapping(path)
-    if isinstance(data.get(section), dict):
-        data = data[section]
+    data: dict[str, Any] = {}
+    if path is not None and isinstance(section, str):
+        data = read_mapping(path)
+        if isinstance(data.get(section), dict):
+            data = data[section]
+    elif path is not None:
+        data = load_section(path, *section)
     data = {**data, **{k: v for k, v in (overrides or {}).items() if v is not None}}
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{path or f'{section} config'}: {err}") from err
+        where = section if isinstance(section, str) else ":".join(section)
+        raise ConfigError(f"{path or f'{where} config'}: {err}") from err
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """``"8G"``, ``"512MiB"``, ``"1000000"`` → bytes (binary multiples); ``ValueError`` names bad text."""
+    m = _SIZE.match(text)
+    if m is None:
+        raise ValueError(f"not a byte size: {text!r}")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)

@@ -5,17 +5,14 @@ Importable without torch. Flags of ``deltarl actor`` override the file's fields.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from deltarl import defaults
 from deltarl.configfile import load_model
 from deltarl.errors import ConfigError
-
-#: Environment variables an actor's coordinator token may come from, in order.
-TOKEN_ENVS = ("DELTARL_ACTOR_TOKEN", "DELTARL_COORDINATOR_TOKEN")
 
 
 class RegionConfig(BaseModel):
@@ -31,9 +28,9 @@ class ActorConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    coordinator: str = Field(default="http://127.0.0.1:8470", description="base URL of the coordinator service")
+    coordinator: str = Field(default=defaults.COORDINATOR_URL, description="base URL of the coordinator service")
     token: str | None = Field(default=None, description="actor bearer token (else $DELTARL_ACTOR_TOKEN / $DELTARL_COORDINATOR_TOKEN)")
-    store: str = Field(default="./deltarl-runs", description="origin store URL (the fallback after every relay)")
+    store: str = Field(default=defaults.STORE, description="origin store URL (the fallback after every relay)")
     run: str = Field(default="run", description="run name; the model spec is read from <run>/model.json")
     region: str = Field(default="", description="region label, reported to the coordinator; selects 'regions[region].relays'")
     relays: list[str] = Field(default_factory=list, description="relay URLs in order of preference (overrides the region's)")
@@ -71,9 +68,9 @@ class ActorConfig(BaseModel):
 
     def resolved_token(self) -> str:
         """The coordinator token from the config or the environment; ``ConfigError`` if none."""
-        token = self.token or next((os.environ[e] for e in TOKEN_ENVS if os.environ.get(e)), None)
+        token = self.token or defaults.first_env(defaults.ACTOR_TOKEN_ENVS)
         if not token:
-            raise ConfigError(f"give the actor's coordinator token (--token, 'token:' or ${TOKEN_ENVS[0]})")
+            raise ConfigError(f"give the actor's coordinator token (--token, 'token:' or ${defaults.ACTOR_TOKEN_ENV})")
         return token
 
     @classmethod

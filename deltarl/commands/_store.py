@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-DEFAULT_STORE = "./deltarl-runs"
+from deltarl import defaults
+
+DEFAULT_STORE = defaults.STORE
 
 
 def add_store_argument(parser: argparse.ArgumentParser) -> None:

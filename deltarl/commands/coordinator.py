@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 
+from deltarl import defaults
+
 HELP = "serve the rollout coordinator: EMA-proportional leases, version-gated admission, results in the store"
 
-TOKEN_ENV = "DELTARL_COORDINATOR_TOKEN"
+TOKEN_ENV = defaults.COORDINATOR_TOKEN_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="store URL: a path, file://…, memory://…, s3://… (required unless --config names one)")
     parser.add_argument("--run", default=None, metavar="RUN", help="run name, its prefix in the store (required unless --config names one)")
     parser.add_argument("--listen", default=None, metavar="HOST:PORT",
-                        help="address to bind (default from --config, else 127.0.0.1:8470; port 0 picks one)")
+                        help=f"address to bind (default from --config, else {defaults.COORDINATOR_HOST}:{defaults.COORDINATOR_PORT}; port 0 picks one)")
     parser.add_argument("--config", default=None, metavar="FILE", help="YAML/JSON CoordinatorConfig; flags override it")
     parser.add_argument("--token", action="append", default=[], metavar="TOKEN",
                         help=f"bearer token valid for actors and the trainer (repeatable; also ${TOKEN_ENV})")
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         config = CoordinatorConfig.load(args.config) if args.config else CoordinatorConfig()
         svc = config.service
         host, port = _parse_listen(args.listen) if args.listen else (svc.host, svc.port)
-        shared = list(args.token) + ([os.environ[TOKEN_ENV]] if os.environ.get(TOKEN_ENV) else [])
+        shared = list(args.token) + ([t] if (t := defaults.first_env([TOKEN_ENV])) else [])
         actor_tokens = [*svc.actor_tokens, *shared, *args.actor_token]
         trainer_tokens = [*svc.trainer_tokens, *shared, *args.trainer_token]
         if not actor_tokens or not trainer_tokens:

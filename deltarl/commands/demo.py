@@ -7,6 +7,8 @@ import os
 import signal
 from pathlib import Path
 
+from deltarl import defaults
+
 HELP = "run the whole loop on this machine: coordinator, relay, trainer and unequal actors on a tiny model (a few minutes)"
 
 
@@ -17,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="store URL (default: the --out folder); s3://bucket/prefix works with --endpoint-url")
     parser.add_argument("--endpoint-url", default=None, metavar="URL",
                         help="S3 endpoint for an s3:// store (MinIO, SeaweedFS); also $DELTARL_S3_ENDPOINT")
-    parser.add_argument("--out", type=Path, default=Path("deltarl-runs"), metavar="DIR",
-                        help="folder of the local store and of the demo's logs and report (default ./deltarl-runs)")
+    parser.add_argument("--out", type=Path, default=Path(defaults.STORE), metavar="DIR",
+                        help=f"folder of the local store and of the demo's logs and report (default {defaults.STORE})")
     parser.add_argument("--run", default=None, metavar="RUN", help="run name (default demo-<UTC time>)")
     parser.add_argument("--prompts", type=int, default=32, metavar="N", help="prompts per step (default 32)")
     parser.add_argument("--group-size", type=int, default=8, metavar="G", help="completions per prompt (default 8)")
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         print("deltarl demo: need --steps >= 1, 1 <= --actors <= 8, --prompts >= 1, --group-size >= 2")
         return 2
     if args.endpoint_url:
-        os.environ["DELTARL_S3_ENDPOINT"] = args.endpoint_url  # inherited by every child process
+        os.environ[defaults.S3_ENDPOINT_ENV] = args.endpoint_url  # inherited by every child process
     options = DemoOptions(steps=args.steps, actors=args.actors, store=args.store, out=args.out, run=args.run,
                           prompts_per_step=args.prompts, group_size=args.group_size,
                           live=False if args.no_live else None)

@@ -4,24 +4,26 @@ or another relay."""
 from __future__ import annotations
 
 import argparse
-import os
-import re
+from typing import TYPE_CHECKING
+
+from deltarl import defaults
+from deltarl.configfile import parse_bytes
+
+if TYPE_CHECKING:
+    from deltarl.relay.config import RelayProcessConfig
 
 HELP = "serve a run namespace from a bounded cache in front of a store or another relay (ranged HTTP, cut-through, long-poll)"
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
 
-
-def parse_bytes(text: str) -> int:
-    """``"8G"``, ``"512MiB"``, ``"1000000"`` → bytes (binary multiples)."""
-    m = _SIZE.match(text)
-    if m is None:
-        raise argparse.ArgumentTypeError(f"not a byte size: {text!r}")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    return int(float(m.group(1)) * scale)
+def _byte_size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
 
 
 def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` → ``(host, port)`` (an empty host is every interface)."""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"--listen wants HOST:PORT, got {text!r}")
@@ -29,45 +31,44 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # Every default lives in RelayConfig / deltarl.defaults: a flag left out keeps the file's value.
     parser.add_argument("--config", default=None, metavar="FILE",
-                        help="deployment file: take upstream, listen, cache_dir and cache_bytes from 'relays: <REGION>:'; flags override")
+                        help="deployment file: take the fields of 'relays: <REGION>:' (upstream, listen, cache_dir, ...); flags override")
     parser.add_argument("--region", default=None, help="which relay of the --config file's 'relays:' section this is")
     parser.add_argument("--upstream", default=None, metavar="URL",
                         help="where objects come from: a store URL (path, file://, s3://bucket/prefix) or another relay (http://host:port)")
-    parser.add_argument("--listen", type=parse_listen, default=None, metavar="HOST:PORT",
-                        help="address to serve on (default: 127.0.0.1:8470)")
+    parser.add_argument("--listen", default=None, metavar="HOST:PORT", help=f"address to serve on (default: {defaults.RELAY_LISTEN})")
     parser.add_argument("--cache-dir", default=None, metavar="DIR", help="cache directory (kept across restarts)")
-    parser.add_argument("--cache-bytes", type=parse_bytes, default=None, metavar="N", help="cache budget, e.g. 50G (default: 8G)")
-    parser.add_argument("--token", default=os.environ.get("DELTARL_RELAY_TOKEN"), metavar="T",
-                        help="bearer token that authorises pushes (default: $DELTARL_RELAY_TOKEN; none: pushes refused)")
-    parser.add_argument("--upstream-token", default=os.environ.get("DELTARL_UPSTREAM_TOKEN"), metavar="T",
-                        help="token to forward pushes to an upstream relay (default: $DELTARL_UPSTREAM_TOKEN)")
-    parser.add_argument("--piece-bytes", type=parse_bytes, default=1 << 20, metavar="N", help="upstream pull grain (default: 1M)")
-    parser.add_argument("--pull-streams", type=int, default=4, metavar="N", help="pieces of one object in flight upstream (default: 4)")
-    parser.add_argument("--head-ttl", type=float, default=0.2, metavar="S", help="HEAD coalescing window in seconds (default: 0.2)")
+    parser.add_argument("--cache-bytes", type=_byte_size, default=None, metavar="N", help="cache budget, e.g. 50G (default: 8G)")
+    parser.add_argument("--token", default=None, metavar="T",
+                        help=f"bearer token that authorises pushes (default: ${defaults.RELAY_TOKEN_ENV}; none: pushes refused)")
+    parser.add_argument("--upstream-token", default=None, metavar="T",
+                        help=f"token to forward pushes to an upstream relay (default: ${defaults.UPSTREAM_TOKEN_ENV})")
+    parser.add_argument("--piece-bytes", type=_byte_size, default=None, metavar="N", help="upstream pull grain (default: 1M)")
+    parser.add_argument("--pull-streams", type=int, default=None, metavar="N", help="pieces of one object in flight upstream (default: 4)")
+    parser.add_argument("--head-ttl", type=float, default=None, metavar="S", help="HEAD coalescing window in seconds (default: 0.2)")
     parser.add_argument("--no-cut-through", action="store_true", help="store-and-forward (for comparison only)")
     parser.add_argument("--no-serve-check", action="store_true",
                         help="do not re-hash cached objects on whole-object responses (saves CPU; clients still verify)")
 
 
-def _apply_deployment(args: argparse.Namespace) -> None:
-    """Fill unset flags from the deployment file's ``relays: <region>:`` section, then the defaults."""
-    from deltarl.configfile import load_section
+def load_config(args: argparse.Namespace) -> RelayProcessConfig:
+    """The relay's config: the deployment file's section (if any), then the flags and environment."""
     from deltarl.errors import ConfigError
+    from deltarl.relay.config import RelayProcessConfig
 
-    conf: dict[str, object] = {}
-    if args.config:
-        if not args.region:
-            raise ConfigError("--config needs --region (which relay of the 'relays:' section to run)")
-        conf = load_section(args.config, "relays", args.region)
-    args.upstream = args.upstream or conf.get("upstream")
-    args.cache_dir = args.cache_dir or conf.get("cache_dir")
-    if not args.upstream or not args.cache_dir:
+    if args.config and not args.region:
+        raise ConfigError("--config needs --region (which relay of the 'relays:' section to run)")
+    if not args.config and not (args.upstream and args.cache_dir):
         raise ConfigError("give --upstream and --cache-dir (or --config FILE --region NAME)")
-    if args.listen is None:
-        args.listen = parse_listen(str(conf.get("listen", "127.0.0.1:8470")))
-    if args.cache_bytes is None:
-        args.cache_bytes = parse_bytes(str(conf.get("cache_bytes", 8 << 30)))
+    return RelayProcessConfig.load(
+        args.config, args.region if args.config else None,
+        upstream=args.upstream, listen=args.listen, cache_dir=args.cache_dir, cache_bytes=args.cache_bytes,
+        token=args.token or defaults.first_env([defaults.RELAY_TOKEN_ENV]),
+        upstream_token=args.upstream_token or defaults.first_env([defaults.UPSTREAM_TOKEN_ENV]),
+        piece_bytes=args.piece_bytes, pull_streams=args.pull_streams, head_ttl_s=args.head_ttl,
+        cut_through=False if args.no_cut_through else None, check_on_serve=False if args.no_serve_check else None,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,25 +81,22 @@ def run(args: argparse.Namespace) -> int:
 
     log = logging.getLogger("deltarl.relay")
     try:
-        _apply_deployment(args)
-        config = RelayConfig(
-            cache_dir=args.cache_dir, cache_bytes=args.cache_bytes, token=args.token, upstream_token=args.upstream_token,
-            piece_bytes=args.piece_bytes, pull_streams=args.pull_streams, head_ttl_s=args.head_ttl,
-            cut_through=not args.no_cut_through, check_on_serve=not args.no_serve_check,
-        )
+        process = load_config(args)
+        host, port = parse_listen(process.listen)
     except (DeltaRLError, argparse.ArgumentTypeError) as err:
         print(f"deltarl relay: {err}")
         return 2
-    host, port = args.listen
+    config = RelayConfig(**process.model_dump(exclude={"upstream", "listen"}))
 
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        server = RelayServer(args.upstream, config, host=host, port=port)
+        server = RelayServer(process.upstream, config, host=host, port=port)
         await server.start()
-        print(f"deltarl relay: serving {args.upstream} on {server.url} (cache {args.cache_dir}, {args.cache_bytes} bytes)", flush=True)
+        print(f"deltarl relay: serving {process.upstream} on {server.url} "
+              f"(cache {config.cache_dir}, {config.cache_bytes} bytes)", flush=True)
         log.info("metrics at %s/metrics", server.url)
         try:
             await stop.wait()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+
+from deltarl import defaults
 
 HELP = "train with GRPO against a coordinator and publish every policy version to the store"
 
-TOKEN_ENVS = ("DELTARL_TRAINER_TOKEN", "DELTARL_COORDINATOR_TOKEN")
+TOKEN_ENVS = defaults.TRAINER_TOKEN_ENVS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         config = TrainerConfig.load(args.config, store=args.store, run=args.run, steps=args.steps)
         endpoint = config.coordinator
         url = args.coordinator or endpoint.url
-        token = args.token or endpoint.token or next((os.environ[e] for e in TOKEN_ENVS if os.environ.get(e)), None)
+        token = args.token or endpoint.token or defaults.first_env(TOKEN_ENVS)
         if not token:
             raise ValueError(f"give the trainer's coordinator token (--token, coordinator.token or ${TOKEN_ENVS[0]})")
     except (DeltaRLError, ValueError) as err:
@@ -60,15 +61,7 @@ def _train(config: object, url: str, token: str) -> int:
 
     store = open_store(config.store)
     try:
-        pub = config.publish
-        with SyncCoordinatorClient(url, token) as client, Publisher(
-            store,
-            config.run,
-            keyframe_interval=pub.keyframe_interval,
-            digest_interval=pub.digest_interval,
-            segment_bytes=pub.segment_bytes,
-            takeover=pub.takeover,
-        ) as publisher:
+        with SyncCoordinatorClient(url, token) as client, Publisher(store, config.run, config.publish) as publisher:
             loop = TrainerLoop(config, coordinator=ClientCoordinator(client), publisher=publisher, store=store, on_step=show)
             loop.run()
     except DeltaRLError as err:

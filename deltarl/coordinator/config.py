@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from deltarl import defaults
 from deltarl.configfile import load_model
 
 
@@ -43,8 +44,8 @@ class ServiceConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8470, ge=0, le=65535)
+    host: str = Field(default=defaults.COORDINATOR_HOST, description="address to bind")
+    port: int = Field(default=defaults.COORDINATOR_PORT, ge=0, le=65535, description="port to bind (0 picks one)")
     actor_tokens: list[str] = Field(default_factory=list, description="bearer tokens actors may present")
     trainer_tokens: list[str] = Field(default_factory=list, description="bearer tokens the trainer may present")
     long_poll_max_s: float = Field(default=60.0, gt=0.0, description="longest a results request waits")

@@ -23,6 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
+from deltarl import defaults
 from deltarl.demo.procs import Child, stop_all
 from deltarl.demo.view import DemoView, StepRow
 from deltarl.errors import ChildError
@@ -40,7 +41,7 @@ class DemoOptions:
     steps: int = 25
     actors: int = 3
     store: str | None = None
-    out: Path = Path("deltarl-runs")
+    out: Path = Path(defaults.STORE)
     run: str | None = None
     prompts_per_step: int = 32
     group_size: int = 8
@@ -140,7 +141,7 @@ class Demo:
             self._stop_children()
 
     def _env(self) -> dict[str, str]:
-        return {"DELTARL_COORDINATOR_TOKEN": self.token, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        return {defaults.COORDINATOR_TOKEN_ENV: self.token, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
     def _start_services(self) -> tuple[str, str]:
         from deltarl.coordinator.config import CoordinatorConfig, SchedulerConfig, ServiceConfig
@@ -312,6 +313,6 @@ class Demo:
 
 def run_demo(options: DemoOptions, console: Console | None = None) -> int:
     """Run the demo; return the exit status (0 when every check passed)."""
-    if os.environ.get("DELTARL_S3_ENDPOINT") is None and options.store and options.store.startswith("s3://"):
-        log.info("no DELTARL_S3_ENDPOINT: using the AWS default endpoint for %s", options.store)
+    if os.environ.get(defaults.S3_ENDPOINT_ENV) is None and options.store and options.store.startswith("s3://"):
+        log.info("no %s: using the AWS default endpoint for %s", defaults.S3_ENDPOINT_ENV, options.store)
     return Demo(options, console).run()

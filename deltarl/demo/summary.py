@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from deltarl import defaults
 from deltarl.pipeline.inspect import human_bytes
 
 if TYPE_CHECKING:
@@ -100,10 +101,10 @@ class Summary:
             f"audit of {rollouts} stored rollouts in {len(audit.steps)} steps ({len(audit.failures)} failed checks): {mark[audit.ok]}\n"
             f"report: {png}"
         )
-        store_flag = "" if d.o.store is None and str(d.out) == str(d.out.cwd() / "deltarl-runs") else f" --store {d.store_url}"
-        endpoint = os.environ.get("DELTARL_S3_ENDPOINT")
+        store_flag = "" if d.o.store is None and str(d.out) == str(d.out.cwd() / defaults.STORE) else f" --store {d.store_url}"
+        endpoint = os.environ.get(defaults.S3_ENDPOINT_ENV)
         if d.store_url.startswith("s3://") and endpoint:
-            console.print(f"(S3 endpoint: export DELTARL_S3_ENDPOINT={endpoint} before the commands below)")
+            console.print(f"(S3 endpoint: export {defaults.S3_ENDPOINT_ENV}={endpoint} before the commands below)")
         console.print(
             f"\nrun folder: [cyan]{d.store_url}/{d.run_name}[/cyan]" if d.o.store is None else f"\nrun: {d.store_url} / {d.run_name}"
         )

@@ -31,6 +31,7 @@ from deltarl.pipeline.manifest import (
     canonical_json,
     version_id,
 )
+from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.publisher import Publisher, VersionInfo
 from deltarl.pipeline.reader import RunReader
 from deltarl.pipeline.replay import apply_versions, replay, squash
@@ -44,6 +45,7 @@ __all__ = [
     "HeadRecord",
     "Manifest",
     "ObjectRef",
+    "PublishConfig",
     "Publisher",
     "RunInfo",
     "RunLayout",

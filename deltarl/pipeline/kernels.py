@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from deltarl import defaults
 from deltarl.errors import FormatError
 
 log = logging.getLogger(__name__)
@@ -25,12 +26,12 @@ log = logging.getLogger(__name__)
 
 def numba_enabled() -> bool:
     """True unless ``DELTARL_NO_NUMBA`` is set to a non-empty value other than ``0``."""
-    return os.environ.get("DELTARL_NO_NUMBA", "") in ("", "0")
+    return os.environ.get(defaults.NO_NUMBA_ENV, "") in ("", "0")
 
 
 def worker_threads() -> int:
     """Threads for chunk-parallel encode/decode: ``DELTARL_THREADS`` or min(4, CPU count)."""
-    raw = os.environ.get("DELTARL_THREADS", "")
+    raw = os.environ.get(defaults.THREADS_ENV, "")
     if raw:
         try:
             return max(1, int(raw))

@@ -34,6 +34,7 @@ from deltarl.errors import (
 from deltarl.pipeline.claim import WriterLease, new_writer_id
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import DeltaStatsRecord, HeadRecord, Manifest, ObjectRef, RunInfo
+from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.reader import RunReader, entries_of, table_of
 from deltarl.pipeline.uploads import CrashPoint, UploadPool, as_torch, copy_into, cpu_copy
 from deltarl.storage.store import ObjectStore
@@ -75,34 +76,38 @@ class Publisher:
         self,
         store: ObjectStore,
         run: str,
+        config: PublishConfig | None = None,
         *,
-        keyframe_interval: int = 50,
-        digest_interval: int = 10,
-        segment_bytes: int = 16 << 20,
-        codec: str = "auto",
-        upload_workers: int = 4,
-        max_in_flight: int | None = None,
         writer_id: str | None = None,
-        lease_s: float = 300.0,
-        takeover: bool = False,
         previous_state: Mapping[str, Any] | None = None,
+        **settings: Any,
     ) -> None:
-        if keyframe_interval < 1 or digest_interval < 1 or segment_bytes < 1 or upload_workers < 1:
-            raise ValueError("keyframe_interval, digest_interval, segment_bytes and upload_workers must be >= 1")
+        """Claim ``run`` in ``store`` for writing and resume after its last committed version.
+
+        Args:
+            store: where the run lives.
+            run: the run's name (its prefix in the store).
+            config: how to publish (:class:`PublishConfig`); ``settings`` (its field names, e.g.
+                ``keyframe_interval=10``) override single fields.
+            writer_id: this writer's identity in the claim (a fresh one by default).
+            previous_state: the last committed state, if the caller has it (saves reading it back).
+        """
+        cfg = (config or PublishConfig()).with_settings(settings)
+        self.config = cfg
         self.store = store
         self.layout = RunLayout(run)
         self.run = self.layout.run
-        self.keyframe_interval = keyframe_interval
-        self.digest_interval = digest_interval
-        self.segment_bytes = segment_bytes
-        self.codec = codec
-        self.max_in_flight = max_in_flight or upload_workers + 2
+        self.keyframe_interval = cfg.keyframe_interval
+        self.digest_interval = cfg.digest_interval
+        self.segment_bytes = cfg.segment_bytes
+        self.codec = cfg.codec
+        self.max_in_flight = cfg.max_in_flight or cfg.upload_workers + 2
         self.writer_id = writer_id or new_writer_id()
         self.reader = RunReader(store, run)
         self._crash = CrashPoint()
         self._crash_lock = threading.Lock()
         self._crash_count = 0
-        self._lease = WriterLease(store, run, self.writer_id, lease_s=lease_s, takeover=takeover)
+        self._lease = WriterLease(store, run, self.writer_id, lease_s=cfg.lease_s, takeover=cfg.takeover)
         self._info: RunInfo | None = None
         self._prev: dict[str, Any] | None = None
         self._prev_adopted = False  # _prev holds a caller's tensors (publish(owned=True)): never written
@@ -118,7 +123,7 @@ class Publisher:
         except BaseException:
             self._lease.release()
             raise
-        self._pool = ThreadPoolExecutor(upload_workers, thread_name_prefix="deltarl-upload")
+        self._pool = ThreadPoolExecutor(cfg.upload_workers, thread_name_prefix="deltarl-upload")
 
     # --- opening -----------------------------------------------------------------------------------
     def _resume(self, previous_state: Mapping[str, Any] | None) -> None:

@@ -3,7 +3,7 @@
 See :mod:`deltarl.relay.server` for the HTTP API and ``infra/README.md`` for deployment.
 """
 
-from deltarl.relay.config import RelayConfig
+from deltarl.relay.config import RelayConfig, RelayProcessConfig
 from deltarl.relay.runner import BackgroundRelay, RelayServer
 from deltarl.relay.server import create_app
 from deltarl.storage.http_client import RelayClient
@@ -12,6 +12,7 @@ __all__ = [
     "BackgroundRelay",
     "RelayClient",
     "RelayConfig",
+    "RelayProcessConfig",
     "RelayServer",
     "create_app",
 ]

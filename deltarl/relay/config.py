@@ -1,61 +1,66 @@
-"""Typed settings of one relay; every field is documented and bounds-checked at construction."""
+"""Typed settings of one relay (pydantic): every field documented and bounds-checked when loaded.
+
+:class:`RelayConfig` is how a relay behaves (cache, pulls, long-polls); :class:`RelayProcessConfig`
+adds where ``deltarl relay`` pulls from and listens, and is what a deployment file's
+``relays: <region>:`` section holds (:meth:`RelayProcessConfig.load`). Byte sizes may be written
+``"8G"``, ``"512MiB"`` or as integers.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from deltarl.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from deltarl import defaults
+from deltarl.configfile import load_model, parse_bytes
 
 
-@dataclass(frozen=True)
-class RelayConfig:
+class RelayConfig(BaseModel):
     """How a relay caches, pulls from upstream and answers long-polls."""
 
-    #: Directory of the on-disk cache (survives restarts). Required.
-    cache_dir: str
-    #: Upper bound on cached bytes; least-recently-used objects are evicted past it.
-    cache_bytes: int = 8 << 30
-    #: Bearer token that authorises pushes (PUT/DELETE). ``None``: pushes refused unless
-    #: ``allow_anonymous_push`` (only for loopback tests and demos).
-    token: str | None = None
-    #: Accept pushes without a token (never on a public interface).
-    allow_anonymous_push: bool = False
-    #: Bearer token this relay presents when it forwards pushes to an upstream relay.
-    upstream_token: str | None = None
-    #: Size of the ranged pieces an object is pulled from upstream in; the cut-through grain.
-    piece_bytes: int = 1 << 20
-    #: Pieces of one object in flight from upstream at once (several TCP streams over a WAN).
-    pull_streams: int = 4
-    #: Connections kept to an upstream relay (long-polls hold one each, so leave headroom).
-    upstream_connections: int = 32
-    #: How long a fetched mutable object (HEAD) is reused for every poller: the coalescing window.
-    head_ttl_s: float = 0.2
-    #: How often a long-poll for a missing object asks a store upstream again.
-    poll_interval_s: float = 0.05
-    #: Longest ``?wait=`` honoured, in seconds.
-    max_wait_s: float = 120.0
-    #: Serve bytes of an object while it is still arriving (False: store-and-forward, a baseline).
-    cut_through: bool = True
-    #: Check segments and keyframes against the sha256 in their manifest before caching them.
-    verify: bool = True
-    #: Re-hash a cached object on every whole-object response (catches on-disk corruption; costs
-    #: ~1 s of CPU per 1.5-2 GB served). Ranged responses are never re-hashed: clients check.
-    check_on_serve: bool = True
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        if not self.cache_dir:
-            raise ConfigError("relay cache_dir is required")
-        checks = [
-            (self.cache_bytes >= 0, "cache_bytes must be >= 0"),
-            (self.piece_bytes >= 4096, "piece_bytes must be >= 4096"),
-            (1 <= self.pull_streams <= 64, "pull_streams must be in [1, 64]"),
-            (1 <= self.upstream_connections <= 1024, "upstream_connections must be in [1, 1024]"),
-            (0 <= self.head_ttl_s <= 60, "head_ttl_s must be in [0, 60]"),
-            (0.001 <= self.poll_interval_s <= 10, "poll_interval_s must be in [0.001, 10]"),
-            (0 <= self.max_wait_s <= 3600, "max_wait_s must be in [0, 3600]"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(f"relay config: {message}")
-        if self.token is not None and not self.token:
-            raise ConfigError("relay token must be non-empty when given")
+    cache_dir: str = Field(min_length=1, description="directory of the on-disk cache (survives restarts)")
+    cache_bytes: int = Field(default=8 << 30, ge=0, description="cached bytes past which least-recently-used objects go")
+    token: str | None = Field(
+        default=None, min_length=1,
+        description="bearer token that authorises pushes (PUT/DELETE); None: refused unless allow_anonymous_push",
+    )
+    allow_anonymous_push: bool = Field(default=False, description="accept pushes without a token (loopback tests, demos)")
+    upstream_token: str | None = Field(default=None, description="token presented when forwarding pushes to an upstream relay")
+    piece_bytes: int = Field(default=1 << 20, ge=4096, description="grain of upstream pulls, and of cut-through")
+    pull_streams: int = Field(default=4, ge=1, le=64, description="pieces of one object in flight upstream (TCP streams over a WAN)")
+    upstream_connections: int = Field(
+        default=32, ge=1, le=1024, description="connections kept to an upstream relay (long-polls hold one each)"
+    )
+    head_ttl_s: float = Field(default=0.2, ge=0, le=60, description="how long a fetched HEAD serves every poller (coalescing)")
+    poll_interval_s: float = Field(default=0.05, ge=0.001, le=10, description="how often a long-poll asks a store upstream again")
+    max_wait_s: float = Field(default=120.0, ge=0, le=3600, description="longest ?wait= honoured, in seconds")
+    cut_through: bool = Field(default=True, description="serve bytes while they arrive (False: store-and-forward baseline)")
+    verify: bool = Field(default=True, description="check segments and keyframes against their manifest's sha256 before caching")
+    check_on_serve: bool = Field(
+        default=True,
+        description="re-hash a cached object on every whole-object response (~1 s CPU per 1.5-2 GB; ranges never)",
+    )
+
+    @field_validator("cache_bytes", "piece_bytes", mode="before")
+    @classmethod
+    def _byte_size(cls, value: Any) -> Any:
+        return parse_bytes(value) if isinstance(value, str) else value
+
+
+class RelayProcessConfig(RelayConfig):
+    """One ``deltarl relay`` process: a :class:`RelayConfig` plus its upstream and listen address."""
+
+    upstream: str = Field(
+        min_length=1, description="a store URL (path, file://, s3://bucket/prefix) or another relay (http://host:port)"
+    )
+    listen: str = Field(default=defaults.RELAY_LISTEN, pattern=r"^.*:\d+$", description="HOST:PORT to serve on")
+
+    @classmethod
+    def load(cls, path: str | Path | None, region: str | None, **overrides: Any) -> RelayProcessConfig:
+        """The ``relays: <region>:`` section of a deployment file (or only ``overrides`` when ``path`` is
+        None), then the non-None ``overrides``; bad content raises ``ConfigError``."""
+        return load_model(cls, path, ("relays", region) if region else "relay", overrides)

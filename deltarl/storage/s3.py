@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -40,6 +39,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
+from deltarl import defaults
 from deltarl.errors import (
     ConfigError,
     InvalidKey,
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Environment variables consulted, in order, when no ``endpoint_url`` is given.
-ENDPOINT_ENV_VARS = ("DELTARL_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+ENDPOINT_ENV_VARS = defaults.S3_ENDPOINT_ENVS
 
 class S3Store(ObjectStore):
     """Objects under ``s3://bucket/prefix``; keys are relative to the prefix.
@@ -119,7 +119,7 @@ class S3Store(ObjectStore):
         self.part_size = part_size
         self.multipart_concurrency = multipart_concurrency
         if endpoint_url is None:
-            endpoint_url = next((os.environ[v] for v in ENDPOINT_ENV_VARS if os.environ.get(v)), None)
+            endpoint_url = defaults.first_env(ENDPOINT_ENV_VARS)
         self.endpoint_url = endpoint_url
         config = botocore.config.Config(
             max_pool_connections=max_pool_connections,

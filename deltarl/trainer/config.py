@@ -7,10 +7,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from deltarl import defaults
 from deltarl.configfile import load_model
 from deltarl.model.build import ModelSpec
 from deltarl.model.tasks import TaskSpec
 from deltarl.model.tokenizer import TokenizerSpec
+from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.trainer.grpo import GRPOConfig
 
 #: GRPO settings under which the tiny model learns the addition task from scratch in ~25 steps on
@@ -24,19 +26,8 @@ class CoordinatorEndpoint(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    url: str = Field(default="http://127.0.0.1:8470", description="base URL of the coordinator service")
+    url: str = Field(default=defaults.COORDINATOR_URL, description="base URL of the coordinator service")
     token: str | None = Field(default=None, description="bearer token of the trainer (or env DELTARL_TRAINER_TOKEN)")
-
-
-class PublishConfig(BaseModel):
-    """How versions are published (see ``deltarl.storage.Publisher``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    keyframe_interval: int = Field(default=50, ge=1, description="a full snapshot every this many versions")
-    digest_interval: int = Field(default=10, ge=1, description="a state digest in the manifest every this many versions")
-    segment_bytes: int = Field(default=16 << 20, ge=1 << 10, description="target encoded size of a delta segment")
-    takeover: bool = Field(default=False, description="take over the run from a writer whose claim has lapsed")
 
 
 class TrainerConfig(BaseModel):
@@ -44,7 +35,7 @@ class TrainerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    store: str = Field(default="./deltarl-runs", description="store URL: path, file://, memory://, s3://bucket/prefix")
+    store: str = Field(default=defaults.STORE, description="store URL: path, file://, memory://, s3://bucket/prefix")
     run: str = Field(default="run", description="run name (the prefix of the run in the store)")
     model: ModelSpec = Field(default_factory=ModelSpec)
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)

@@ -11,6 +11,7 @@ from deltarl.actor.config import ActorConfig
 from deltarl.commands import relay
 from deltarl.coordinator.config import CoordinatorConfig
 from deltarl.errors import ConfigError
+from deltarl.relay.config import RelayProcessConfig
 from deltarl.trainer.config import TrainerConfig
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "deployment.yaml"
@@ -29,19 +30,17 @@ def test_every_section_loads() -> None:
     assert ActorConfig.load(EXAMPLE, region="us-east").relay_urls() == ["http://127.0.0.1:8481"]
 
 
-def _relay_args(*argv: str) -> argparse.Namespace:
+def _relay_args(*argv: str) -> RelayProcessConfig:
     parser = argparse.ArgumentParser()
     relay.add_arguments(parser)
-    args = parser.parse_args(list(argv))
-    relay._apply_deployment(args)
-    return args
+    return relay.load_config(parser.parse_args(list(argv)))
 
 
 def test_relay_sections_chain_the_regions() -> None:
     us = _relay_args("--config", str(EXAMPLE), "--region", "us-east")
     eu = _relay_args("--config", str(EXAMPLE), "--region", "eu-west", "--cache-bytes", "1G")
     assert us.upstream == TrainerConfig.load(EXAMPLE).store
-    assert eu.upstream == "http://{}:{}".format(*us.listen)
+    assert eu.upstream == f"http://{us.listen}"
     assert eu.cache_bytes == 1 << 30
     assert us.cache_bytes == 4 << 30
     with pytest.raises(ConfigError, match="no section 'mars'"):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
+from deltarl import defaults
 from deltarl.errors import ConfigError, RangeNotSatisfiable
-from deltarl.relay.config import RelayConfig
+from deltarl.relay.config import RelayConfig, RelayProcessConfig
 from deltarl.relay.ranges import parse_range
 from deltarl.relay.service import manifest_key_for, refs_in_manifest
 
@@ -37,13 +39,19 @@ def test_unsatisfiable_ranges(header: str, size: int) -> None:
 
 
 def test_config_bounds() -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValidationError, match="cache_dir"):
         RelayConfig(cache_dir="")
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValidationError, match="piece_bytes"):
         RelayConfig(cache_dir="d", piece_bytes=10)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValidationError, match="token"):
         RelayConfig(cache_dir="d", token="")
     assert RelayConfig(cache_dir="d").cut_through
+    assert RelayConfig(cache_dir="d", cache_bytes="2G", piece_bytes="64KiB").cache_bytes == 2 << 30
+    with pytest.raises(ConfigError, match="pull_streams"):
+        RelayProcessConfig.load(None, None, upstream="memory://x", cache_dir="d", pull_streams=0)
+    process = RelayProcessConfig.load(None, None, upstream="memory://x", cache_dir="d")
+    assert process.listen == defaults.RELAY_LISTEN
+    assert process.listen.rsplit(":", 1)[1] != str(defaults.COORDINATOR_PORT)  # both may run on one host
 
 
 def test_manifest_lookup_for_keys() -> None:

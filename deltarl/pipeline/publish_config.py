@@ -1,0 +1,33 @@
+"""How versions are published: the :class:`~deltarl.pipeline.publisher.Publisher`'s settings, defined once.
+
+The trainer's config file holds one under ``publish:``; code may pass one, or the same fields as
+keyword arguments of ``Publisher(...)`` (they are validated through this model either way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PublishConfig(BaseModel):
+    """How versions are published."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keyframe_interval: int = Field(default=50, ge=1, description="a full snapshot every this many versions")
+    digest_interval: int = Field(default=10, ge=1, description="a state digest in the manifest every this many versions")
+    segment_bytes: int = Field(default=16 << 20, ge=1, description="target encoded size of a delta segment")
+    codec: str = Field(default="auto", description="chunk codec: 'auto' (chosen per chunk) or one codec's name")
+    upload_workers: int = Field(default=4, ge=1, le=256, description="threads uploading segments while encoding goes on")
+    max_in_flight: int | None = Field(
+        default=None, ge=1, description="encoded segments queued or uploading at once (None: upload_workers + 2)"
+    )
+    lease_s: float = Field(default=300.0, gt=0, description="the writer claim's lease; renewed on every publish")
+    takeover: bool = Field(default=False, description="take over the run from a writer whose claim has lapsed")
+
+    def with_settings(self, settings: Mapping[str, Any]) -> PublishConfig:
+        """This config with ``settings`` (field names) replaced, validated again."""
+        return self if not settings else PublishConfig.model_validate({**self.model_dump(), **settings})
