@@ -45,6 +45,10 @@ NO_NUMBA_ENV = "DELTARL_NO_NUMBA"
 #: Threads of the chunk-parallel codec (default min(4, CPU count)).
 THREADS_ENV = "DELTARL_THREADS"
 
+#: Test machinery only (read by :mod:`deltarl.testing.faults`, never by a product path):
+#: ``<version>:<stage>[:<k>]`` kills a publishing test process at that stage.
+TEST_CRASH_AT_ENV = "DELTARL_TEST_CRASH_AT"
+
 ACTOR_TOKEN_ENVS = (ACTOR_TOKEN_ENV, COORDINATOR_TOKEN_ENV)
 TRAINER_TOKEN_ENVS = (TRAINER_TOKEN_ENV, COORDINATOR_TOKEN_ENV)
 

@@ -16,9 +16,8 @@ while it uploads.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +35,7 @@ from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import DeltaStatsRecord, HeadRecord, Manifest, ObjectRef, RunInfo
 from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.reader import RunReader, entries_of, table_of
-from deltarl.pipeline.uploads import CrashPoint, UploadPool, as_torch, copy_into, cpu_copy
+from deltarl.pipeline.uploads import UploadPool, as_torch, copy_into, cpu_copy
 from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -80,6 +79,7 @@ class Publisher:
         *,
         writer_id: str | None = None,
         previous_state: Mapping[str, Any] | None = None,
+        on_stage: Callable[[int, str], None] | None = None,
         **settings: Any,
     ) -> None:
         """Claim ``run`` in ``store`` for writing and resume after its last committed version.
@@ -91,6 +91,11 @@ class Publisher:
                 ``keyframe_interval=10``) override single fields.
             writer_id: this writer's identity in the claim (a fresh one by default).
             previous_state: the last committed state, if the caller has it (saves reading it back).
+            on_stage: called as ``on_stage(version, stage)`` when a stage of a publish completes:
+                ``"segments"`` after each segment upload and ``"keyframe"`` after the keyframe
+                upload (both on upload threads), ``"manifest"`` once the manifest is committed,
+                before HEAD moves. For observation and fault injection in tests
+                (:class:`deltarl.testing.faults.CrashAt`); it must not raise.
         """
         cfg = (config or PublishConfig()).with_settings(settings)
         self.config = cfg
@@ -104,9 +109,7 @@ class Publisher:
         self.max_in_flight = cfg.max_in_flight or cfg.upload_workers + 2
         self.writer_id = writer_id or new_writer_id()
         self.reader = RunReader(store, run)
-        self._crash = CrashPoint()
-        self._crash_lock = threading.Lock()
-        self._crash_count = 0
+        self._on_stage = on_stage
         self._lease = WriterLease(store, run, self.writer_id, lease_s=cfg.lease_s, takeover=cfg.takeover)
         self._info: RunInfo | None = None
         self._prev: dict[str, Any] | None = None
@@ -270,7 +273,7 @@ class Publisher:
             self._closed = True  # its objects stay for gc: their keys may be the new writer's now
             raise
         self._commit_manifest(manifest.key, data)
-        self._crash.at(version, "manifest")
+        self._stage(version, "manifest")
         vid = manifest.version_id
         self._retain(state_dict, owned)  # the version is committed: it is the base of the next one
         self._force_digest = False
@@ -344,14 +347,12 @@ class Publisher:
             existing = self.store.get(key)
             if existing != data:
                 raise WriterConflict(f"{key} already exists with other bytes: another writer is publishing this run") from err
-        self._crash_after_upload(version, point)
+        self._stage(version, point)
         return ref
 
-    def _crash_after_upload(self, version: int, point: str) -> None:
-        if self._crash.version == version and self._crash.point == point:
-            with self._crash_lock:
-                self._crash_count += 1
-                self._crash.at(version, point, self._crash_count)
+    def _stage(self, version: int, stage: str) -> None:
+        if self._on_stage is not None:
+            self._on_stage(version, stage)
 
     def _serialize(self, state: Mapping[str, Any]) -> bytes:
         from safetensors.torch import save

@@ -1,4 +1,4 @@
-"""The publisher's upload side: a bounded pool of in-flight puts, state copies, and a crash hook.
+"""The publisher's upload side: a bounded pool of in-flight puts, and state copies.
 
 ``UploadPool`` keeps at most ``max_in_flight`` objects queued or uploading (so memory holds a few
 segments, never the whole delta), fails fast when one upload fails, and measures the time during
@@ -8,8 +8,6 @@ which at least one upload was running (the upload critical path of a pipelined p
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,12 +18,6 @@ import numpy as np
 from deltarl.pipeline.manifest import ObjectRef
 
 logger = logging.getLogger(__name__)
-
-#: Test hook: ``<version>:<point>[:<k>]`` kills this process with SIGKILL at that point of that
-#: version's publish. Points: ``segments`` (after k segment uploads), ``keyframe`` (after the
-#: keyframe upload), ``manifest`` (after the manifest, before HEAD).
-CRASH_ENV = "DELTARL_TEST_CRASH_AT"
-
 
 def cpu_copy(value: Any) -> Any:
     """A private, contiguous CPU copy of one state value (torch tensor or numpy array)."""
@@ -52,22 +44,6 @@ def copy_into(dst: Any, src: Any, name: str) -> None:
     if is_cuda(src):
         src = src.cpu()
     np.copyto(flat_bits(name, dst, writable=True), flat_bits(name, src))
-
-
-class CrashPoint:
-    """Test hook: SIGKILL this process at a named point of one version's publish (see CRASH_ENV)."""
-
-    def __init__(self) -> None:
-        spec = os.environ.get(CRASH_ENV, "")
-        parts = spec.split(":") if spec else []
-        self.version = int(parts[0]) if parts else -1
-        self.point = parts[1] if len(parts) > 1 else ""
-        self.k = int(parts[2]) if len(parts) > 2 else 0
-
-    def at(self, version: int, point: str, count: int = 0) -> None:
-        if version == self.version and point == self.point and count >= self.k:
-            logger.warning("%s: killing this process at version %d %s %d", CRASH_ENV, version, point, count)
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class UploadPool:

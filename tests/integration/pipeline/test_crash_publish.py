@@ -13,8 +13,8 @@ import pytest
 
 from deltarl.errors import WriterConflict
 from deltarl.pipeline import Publisher, RunLayout, RunReader, gc, replay
-from deltarl.pipeline.uploads import CRASH_ENV
 from deltarl.storage import LocalStore
+from deltarl.testing.faults import CRASH_ENV
 from tests.fixtures.runs import TinyTrainer, states_equal
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -25,11 +25,13 @@ KW = {"keyframe_interval": 3, "digest_interval": 2, "segment_bytes": 4096, "uplo
 SCRIPT = """
 import sys
 from deltarl.storage import LocalStore
+from deltarl.testing.faults import CRASH_ENV, CrashAt
 from deltarl.pipeline import Publisher
+from deltarl.testing.faults import CrashAt
 from tests.fixtures.runs import TinyTrainer
 from tests.integration.pipeline.test_crash_publish import KW, SHAPES
 trainer = TinyTrainer(0, lr=0.05, shapes=SHAPES)
-with Publisher(LocalStore(sys.argv[1]), "r", writer_id="trainer-1", **KW) as pub:
+with Publisher(LocalStore(sys.argv[1]), "r", writer_id="trainer-1", on_stage=CrashAt.from_env(), **KW) as pub:
     for step in range(int(sys.argv[2])):
         if step:
             trainer.step()

@@ -1,8 +1,5 @@
-"""The ObjectStore conformance suite, run against ``HTTPStore`` → relay → ``MemoryStore``.
-
-The test functions are the backends' own (imported, not copied); only the ``store`` fixture
-differs. A second parametrisation runs them through two chained relays.
-"""
+"""The ObjectStore conformance suite on ``HTTPStore`` → relay → ``MemoryStore``, and through two
+chained relays. Raw access is the origin ``MemoryStore`` behind the relays."""
 
 from __future__ import annotations
 
@@ -13,28 +10,36 @@ import pytest
 from deltarl.relay import BackgroundRelay
 from deltarl.storage import MemoryStore, ObjectStore
 from deltarl.storage.http import HTTPStore
+from deltarl.storage.keys import etag_of
 from deltarl.storage.retry import RetryPolicy
-from tests.integration.storage.test_store_conformance import (  # noqa: F401 - collected here with our fixture
-    test_cas,
-    test_delete_idempotent,
-    test_empty_object,
-    test_invalid_keys,
-    test_large_object_round_trip,
-    test_list_sorted_by_prefix,
-    test_missing_key_errors,
-    test_put_get_overwrite_head,
-    test_put_if_absent,
-    test_ranges,
-)
+from deltarl.testing.store_tests import StoreTests
 
 
-@pytest.fixture(params=["relay", "relay-chain"])
-def store(request: pytest.FixtureRequest, background_relay: Callable[..., BackgroundRelay]) -> Iterator[ObjectStore]:
-    """HTTPStore through one relay, or through two chained relays, over a fresh MemoryStore."""
-    origin = MemoryStore()
-    relay = background_relay(origin, token="secret")
-    if request.param == "relay-chain":
-        relay = background_relay(relay.url, token="secret", upstream_token="secret")
-    client = HTTPStore(relay.url, token="secret", retry=RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.05))
-    yield client
-    client.close()
+class TestRelayStore(StoreTests):
+    """HTTPStore through one relay over a fresh MemoryStore."""
+
+    hops = 1
+
+    @pytest.fixture
+    def store(self, background_relay: Callable[..., BackgroundRelay]) -> Iterator[ObjectStore]:
+        origin = MemoryStore()
+        relay = background_relay(origin, token="secret")
+        for _ in range(self.hops - 1):
+            relay = background_relay(relay.url, token="secret", upstream_token="secret")
+        client = HTTPStore(relay.url, token="secret", retry=RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.05))
+        self.origin = origin  # pytest binds class fixtures to the test's own instance
+        yield client
+        client.close()
+
+    def raw_get(self, store: ObjectStore, key: str) -> bytes | None:
+        entry = self.origin._objects.get(key)
+        return None if entry is None else entry[0]
+
+    def raw_put(self, store: ObjectStore, key: str, data: bytes) -> None:
+        self.origin._objects[key] = (data, etag_of(data))
+
+
+class TestRelayChainStore(TestRelayStore):
+    """HTTPStore through two chained relays (B's upstream is A over HTTP)."""
+
+    hops = 2
