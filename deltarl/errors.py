@@ -116,6 +116,13 @@ class RecordConflict(CoordinatorError):
     """A write-once key already holds a different record (a second coordinator, or a forged retry)."""
 
 
+class InvariantViolation(CoordinatorError):
+    """The scheduler's books do not add up: a prompt lost, duplicated or admitted twice.
+
+    Raised by the invariant check that recovery runs on the state it rebuilt from the store (a bug,
+    or records that contradict each other), so it is never stripped by ``python -O``."""
+
+
 class AdmissionReason(str, enum.Enum):
     """Why a result was not admitted (the coordinator's reason codes, on the wire as their values)."""
 

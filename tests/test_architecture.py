@@ -91,3 +91,70 @@ def test_the_check_catches_an_upward_import(tmp_path, source):
     probe.parent.mkdir(parents=True)
     probe.write_text(source + "\n")
     assert [v.split(":")[0] for v in _violations(tmp_path / "deltarl")] == ["pipeline/sub/probe.py"]
+
+
+def _module_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the deltarl modules it imports (anywhere in the file, lazy and type-only imports too)."""
+    modules = {
+        ".".join(("deltarl", *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): p
+        for p in root.rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        named = [f"{node.module}.{alias.name}" for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.ImportFrom) and node.module and not node.level for alias in node.names]
+        for imported in [m for _, m in _imports(path, root)] + [m for m in named if m in modules]:
+            parts = imported.split(".")
+            while parts and ".".join(parts) not in modules:
+                parts.pop()  # "from deltarl.x.y import name": the module is deltarl.x.y (or deltarl.x)
+            target = ".".join(parts)
+            if target and target != "deltarl" and target != name and not name.startswith(target + "."):
+                deps.add(target)
+        graph[name] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles_between_modules():
+    # a module imports its own package's __init__ freely; any other loop (lazy imports included) is a cycle
+    assert _cycles(_module_graph()) == []
+
+
+def test_the_cycle_check_finds_a_lazy_cycle(tmp_path):
+    pkg = tmp_path / "deltarl" / "demo"
+    pkg.mkdir(parents=True)
+    (pkg / "a.py").write_text("from deltarl.demo.b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from deltarl.demo import a\n")
+    assert _cycles(_module_graph(tmp_path / "deltarl")) == [["deltarl.demo.a", "deltarl.demo.b"]]

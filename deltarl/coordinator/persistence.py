@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from deltarl.coordinator.config import SchedulerConfig
 from deltarl.coordinator.scheduler import Scheduler
+from deltarl.coordinator.views import check_invariants
 from deltarl.errors import ObjectExists, ObjectNotFound, RecordConflict
 from deltarl.pipeline.layout import VERSION_DIGITS, RunLayout
 from deltarl.protocol.records import (
@@ -226,7 +227,7 @@ def recover(
         out.results[step] = {r.lease.lease_id: (key, r) for key, r in results}
         if sched.steps[step].complete:
             out.to_close.append(step)
-    sched.check_invariants()
+    check_invariants(sched)
     log.info(
         "recovered run %s: %d actors, %d open steps, %d admitted results",
         run, len(sched.actors), len(out.specs), sum(len(r) for r in out.results.values()),

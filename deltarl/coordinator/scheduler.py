@@ -39,7 +39,6 @@ from deltarl.coordinator.state import (
     Step,
     proportional_split,
 )
-from deltarl.coordinator.views import check_invariants, fleet_status
 from deltarl.errors import CoordinatorError, UnknownActor
 from deltarl.protocol.records import (
     ActorRecord,
@@ -437,13 +436,3 @@ class Scheduler:
                 if pid in st.pool:
                     st.pool.remove(pid)
         self._admit(lease, record, key)
-
-    # --- views ------------------------------------------------------------------------------------
-
-    def check_invariants(self) -> None:
-        """Raise AssertionError if a prompt is lost, duplicated, or double-admitted (for tests)."""
-        check_invariants(self)
-
-    def status(self) -> dict[str, Any]:
-        """The fleet view: actors, speeds, shares, leases, steps and counters (JSON-ready)."""
-        return fleet_status(self)

@@ -33,6 +33,7 @@ from deltarl.coordinator.config import CoordinatorConfig
 from deltarl.coordinator.metrics import CoordinatorMetrics
 from deltarl.coordinator.persistence import CoordinatorStore, build_manifest, recover
 from deltarl.coordinator.scheduler import Reason, Scheduler
+from deltarl.coordinator.views import fleet_status
 from deltarl.errors import (
     CoordinatorError,
     DeltaRLError,
@@ -256,7 +257,7 @@ class Coordinator:
         return StepResults(step=step, complete=True, results=records, manifest=stored)
 
     def status(self) -> dict[str, Any]:
-        out = self.scheduler.status()
+        out = fleet_status(self.scheduler)
         out.update(run=self.run, store=self.cstore.store.url, uptime_s=round(self._clock() - self.started_at, 3))
         return out
 

@@ -1,28 +1,45 @@
-"""Read-only views of the scheduler: the fleet status the service serves, and the invariant check."""
+"""Read-only views of the scheduler: the fleet status the service serves, and the invariant check.
+
+Views read the scheduler; the scheduler never imports them.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from deltarl.coordinator.scheduler import Scheduler
 from deltarl.coordinator.state import LeaseStatus
+from deltarl.errors import InvariantViolation
 
-if TYPE_CHECKING:
-    from deltarl.coordinator.scheduler import Scheduler
+
+def invariant_problems(sched: Scheduler) -> list[str]:
+    """Every way the scheduler's books do not add up (empty when a prompt is in exactly one place)."""
+    problems = []
+    for n, st in sched.steps.items():
+        pool, leased, admitted = list(st.pool), set(st.leased), set(st.admitted)
+        checks = [
+            (len(pool) == len(set(pool)), "prompt twice in the pool"),
+            (not (set(pool) & leased), "prompt pooled and leased"),
+            (not (set(pool) | leased) & admitted, "admitted prompt pooled or leased"),
+            (set(pool) | leased | admitted == set(st.group), "prompt lost"),
+            (st.pool.samples == sum(st.group[p] for p in pool), "pool sample count drifted"),
+        ]
+        problems += [f"step {n}: {what}" for ok, what in checks if not ok]
+        for pid, lid in st.leased.items():
+            if sched.leases[lid].status not in (LeaseStatus.ACTIVE, LeaseStatus.COMMITTING):
+                problems.append(f"step {n}: prompt {pid} leased by {lid}, which is {sched.leases[lid].status.value}")
+        for pid, lid in st.admitted.items():
+            if sched.leases[lid].status is not LeaseStatus.ADMITTED:
+                problems.append(f"step {n}: prompt {pid} admitted by {lid}, which is {sched.leases[lid].status.value}")
+    return problems
 
 
 def check_invariants(sched: Scheduler) -> None:
-    """Raise AssertionError if a prompt is lost, duplicated, or double-admitted (for tests)."""
-    for n, st in sched.steps.items():
-        pool, leased, admitted = list(st.pool), set(st.leased), set(st.admitted)
-        assert len(pool) == len(set(pool)), f"step {n}: prompt twice in the pool"
-        assert not (set(pool) & leased), f"step {n}: prompt pooled and leased"
-        assert not (set(pool) | leased) & admitted, f"step {n}: admitted prompt pooled or leased"
-        assert set(pool) | leased | admitted == set(st.group), f"step {n}: prompt lost"
-        for pid, lid in st.leased.items():
-            assert sched.leases[lid].status in (LeaseStatus.ACTIVE, LeaseStatus.COMMITTING), (n, pid)
-        for pid, lid in st.admitted.items():
-            assert sched.leases[lid].status is LeaseStatus.ADMITTED, (n, pid)
-        assert st.pool.samples == sum(st.group[p] for p in pool), f"step {n}: pool sample count drifted"
+    """Raise :class:`InvariantViolation` naming every problem if a prompt is lost, duplicated or
+    admitted twice (recovery runs it on the state it rebuilt; tests run it after every operation)."""
+    problems = invariant_problems(sched)
+    if problems:
+        raise InvariantViolation("scheduler invariants broken: " + "; ".join(problems))
 
 
 def fleet_status(sched: Scheduler) -> dict[str, Any]:

@@ -300,15 +300,20 @@ class Demo:
     # --- the end -----------------------------------------------------------------------------------
 
     def _finish(self, trainer: Any, export: dict[str, Any], train_s: float, wall_s: float) -> bool:
-        from deltarl.demo.summary import Summary
+        from deltarl.demo.summary import ActorOutcome, DemoOutcome, Summary
 
         for a in self.actors:
             self._read_events(a)
             if a.state_out.exists():
                 a.state = json.loads(a.state_out.read_text())
         self._apply_commits()
-        summary = Summary(self, trainer, export, train_s, wall_s)
-        return summary.show()
+        outcome = DemoOutcome(
+            run_name=self.run_name, store_url=self.store_url, store_given=self.o.store is not None, out=self.out,
+            work=self.work, rows=tuple(self.rows[k] for k in sorted(self.rows)),
+            actors=tuple(ActorOutcome(a.name, a.throttle, a.state, tuple(a.commits)) for a in self.actors),
+            version_ids=tuple(trainer.version_ids), export=export, train_s=train_s, wall_s=wall_s,
+        )
+        return Summary(outcome, self.console).show()
 
 
 def run_demo(options: DemoOptions, console: Console | None = None) -> int:

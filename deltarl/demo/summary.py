@@ -5,15 +5,43 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 from deltarl import defaults
+from deltarl.demo.view import StepRow
 from deltarl.pipeline.inspect import human_bytes
 
-if TYPE_CHECKING:
-    from deltarl.demo.runner import Demo
+
+@dataclass(frozen=True)
+class ActorOutcome:
+    """What one demo actor ended with."""
+
+    name: str
+    throttle: float
+    state: dict[str, Any] | None  # its final state report (version, version_id, state_digest)
+    commits: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class DemoOutcome:
+    """Everything the summary checks and prints, frozen when the demo's loop has ended."""
+
+    run_name: str
+    store_url: str
+    store_given: bool  # --store was passed (else the local store under ``out``)
+    out: Path
+    work: Path  # the run's report folder
+    rows: tuple[StepRow, ...]  # one per step, in order
+    actors: tuple[ActorOutcome, ...]
+    version_ids: tuple[str, ...]  # every version the trainer published, in order
+    export: dict[str, Any]  # the trainer's final BF16 export
+    train_s: float
+    wall_s: float
 
 
 def _bits_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -32,12 +60,12 @@ def _median(xs: list[float]) -> float | None:
 class Summary:
     """Checks and prints the outcome of one demo run."""
 
-    def __init__(self, demo: Demo, trainer: Any, export: dict[str, Any], train_s: float, wall_s: float) -> None:
-        self.demo = demo
-        self.trainer = trainer
-        self.export = export
-        self.train_s = train_s
-        self.wall_s = wall_s
+    def __init__(self, outcome: DemoOutcome, console: Console) -> None:
+        self.outcome = outcome
+        self.console = console
+        self.export = outcome.export
+        self.train_s = outcome.train_s
+        self.wall_s = outcome.wall_s
 
     def show(self) -> bool:
         from deltarl.coordinator.audit import audit_run
@@ -46,9 +74,9 @@ class Summary:
         from deltarl.pipeline.replay import replay
         from deltarl.storage.open import open_store
 
-        d, console = self.demo, self.demo.console
-        final_version = len(self.trainer.version_ids) - 1
-        final_id = self.trainer.version_ids[-1]
+        d, console = self.outcome, self.console
+        final_version = len(d.version_ids) - 1
+        final_id = d.version_ids[-1]
         digest = state_digest(self.export)
         store = open_store(d.store_url)
         try:
@@ -59,7 +87,7 @@ class Summary:
             store.close()
         actor_ok = {a.name: bool(a.state and a.state["version_id"] == final_id and a.state["state_digest"] == digest)
                     for a in d.actors}
-        rows = [d.rows[k] for k in sorted(d.rows)]
+        rows = list(d.rows)
         names = [a.name for a in d.actors]
         png = write_report(rows, names, d.work / "report.png",
                            title=f"deltarl demo {d.run_name}: {len(rows)} steps, {len(names)} actors")
@@ -101,12 +129,12 @@ class Summary:
             f"audit of {rollouts} stored rollouts in {len(audit.steps)} steps ({len(audit.failures)} failed checks): {mark[audit.ok]}\n"
             f"report: {png}"
         )
-        store_flag = "" if d.o.store is None and str(d.out) == str(d.out.cwd() / defaults.STORE) else f" --store {d.store_url}"
+        store_flag = "" if not d.store_given and str(d.out) == str(d.out.cwd() / defaults.STORE) else f" --store {d.store_url}"
         endpoint = os.environ.get(defaults.S3_ENDPOINT_ENV)
         if d.store_url.startswith("s3://") and endpoint:
             console.print(f"(S3 endpoint: export {defaults.S3_ENDPOINT_ENV}={endpoint} before the commands below)")
         console.print(
-            f"\nrun folder: [cyan]{d.store_url}/{d.run_name}[/cyan]" if d.o.store is None else f"\nrun: {d.store_url} / {d.run_name}"
+            f"\nrun folder: [cyan]{d.store_url}/{d.run_name}[/cyan]" if not d.store_given else f"\nrun: {d.store_url} / {d.run_name}"
         )
         console.print(f"  deltarl inspect {d.run_name}{store_flag}\n"
                       f"  deltarl replay {d.run_name}{store_flag} --verify --out {d.run_name}.safetensors\n"

@@ -15,6 +15,7 @@ from typing import Any
 
 from deltarl.coordinator.config import SchedulerConfig
 from deltarl.coordinator.scheduler import Scheduler
+from deltarl.coordinator.views import check_invariants
 from deltarl.protocol.records import AdmittedRecord, PromptItem, RolloutResult, Sample, StepSpec, sha256_of
 
 HEARTBEAT_S = 2.0
@@ -129,7 +130,7 @@ def simulate(cfg: SchedulerConfig, fleet: Fleet, spec: StepSpec, lengths: dict[s
                 if sched.complete_admission(rec, lease.lease_id):
                     makespan = t
             heapq.heappush(events, (t, next(seq), "request", i, None))
-    sched.check_invariants()
+    check_invariants(sched)
     assert makespan is not None, "the step did not complete"
     return {
         "makespan_s": makespan,

@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from deltarl.coordinator.config import SchedulerConfig
 from deltarl.coordinator.persistence import CoordinatorStore, build_manifest, recover
+from deltarl.coordinator.views import check_invariants
 from deltarl.protocol.records import AdmittedRecord, LeaseGrant, sha256_of
 from deltarl.storage.memory import MemoryStore
 from tests.fixtures.coordinator import Clock, make_result, make_spec
@@ -100,7 +101,7 @@ class RecoveryMachine(RuleBasedStateMachine):
 
     @invariant()
     def nothing_lost_or_doubled(self) -> None:
-        self.sched.check_invariants()
+        check_invariants(self.sched)
         assert self._persisted_prompts() == self.admitted
         in_memory = {(n, pid) for n, s in self.sched.steps.items() for pid in s.admitted}
         assert in_memory == {(n, pid) for n, pid in self.admitted if n in self.sched.steps}

@@ -8,7 +8,8 @@ import pytest
 
 from deltarl.coordinator.config import SchedulerConfig
 from deltarl.coordinator.scheduler import Reason, Scheduler, proportional_split
-from deltarl.errors import CoordinatorError, UnknownActor
+from deltarl.coordinator.views import check_invariants, fleet_status
+from deltarl.errors import CoordinatorError, InvariantViolation, UnknownActor
 from deltarl.protocol.records import (
     AdmittedRecord,
     LeaseRecord,
@@ -127,7 +128,7 @@ def test_expired_lease_returns_prompts_and_late_result_is_rejected() -> None:
         assert again.lease_id != lease.lease_id
         complete = bool(admit(sched, result_for(again))[1])
     assert complete
-    sched.check_invariants()
+    check_invariants(sched)
 
 
 def test_dead_actor_leases_revoked_and_rejoin() -> None:
@@ -145,7 +146,7 @@ def test_dead_actor_leases_revoked_and_rejoin() -> None:
     assert admit(sched, result_for(la))[2] is Reason.LEASE_REVOKED
     # the actor rejoins (it spoke again); its old lease stays revoked
     assert sched.actors[a].alive
-    sched.check_invariants()
+    check_invariants(sched)
 
 
 def test_version_gating_and_wrong_actor_and_duplicates() -> None:
@@ -193,7 +194,7 @@ def test_committing_lease_does_not_expire_and_abort_reactivates() -> None:
     sched.abort_admission(lease.lease_id)
     sched.tick()
     assert sched.leases[lease.lease_id].status.value == "expired"
-    sched.check_invariants()
+    check_invariants(sched)
 
 
 def test_staleness_limit_and_idempotent_open() -> None:
@@ -231,4 +232,18 @@ def test_steps_lease_oldest_first_and_complete() -> None:
     assert second is not None
     assert second.step == 2
     assert sched.open_steps() == [2]
-    assert sched.status()["steps"][0]["step"] == 2
+    assert fleet_status(sched)["steps"][0]["step"] == 2
+
+
+def test_invariant_check_raises_a_specific_error_not_an_assert() -> None:
+    """Recovery relies on it, so it must survive ``python -O``: a lost prompt is InvariantViolation."""
+    sched, _ = make_scheduler()
+    a = sched.register().actor_id
+    sched.open_step(spec(1, 4))
+    lease = sched.request_lease(a)
+    assert lease is not None
+    check_invariants(sched)
+    st = sched.steps[1]
+    del st.leased[lease.prompt_ids[0]]  # the books lose a prompt
+    with pytest.raises(InvariantViolation, match="step 1: prompt lost"):
+        check_invariants(sched)

@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from deltarl.coordinator.config import SchedulerConfig
 from deltarl.coordinator.scheduler import Scheduler
+from deltarl.coordinator.views import check_invariants
 from deltarl.protocol.records import AdmittedRecord, LeaseRecord, RolloutResult, Sample, sha256_of
 from tests.fixtures.coordinator import Clock
 from tests.fixtures.coordinator import make_spec as spec
@@ -154,7 +155,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_prompt_lost_or_doubled(self) -> None:
-        self.sched.check_invariants()
+        check_invariants(self.sched)
         admitted = {(n, pid) for n, s in self.sched.steps.items() for pid in s.admitted}
         assert admitted == self.admitted
 
