@@ -133,7 +133,24 @@ def _timed_digest(state: Mapping[str, Any]) -> tuple[str, float]:
 
 
 class Subscriber:
-    """Keeps ``state`` following a run's versions, one verified commit at a time."""
+    """Keeps ``state`` following a run's versions, one verified commit at a time.
+
+    Args:
+        state: the weights to keep current, written in place only by :meth:`commit`.
+        run: the run's name.
+        fetcher: where versions are read from (relays, then the origin).
+        version, version_id: the version ``state`` already holds (None: :meth:`bootstrap` first).
+
+    Example:
+        >>> async with Fetcher(["http://relay:8470", store]) as fetcher:  # doctest: +SKIP
+        ...     async with Subscriber(state, "qwen-grpo", fetcher) as sub:
+        ...         await sub.bootstrap()
+        ...         sub.start()
+        ...         while training:
+        ...             generate(state)
+        ...             if sub.ready():
+        ...                 sub.commit()
+    """
 
     def __init__(
         self,

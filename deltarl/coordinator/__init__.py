@@ -1,16 +1,46 @@
-"""The rollout coordinator: who generates which prompts, and which results enter training.
+"""deltarl.coordinator: who generates which prompts, and which results enter training.
 
-Modules (imports stay light: nothing here pulls aiohttp or torch until used):
+* :mod:`~deltarl.coordinator.config` - ``SchedulerConfig``, ``ServiceConfig``, ``CoordinatorConfig`` (YAML/JSON)
+* :mod:`~deltarl.coordinator.scheduler` - the pure state machine (EMA tokens/s, proportional guided
+  leases, deadlines, death by silence, version-gated two-phase admission); :mod:`~deltarl.coordinator.state`
+  holds its types, :mod:`~deltarl.coordinator.views` its read-only views and invariant check
+* :mod:`~deltarl.coordinator.persistence` - write-once records under ``<run>/rollouts/`` and
+  ``<run>/coordinator/``; ``recover``
+* :mod:`~deltarl.coordinator.service` - the aiohttp app (bearer tokens, long-poll results, /status, /metrics)
+* :mod:`~deltarl.coordinator.audit` - checks of stored rollouts against the version chain and their leases
 
-* ``records``     versioned wire/stored records (StepSpec, PromptItem, LeaseRecord, RolloutResult,
-                  Sample, AdmittedRecord, StepManifest, Ack, request/response bodies)
-* ``config``      SchedulerConfig, ServiceConfig, CoordinatorConfig (YAML/JSON)
-* ``scheduler``   the pure state machine (EMA tokens/s, proportional guided leases, deadlines,
-                  death by silence, version-gated two-phase admission); ``state`` and ``views`` hold
-                  its types and read-only views
-* ``persistence`` write-once records under ``<run>/rollouts/`` and ``<run>/coordinator/``, ``recover``
-* ``service``     the aiohttp app (bearer tokens, long-poll results, /status, /metrics)
-* ``client``      CoordinatorClient (async) and SyncCoordinatorClient
-* ``audit``       checks of stored rollouts against the version chain and their leases
-* ``simulate``    a simulated fleet in virtual time (benchmarks and tests)
+The wire records and the client are :mod:`deltarl.protocol`; the simulated fleet is :mod:`deltarl.testing.fleet`.
 """
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Public name -> the module that defines it (imported on first use: ``import deltarl.coordinator`` stays light).
+_EXPORTS = {
+    "AuditReport": "deltarl.coordinator.audit",
+    "Coordinator": "deltarl.coordinator.service",
+    "CoordinatorConfig": "deltarl.coordinator.config",
+    "CoordinatorStore": "deltarl.coordinator.persistence",
+    "Scheduler": "deltarl.coordinator.scheduler",
+    "SchedulerConfig": "deltarl.coordinator.config",
+    "ServiceConfig": "deltarl.coordinator.config",
+    "audit_run": "deltarl.coordinator.audit",
+    "check_invariants": "deltarl.coordinator.views",
+    "create_app": "deltarl.coordinator.service",
+    "fleet_status": "deltarl.coordinator.views",
+    "recover": "deltarl.coordinator.persistence",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

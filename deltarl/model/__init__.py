@@ -1,4 +1,4 @@
-"""deltarl.model: what a policy is, shared by the trainer, actors, followers and audits.
+"""deltarl.model: what a policy is, shared by the trainer, actors and audits.
 
 * :mod:`~deltarl.model.build` - ``ModelSpec``, ``build_model`` (tiny Qwen3 or a local checkpoint),
   ``export_bf16`` / ``load_bf16_into``
@@ -8,3 +8,35 @@
 
 Nothing here imports torch at import time.
 """
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Public name -> the module that defines it (imported on first use: ``import deltarl.model`` stays light).
+_EXPORTS = {
+    "ModelSpec": "deltarl.model.build",
+    "RunModelInfo": "deltarl.model.record",
+    "TaskSpec": "deltarl.model.tasks",
+    "TokenizerSpec": "deltarl.model.tokenizer",
+    "build_model": "deltarl.model.build",
+    "build_task": "deltarl.model.tasks",
+    "export_bf16": "deltarl.model.build",
+    "load_bf16_into": "deltarl.model.build",
+    "load_tokenizer": "deltarl.model.tokenizer",
+    "read_model_json": "deltarl.model.record",
+    "write_model_json": "deltarl.model.record",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

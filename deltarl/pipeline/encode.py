@@ -133,5 +133,21 @@ def encode_delta(
     segment_bytes: int = 16 << 20,
     codec: str = "auto",
 ) -> list[bytes]:
-    """All segments of the delta ``old -> new`` (see :func:`iter_encode_delta`)."""
+    """All segments of the lossless delta ``old -> new`` (see :func:`iter_encode_delta` for a stream).
+
+    Args:
+        old: the base state ``{name: tensor or array}`` (BF16, FP16 or FP32 values).
+        new: the next state: the same names, shapes and dtypes.
+        base: an identifier of ``old`` recorded in every segment; :func:`apply_delta` refuses a
+            segment made against another base.
+        segment_bytes: target encoded size of one segment.
+        codec: ``"auto"`` (chosen per chunk) or one codec's name.
+
+    Returns:
+        The segments, in order; together they change exactly the values that differ.
+
+    Example:
+        >>> segments = encode_delta(old, new, base="v41")  # doctest: +SKIP
+        >>> apply_delta(old, segments, base="v41")  # old now equals new, bit for bit  # doctest: +SKIP
+    """
     return list(iter_encode_delta(old, new, base=base, segment_bytes=segment_bytes, codec=codec))

@@ -69,7 +69,14 @@ def utc_now() -> str:
 
 
 class Publisher:
-    """Publishes versions of one run. Not thread-safe: one ``publish`` at a time."""
+    """Publishes versions of one run. Not thread-safe: one ``publish`` at a time.
+
+    Example:
+        >>> with Publisher(open_store("s3://bucket/runs"), "qwen-grpo", PublishConfig(keyframe_interval=20)) as pub:
+        ...     for step in range(steps):  # doctest: +SKIP
+        ...         train_step()
+        ...         info = pub.publish(export_bf16(model), step=step, owned=True)
+    """
 
     def __init__(
         self,

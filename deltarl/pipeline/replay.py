@@ -98,8 +98,25 @@ def replay(
 ) -> dict[str, torch.Tensor]:
     """The full state of ``version`` (default: HEAD) as CPU torch tensors, checked end to end.
 
-    ``verify`` additionally checks the state digest wherever a manifest records one (keyframes and
-    every ``digest_interval`` versions); sha256 and the parent chain are always checked.
+    Starts from the nearest keyframe at or before ``version`` and applies each delta after it.
+
+    Args:
+        store: the store the run was published to.
+        run: the run's name.
+        version: which version (default: the one HEAD names).
+        verify: also check the state digest wherever a manifest records one (keyframes and every
+            ``digest_interval`` versions); sha256 and the parent chain are always checked.
+        progress: show a progress bar over the deltas.
+
+    Returns:
+        ``{name: tensor}``, bit for bit the state the trainer published.
+
+    Raises:
+        RunError: no such run or version; IntegrityError: an object does not match its manifest.
+
+    Example:
+        >>> state = replay(open_store("s3://bucket/runs"), "qwen-grpo", 42)  # doctest: +SKIP
+        >>> model.load_state_dict(state)  # doctest: +SKIP
     """
     reader = RunReader(store, run)
     reader.info()

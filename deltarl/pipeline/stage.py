@@ -328,5 +328,21 @@ def stage_delta(state: Mapping[str, Any], segments: Iterable[bytes], *, base: st
 
 
 def apply_delta(state: Mapping[str, Any], segments: Iterable[bytes], *, base: str) -> None:
-    """Stage every segment, then commit in place: either all of the delta is applied or none."""
+    """Apply a delta to ``state`` in place, transactionally: either all of it is written or none.
+
+    Every segment is decoded and checked first (:func:`stage_delta`); only then are the changed
+    values written.
+
+    Args:
+        state: the base state, written in place (torch tensors on any device, or numpy arrays).
+        segments: the delta's segments, as :func:`encode_delta` made them.
+        base: the identifier the segments were encoded against.
+
+    Raises:
+        FormatError: a malformed or truncated segment, or one made against another ``base`` or
+            for other tensors; ``state`` is then unchanged.
+
+    Example:
+        >>> apply_delta(state, encode_delta(state, new, base="v1"), base="v1")  # doctest: +SKIP
+    """
     stage_delta(state, segments, base=base).commit()

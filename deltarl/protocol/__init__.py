@@ -7,3 +7,32 @@ they use live here, below all three roles, so no role imports another.
   RolloutResult, Sample, AdmittedRecord, StepManifest, Ack, request/response bodies)
 * :mod:`~deltarl.protocol.client` - ``CoordinatorClient`` (async) and ``SyncCoordinatorClient``
 """
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Public name -> the module that defines it (imported on first use: ``import deltarl.protocol`` stays light).
+_EXPORTS = {
+    "AdmittedRecord": "deltarl.protocol.records",
+    "CoordinatorClient": "deltarl.protocol.client",
+    "LeaseRecord": "deltarl.protocol.records",
+    "PromptItem": "deltarl.protocol.records",
+    "RolloutResult": "deltarl.protocol.records",
+    "Sample": "deltarl.protocol.records",
+    "StepSpec": "deltarl.protocol.records",
+    "SyncCoordinatorClient": "deltarl.protocol.client",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -28,7 +28,25 @@ from deltarl.storage.store import ObjectStore
 
 
 def open_store(url: str | os.PathLike[str], **options: Any) -> ObjectStore:
-    """Open the store that ``url`` names (see the module docstring for the forms)."""
+    """Open the store that ``url`` names (see the module docstring for the forms).
+
+    Args:
+        url: a path, ``file:///abs``, ``memory://[name]``, ``s3://bucket[/prefix]`` or a relay's
+            ``http(s)://host:port``.
+        **options: keyword options of the backend's constructor (e.g. ``endpoint_url=`` for S3,
+            ``token=`` for a relay).
+
+    Returns:
+        The :class:`ObjectStore`; close it when done (``store.close()``).
+
+    Raises:
+        ConfigError: a malformed URL, an unknown scheme or an option the backend does not take.
+
+    Example:
+        >>> store = open_store("memory://demo")
+        >>> store.put("a/b", b"bytes") and store.get("a/b")
+        b'bytes'
+    """
     if isinstance(url, os.PathLike):
         url = os.fspath(url)
     if not isinstance(url, str) or not url:

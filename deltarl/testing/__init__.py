@@ -3,5 +3,33 @@
 * :mod:`~deltarl.testing.wan` - ``EmulatedLink``: a rootless WAN emulator (delay, window, rate, faults)
 * :mod:`~deltarl.testing.fleet` - a simulated actor fleet in virtual time for the scheduler
 * :mod:`~deltarl.testing.faults` - ``CrashAt``: the publisher hook that SIGKILLs a test process mid-publish
-* :mod:`~deltarl.testing.store_tests` - ``StoreTests``: the ObjectStore conformance suite every backend subclasses
+* :mod:`~deltarl.testing.store_tests` - ``StoreTests``: the ObjectStore conformance suite every
+  backend subclasses (needs pytest)
 """
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Public name -> the module that defines it (imported on first use: ``import deltarl.testing`` stays light).
+_EXPORTS = {
+    "CrashAt": "deltarl.testing.faults",
+    "EmulatedLink": "deltarl.testing.wan",
+    "Fleet": "deltarl.testing.fleet",
+    "LinkStats": "deltarl.testing.wan",
+    "StoreTests": "deltarl.testing.store_tests",
+    "simulate": "deltarl.testing.fleet",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

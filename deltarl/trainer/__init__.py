@@ -1,13 +1,37 @@
-"""deltarl.trainer: GRPO, models, tasks, BF16 export and publishing (see DESIGN.md).
+"""deltarl.trainer: GRPO against the coordinator, publishing every version (none imports torch at import time).
 
-Modules (none imports torch at import time):
-
-* :mod:`~deltarl.model.tokenizer` - the offline byte tokenizer, local HF tokenizers, ``TokenizerSpec``
-* :mod:`~deltarl.model.build` - ``ModelSpec``, ``build_model`` (tiny Qwen3 or a local checkpoint),
-  ``export_bf16`` / ``load_bf16_into``, ``RunModelInfo`` (``<run>/model.json``)
-* :mod:`~deltarl.model.tasks` - the synthetic addition task and GSM8K/MATH answer checking
 * :mod:`~deltarl.trainer.grpo` - ``GRPOConfig``, ``GRPOTrainer.train_step`` -> ``TrainStats``
 * :mod:`~deltarl.trainer.loop` - ``TrainerLoop``: open step, wait for rollouts, train, publish
-* :mod:`~deltarl.trainer.config` - ``TrainerConfig`` (YAML), the tiny preset ``TINY_GRPO``
+* :mod:`~deltarl.trainer.config` - ``TrainerConfig`` (YAML; its ``publish:`` is a ``PublishConfig``)
 * :mod:`~deltarl.trainer.rescore` - ``rescore_rollouts`` for ``deltarl audit --rescore``
+
+Models, tokenizers and tasks are :mod:`deltarl.model`.
 """
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Public name -> the module that defines it (imported on first use: ``import deltarl.trainer`` stays light).
+_EXPORTS = {
+    "GRPOConfig": "deltarl.trainer.grpo",
+    "GRPOTrainer": "deltarl.trainer.grpo",
+    "StepReport": "deltarl.trainer.loop",
+    "TrainStats": "deltarl.trainer.grpo",
+    "TrainerConfig": "deltarl.trainer.config",
+    "TrainerLoop": "deltarl.trainer.loop",
+    "rescore_rollouts": "deltarl.trainer.rescore",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
