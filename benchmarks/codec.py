@@ -1,6 +1,6 @@
 """Codec benchmark: size and speed of every delta codec on a realistic Adam/BF16 trace.
 
-Run: ``.venv/bin/python benchmarks/codec.py [--quick]``. Builds a scaled Qwen3-like layer set
+Run: ``.venv/bin/python -m benchmarks.codec [--quick]``. Builds a scaled Qwen3-like layer set
 (benchmarks/_trace.py), warms Adam up, then measures one step's BF16 delta at lr 1e-6 / 3e-6 /
 1e-5 (steady state) and Adam's dense first step, and prints side by side: changed fraction, bytes
 per changed element and total bytes vs full BF16 for naive COO (int32 index + bf16 value),
@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks._trace import AdamTrace, qwen3_like_shapes
 from deltarl.pipeline import BF16, delta_stats, encode_delta, stage_delta, state_digest
 from deltarl.pipeline.kernels import worker_threads
+
+from ._trace import AdamTrace, qwen3_like_shapes
 
 CODECS = ["aurora", "rice", "ctx", "dense", "auto"]
 
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "buffer_copy_GBps": copy,
         "numba": os.environ.get("DELTARL_NO_NUMBA", "") in ("", "0"),
-        "command": " ".join(["python", *sys.argv]),
+        "command": " ".join(["python", "-m", "benchmarks.codec", *sys.argv[1:]]),
         "threads": worker_threads(),
         "load_average_at_end": os.getloadavg(),
         "machine": {

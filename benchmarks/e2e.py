@@ -14,9 +14,9 @@ and one actor), and the same asynchronous RL loop (``_e2e/driver.py``) is run th
 Prints a table, writes ``benchmarks/results/e2e.json`` (and, unless ``--quick``, ``docs/e2e.md``
 and ``docs/e2e.png``). Full-size equivalents: times x T, bytes x S.
 
-    python benchmarks/e2e.py               # ~12 min: S~400, T=5, 3 regions, 1 and 0.25 Gbit/s
-    python benchmarks/e2e.py --quick       # smoke test, < 1 min
-    python benchmarks/e2e.py --report benchmarks/results/e2e.json   # re-render table and docs only
+    python -m benchmarks.e2e               # ~12 min: S~400, T=5, 3 regions, 1 and 0.25 Gbit/s
+    python -m benchmarks.e2e --quick       # smoke test, < 1 min
+    python -m benchmarks.e2e --report benchmarks/results/e2e.json   # re-render table and docs only
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from deltarl.actor.fetcher import Fetcher
+from deltarl.pipeline import encode_delta, stage_delta, state_digest
 
-from _e2e import netns
-from _e2e.driver import drive, summarize
-from _e2e.modes import (
+from ._e2e import netns
+from ._e2e.driver import drive, summarize
+from ._e2e.modes import (
     Actor,
     DeltaActor,
     DeltaPublisher,
@@ -46,13 +47,10 @@ from _e2e.modes import (
     IdealBoard,
     copy_state,
 )
-from _e2e.network import RANGE_BYTES, STREAMS, Network
-from _e2e.report import print_table, write_docs
-from _e2e.scale import GBPS, Scale, qwen3_8b_shapes
-from _trace import AdamTrace
-
-from deltarl.actor.fetcher import Fetcher
-from deltarl.pipeline import encode_delta, stage_delta, state_digest
+from ._e2e.network import RANGE_BYTES, STREAMS, Network
+from ._e2e.report import print_table, write_docs
+from ._e2e.scale import GBPS, Scale, qwen3_8b_shapes
+from ._trace import AdamTrace
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "e2e.json"
@@ -250,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         "emulation": ("tbf-shaped veth per region into a network namespace (rate) + EmulatedLink (delay, window)" if args.netns
                       else "rootless asyncio proxy (deltarl.testing.wan.EmulatedLink) per region"),
         "rates": {f"{r['rate_gbps']:g}gbps": r for r in rows},
-        "command": " ".join(["python", "benchmarks/e2e.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", "-m", "benchmarks.e2e", *(argv if argv is not None else sys.argv[1:])]),
     }
     print_table(console, doc)
     args.out.parent.mkdir(parents=True, exist_ok=True)

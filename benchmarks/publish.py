@@ -32,7 +32,7 @@ bytes crossed one shared link whose rate makes upload ~= encode, the hardest cas
 pipeline); SeaweedFS (``weed mini`` on loopback, real S3 over HTTP). SeaweedFS runs on the same
 CPUs as the encoder, so its server CPU time during a publish is reported too.
 
-    python benchmarks/publish.py [--quick] [--sizes small,large] [--targets local,link,seaweed] [--reps 3]
+    python -m benchmarks.publish [--quick] [--sizes small,large] [--targets local,link,seaweed] [--reps 3]
 """
 
 from __future__ import annotations
@@ -51,14 +51,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _trace import AdamTrace, qwen3_like_shapes
-
 from deltarl.pipeline import Publisher, encode_delta
 from deltarl.pipeline.manifest import ObjectRef
 from deltarl.storage import LocalStore, ObjectStore
 from deltarl.storage.store import ObjectInfo
+
+from ._trace import AdamTrace, qwen3_like_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results" / "publish.json"

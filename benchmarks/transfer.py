@@ -23,7 +23,7 @@ counts scale, ratios do not. Numbers taken while other work shares the CPUs are 
 4. **faults**: a relay killed mid-transfer, a flipped byte in a relay's cache, a truncated
    response: every actor still ends with the exact bytes (sha256), from another source.
 
-    python benchmarks/transfer.py [--quick] [--only streams,fanout,cutthrough,staged,faults] [--repeat N]
+    python -m benchmarks.transfer [--quick] [--only streams,fanout,cutthrough,staged,faults] [--repeat N]
 """
 
 from __future__ import annotations
@@ -49,8 +49,6 @@ from deltarl.pipeline.manifest import ObjectRef
 from deltarl.relay import RelayConfig, RelayServer
 from deltarl.storage import LocalStore, MemoryStore
 from deltarl.testing.wan import EmulatedLink
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _trace
 
 RESULTS = Path(__file__).resolve().parent / "results" / "transfer.json"
 SCALE = 0.1  # of a 1 Gbps link
@@ -244,7 +242,7 @@ class PacedStore(LocalStore):
 
 
 def _trace_states(shapes: list[tuple[str, tuple[int, ...]]]) -> tuple[Any, Any]:
-    from _trace import AdamTrace
+    from ._trace import AdamTrace
 
     trace = AdamTrace(shapes, seed=0, lr=1e-4)  # lr 1e-4: a dense-ish delta, big enough to time
     trace.run(warmup_steps=2)
@@ -411,7 +409,7 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 best = min(rs, key=lambda r: r["first_landed_to_last_verified_s"])
                 out["cut_through"].append({**best, "runs_s": times, "median_s": times[len(times) // 2]})
         if "staged" in only:
-            from _trace import qwen3_like_shapes
+            from ._trace import qwen3_like_shapes
 
             shapes = qwen3_like_shapes(layers=1 if q else 2, vocab=4096 if q else 8192)
             modes = ((True, True), (False, True), (False, False))

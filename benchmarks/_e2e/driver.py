@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from _e2e.modes import Actor
+from .modes import Actor
 
 
 @dataclass

@@ -23,10 +23,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from _e2e.netns import ShapedRegions
 from deltarl.relay import RelayConfig, RelayServer, create_app
 from deltarl.storage import LocalStore
 from deltarl.testing.wan import EmulatedLink
+
+from .netns import ShapedRegions
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from _trace import Shape, qwen3_like_shapes
+from .._trace import Shape, qwen3_like_shapes
 
 #: Qwen3-8B (hidden 4096, 36 layers, MLP 12288, 32 heads / 8 KV heads of 128, vocab 151936, untied head).
 QWEN3_8B = {"layers": 36, "hidden": 4096, "intermediate": 12288, "heads": 32, "kv_heads": 8, "head_dim": 128, "vocab": 151936}

@@ -1,4 +1,4 @@
-"""``deltarl bench``: run one of the reproducible benchmarks under ``benchmarks/`` of a checkout."""
+"""``deltarl bench``: run one of the reproducible benchmarks of a source checkout (``python -m benchmarks.NAME``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-HELP = "run a benchmark from the checkout's benchmarks/ folder (codec, publish, transfer, scheduler, e2e)"
+HELP = "run a benchmark of a source checkout: python -m benchmarks.NAME (codec, publish, transfer, scheduler, e2e)"
 
 BENCHMARKS = ("codec", "publish", "transfer", "scheduler", "e2e")
 
@@ -18,26 +18,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "bench_args",
         nargs=argparse.REMAINDER,
-        help="arguments passed to the benchmark script (e.g. --quick)",
+        help="arguments passed to the benchmark (e.g. --quick)",
     )
 
 
-def benchmarks_dir() -> Path | None:
-    """The ``benchmarks/`` folder next to the package (present in a checkout or editable install)."""
-    here = Path(__file__).resolve().parents[2] / "benchmarks"
-    return here if here.is_dir() else None
+def checkout_root() -> Path | None:
+    """The source checkout this package runs from (it has ``benchmarks/__init__.py``), else None."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "benchmarks" / "__init__.py").is_file() else None
 
 
 def run(args: argparse.Namespace) -> int:
-    folder = benchmarks_dir()
-    if folder is None:
-        print(
-            "deltarl bench: no benchmarks/ folder next to this installation; "
-            "run it from a source checkout (pip install -e .)",
-            file=sys.stderr,
-        )
+    root = checkout_root()
+    if root is None:
+        print("deltarl bench: the benchmarks ship with the source, not the installed package; "
+              "clone the repository, pip install -e . and run it there", file=sys.stderr)
         return 2
-    script = folder / f"{args.name}.py"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder.parent), env.get("PYTHONPATH", "")) if p)
-    return subprocess.call([sys.executable, str(script), *args.bench_args], cwd=folder.parent, env=env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
+    return subprocess.call([sys.executable, "-m", f"benchmarks.{args.name}", *args.bench_args], cwd=root, env=env)

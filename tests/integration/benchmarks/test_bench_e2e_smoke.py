@@ -1,4 +1,4 @@
-"""``benchmarks/e2e.py --quick`` runs end to end: three modes per link rate, the JSON has the
+"""``python -m benchmarks.e2e --quick`` runs end to end: three modes per link rate, the JSON has the
 documented keys, and the deltarl and full-broadcast actors end with the trainer's exact bytes."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 def test_e2e_quick(tmp_path: Path) -> None:
     out = tmp_path / "e2e.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "e2e.py"), "--quick", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.e2e", "--quick", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=170,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -54,14 +54,13 @@ def test_e2e_quick(tmp_path: Path) -> None:
 @pytest.mark.timeout(180)
 def test_e2e_quick_netns(tmp_path: Path) -> None:
     """The same run with kernel (tbf) rate limits in a network namespace; needs root."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from _e2e import netns
+    from benchmarks._e2e import netns
 
     if not netns.available():
         pytest.skip("needs root and the ip and tc commands")
     out = tmp_path / "e2e.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "e2e.py"), "--quick", "--netns", "--rates", "1", "--modes", "ideal,deltarl",
+        [sys.executable, "-m", "benchmarks.e2e", "--quick", "--netns", "--rates", "1", "--modes", "ideal,deltarl",
          "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=170,
     )  # fmt: skip

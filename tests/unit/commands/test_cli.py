@@ -26,3 +26,21 @@ def test_bench_rejects_unknown_benchmark(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "nope"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["codec", "e2e", "transfer"])
+def test_bench_runs_a_benchmark_module_from_the_checkout(name: str) -> None:
+    # --help imports the benchmark and its package-relative parts, then exits: no measurement
+    proc = subprocess.run([sys.executable, "-m", "deltarl.cli", "bench", name, "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage:" in proc.stdout
+
+
+def test_bench_without_a_checkout_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from deltarl.commands import bench
+
+    monkeypatch.setattr(bench, "checkout_root", lambda: None)
+    assert bench.run(build_parser().parse_args(["bench", "codec"])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "source" in err
