@@ -1,6 +1,6 @@
 """The run namespace: where each object of a training run lives in the store.
 
-One prefix per run (see DESIGN.md)::
+One prefix per run (see docs/RUN_NAMESPACE.md)::
 
     <run>/run.json                                   immutable: tensor table, codec, intervals
     <run>/versions/000000000042/seg-00000.bin        immutable delta segments of version 42

@@ -1,6 +1,6 @@
 """The trainer side of a run: publish each policy version with the commit protocol.
 
-Per version ``v`` (see DESIGN.md): the delta against the previous export is encoded segment by
+Per version ``v`` (see docs/RUN_NAMESPACE.md): the delta against the previous export is encoded segment by
 segment while earlier segments upload on a bounded pool (``put_if_absent``); the keyframe (version
 0 and every ``keyframe_interval``) uploads alongside; once every object is durable the manifest is
 created with ``put_if_absent`` (the commit point), then HEAD moves by compare-and-swap. A crash at
