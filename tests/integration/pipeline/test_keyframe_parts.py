@@ -29,7 +29,8 @@ def run4(local_store):
 def test_parts_cover_the_state_and_replay_bit_exact(run4):
     store, exports = run4
     manifest, _ = RunReader(store, "r").manifest(3)
-    assert manifest.keyframe is not None and len(manifest.keyframe.parts) > 1
+    assert manifest.keyframe is not None
+    assert len(manifest.keyframe.parts) > 1
     assert all(LAY.is_keyframe_part_key(k, 3) for k in manifest.keyframe.keys)
     manifest.keyframe.check_covers(RunReader(store, "r").info().tensors, manifest.key)
     for v in range(4):
