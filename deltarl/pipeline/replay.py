@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltarl.errors import IntegrityError, RunError
 from deltarl.pipeline.manifest import Manifest
+from deltarl.pipeline.memory import trim
 from deltarl.pipeline.reader import RunReader
 from deltarl.storage.store import ObjectStore
 
@@ -112,6 +113,7 @@ def replay(
     if verify:
         _check_digest(state, chain[0][0])
     apply_versions(reader, state, chain, verify=verify, progress=progress)
+    trim()  # staged updates and segments are gone: give their memory back to the OS
     logger.info("replayed %s version %d from keyframe %d (%d deltas)", run, version, chain[0][0].version, len(chain) - 1)
     return state
 
