@@ -98,53 +98,50 @@ def generate(scratch: Path, model: str, versions: int, seed: int = 0) -> dict[st
     varied in the low mantissa bits (cheap at billions of elements). Changes: element ``i`` moves
     with probability ``c * lr / ulp(w_i)`` (capped at 1), where ``c`` scales the mean to
     ``CHANGED`` (weights near zero have tiny ulps, so the raw ``lr / ulp`` changes ~4% of a normal
-    state; the issue measured ~1%), by +-1 ulp (10% of them by 2)."""
+    state; the issue measured ~1%), by +-1 ulp (10% of them by 2). One random draw per element
+    decides every version (disjoint bands), so each position changes in at most one version (the
+    overlap of two 1% sets, 0.01%, is dropped) and the whole run is one pass."""
     specs = qwen3_specs(MODELS[model])
     total = sum(s.numel for s in specs)
     rng = np.random.default_rng(seed)
     scratch.mkdir(parents=True, exist_ok=True)
     pool = _to_bf16_bits(rng.standard_normal(1 << 24, dtype=np.float32) * np.float32(0.02))
     norm_pool = _to_bf16_bits(rng.standard_normal(1 << 16, dtype=np.float32) * np.float32(0.02) + np.float32(1))
-    hist = np.zeros(256, dtype=np.int64)
+    ulp = np.ldexp(1.0, np.arange(256) - 127 - 7)
+    # the mean of min(1, lr/ulp) over N(0, 0.02) in BF16, from the pool, scaled to CHANGED
+    hist = np.bincount(_exponent(pool), minlength=256)
+    scale = CHANGED / float((np.minimum(1.0, LR / ulp) * hist).sum() / hist.sum())
+    band = 65536 // versions  # one draw per element serves every version: disjoint bands of it
+    thr = np.minimum(band, np.round(np.minimum(1.0, scale * LR / ulp) * 65536)).astype(np.uint32)
+    pos_parts: list[list[np.ndarray]] = [[] for _ in range(versions)]
+    new_parts: list[list[np.ndarray]] = [[] for _ in range(versions)]
+    offset = 0
     with open(scratch / "v0.bin", "wb") as f:
         for spec in specs:
             src = norm_pool if spec.name.endswith("norm.weight") else pool
             for a in range(0, spec.numel, CHUNK):
                 n = min(CHUNK, spec.numel - a)
-                s0 = int(rng.integers(src.size))
-                bits = np.resize(np.roll(src, -s0), n) ^ rng.integers(0, 4, n, dtype=np.uint16)
-                hist += np.bincount(_exponent(bits), minlength=256)
+                s0 = int(rng.integers(src.size - n + 1)) if n <= src.size else 0
+                bits = np.resize(src[s0:], n) ^ rng.integers(0, 4, n, dtype=np.uint16)
                 f.write(bits.tobytes())
-    ulp = np.ldexp(1.0, np.arange(256) - 127 - 7)
-    raw = np.minimum(1.0, LR / ulp)
-    scale = CHANGED / float((raw * hist).sum() / hist.sum())
-    thr = np.minimum(65536, np.round(np.minimum(1.0, scale * LR / ulp) * 65536)).astype(np.uint32)
-    base = np.memmap(scratch / "v0.bin", dtype=np.uint16, mode="r")
-    previous: list[tuple[np.ndarray, np.ndarray]] = []
-    for v in range(1, versions + 1):
-        pos_parts, step_parts = [], []
-        for a in range(0, total, CHUNK):
-            bits = np.asarray(base[a : a + CHUNK])
-            hit = np.flatnonzero(rng.integers(0, 65536, bits.size, dtype=np.uint16) < thr[_exponent(bits)])
-            r = rng.integers(0, 20, hit.size, dtype=np.int8)
-            step_parts.append(np.where(r < 2, 2, 1).astype(np.int32) * np.where(r % 2 == 0, -1, 1))
-            pos_parts.append(hit.astype(np.int64) + a)
-        pos = np.concatenate(pos_parts)
-        steps = np.concatenate(step_parts)
-        cur = np.asarray(base[pos]).astype(np.int32)
-        for ppos, pbits in previous:  # the value at version v-1: earlier versions' changes applied
-            idx = np.searchsorted(ppos, pos)
-            idx[idx == ppos.size] = 0
-            same = ppos[idx] == pos
-            cur[same] = pbits[idx[same]]
-        new = np.clip(cur + steps, 1, 0xFF7F).astype(np.uint16)  # sign-magnitude: +-1 is one ulp
-        keep = new != cur.astype(np.uint16)
-        pos, new = pos[keep], new[keep]
-        np.save(scratch / f"pos-v{v}.npy", pos)
-        np.save(scratch / f"bits-v{v}.npy", new)
-        previous.append((pos, new))
+                r = rng.integers(0, 65536, n, dtype=np.uint32)
+                t = thr[_exponent(bits)]
+                for v in range(versions):  # version v+1 changes where r falls in band v below its threshold
+                    hit = np.flatnonzero((r >= v * band) & (r < v * band + t))
+                    step = np.where(rng.random(hit.size, dtype=np.float32) < 0.1, 2, 1) * np.where(hit & 1, 1, -1)
+                    new = np.clip(bits[hit].astype(np.int32) + step, 1, 0xFF7F).astype(np.uint16)
+                    pos_parts[v].append(hit.astype(np.int64) + offset + a)
+                    new_parts[v].append(new)
+            offset += spec.numel
+    changed = []
+    for v in range(versions):  # the sets are disjoint, so each version's old value is version 0's
+        pos = np.concatenate(pos_parts[v])
+        np.save(scratch / f"pos-v{v + 1}.npy", pos)
+        np.save(scratch / f"bits-v{v + 1}.npy", np.concatenate(new_parts[v]))
+        changed.append(int(pos.size))
+        pos_parts[v] = new_parts[v] = []
     meta = {"model": model, "total_elements": total, "tensors": len(specs), "versions": versions, "lr": LR,
-            "lr_scale": round(scale, 4), "changed": [int(p.size) for p, _ in previous]}
+            "lr_scale": round(scale, 4), "changed": changed}
     (scratch / "meta.json").write_text(json.dumps(meta))
     return meta
 
