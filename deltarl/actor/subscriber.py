@@ -37,8 +37,9 @@ from typing import Any
 from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.staging import VersionStaging
 from deltarl.errors import IntegrityError, ObjectNotFound, RunError, StagingError, TransferError
-from deltarl.pipeline.layout import RunLayout
-from deltarl.pipeline.manifest import HeadRecord, Manifest, version_id
+from deltarl.pipeline.layout import RunLayout, key_epoch
+from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo, version_id
+from deltarl.pipeline.memory import trim
 
 log = logging.getLogger(__name__)
 
@@ -69,35 +70,54 @@ class CommitInfo:
 
 
 class _FullUpdate:
-    """A catch-up: replace every tensor's contents (keyframe + deltas), undoable."""
+    """A catch-up: replace every tensor's contents (keyframe + deltas), undoable, in two copies.
+
+    Commit *swaps* the contents of the live tensors and the new ones (chunk by chunk, through a
+    small buffer), so afterwards the new tensors hold the old values for a rollback: the live
+    state and the new state, never a third clone.
+    """
+
+    SWAP_CHUNK = 4 << 20  # elements per swap step
 
     def __init__(self, state: MutableMapping[str, Any], new: dict[str, Any]) -> None:
         self._state = state
         self._new = new
-        self._old: dict[str, Any] | None = None
+        self._swapped = False
+        self._adopted = False
         self.changed_elements = sum(int(t.numel()) for t in new.values())
+
+    def _swap(self) -> None:
+        for name, t in self._new.items():  # same dtype and shape: copy_ is then bit-exact
+            live, new = self._state[name].view(-1), t.view(-1)
+            for a in range(0, live.numel(), self.SWAP_CHUNK):
+                tmp = live[a : a + self.SWAP_CHUNK].clone()
+                live[a : a + self.SWAP_CHUNK].copy_(new[a : a + self.SWAP_CHUNK])
+                new[a : a + self.SWAP_CHUNK].copy_(tmp)
 
     def commit(self) -> None:
         if not self._state:
             self._state.update(self._new)
+            self._adopted = True
             return
         if sorted(self._state) != sorted(self._new):
             raise StagingError("catch-up state has other tensors than the live state")
-        for name, t in self._new.items():  # same dtype and shape: copy_ is then bit-exact
+        for name, t in self._new.items():
             live = self._state[name]
             if live.dtype != t.dtype or live.shape != t.shape:
                 raise StagingError(f"catch-up tensor {name!r} is {t.dtype}{list(t.shape)}, live {live.dtype}{list(live.shape)}")
-        self._old = {n: t.clone() for n, t in self._state.items()}
-        for name, t in self._new.items():
-            self._state[name].copy_(t)
+            if not live.is_contiguous() or not t.is_contiguous():
+                raise StagingError(f"catch-up tensor {name!r} is not contiguous")
+        self._swap()
+        self._swapped = True
 
     def rollback(self) -> None:
-        if self._old is None:
+        if self._adopted:
             for name in self._new:
                 self._state.pop(name, None)
             return
-        for name, t in self._old.items():
-            self._state[name].copy_(t)
+        if self._swapped:
+            self._swap()
+            self._swapped = False
 
 
 @dataclass
@@ -122,14 +142,15 @@ class _DigestCheck:
 
     def matches(self) -> bool:
         """Whether the digest equals the manifest's (waits for it; False if computing it failed)."""
-        return self.future.exception() is None and self.future.result()[0] == self.staged.manifest.state_digest
+        recorded = self.staged.manifest.state_digest
+        return self.future.exception() is None and recorded is not None and self.future.result()[0] == recorded.value
 
 
-def _timed_digest(state: Mapping[str, Any]) -> tuple[str, float]:
+def _timed_digest(state: Mapping[str, Any], algo: str) -> tuple[str, float]:
     from deltarl.pipeline import state_digest
 
     t0 = time.monotonic()
-    return state_digest(state), time.monotonic() - t0
+    return state_digest(state, algo), time.monotonic() - t0
 
 
 class Subscriber:
@@ -190,6 +211,7 @@ class Subscriber:
         self._task: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
         self._manifests: dict[int, tuple[Manifest, str]] = {}
+        self._info: RunInfo | None = None
         self.speculate = speculate
         self._spec: tuple[int, VersionStaging, asyncio.Task[None] | None] | None = None
         #: Segments staged before their manifest was visible (verified against it afterwards).
@@ -224,8 +246,6 @@ class Subscriber:
 
     async def _catch_up_state(self, target: int) -> tuple[dict[str, Any], Manifest, str]:
         """A fresh state at ``target``: the newest keyframe at or before it, then the deltas after."""
-        from safetensors.torch import load
-
         from deltarl.pipeline import stage_delta
 
         chain: list[tuple[Manifest, str]] = []
@@ -243,16 +263,52 @@ class Subscriber:
         chain.reverse()
         kf = chain[0][0]
         assert kf.keyframe is not None
-        state: dict[str, Any] = await asyncio.to_thread(load, await self.fetcher.fetch(kf.keyframe))
+        state = await self._load_keyframe(kf)
         for manifest, _ in chain[1:]:
             parent_id = self._manifests[manifest.version - 1][1]
             segments = [data async for _, data in self.fetcher.fetch_objects(list(manifest.segments))]  # any order
             staged = await asyncio.to_thread(stage_delta, state, segments, base=parent_id)
             staged.commit()
         last, vid = chain[-1]
-        if last.state_digest is not None:
+        # a v2 keyframe alone was checked piece by piece as it landed: no second pass over it
+        if last.state_digest is not None and (len(chain) > 1 or last.format_version < 2):
             await self._check_digest(state, last)
         return state, last, vid
+
+    async def _run_info(self) -> RunInfo:
+        if self._info is None:
+            key = self.layout.run_json
+            info = RunInfo.from_bytes(await self.fetcher.fetch_key(key), where=key)
+            if info.run != self.layout.run:
+                raise RunError(f"{key}: run.json names run {info.run!r}, not {self.layout.run!r}")
+            self._info = info
+        return self._info
+
+    async def _load_keyframe(self, manifest: Manifest) -> dict[str, Any]:
+        """The full state of a keyframe version, read straight into fresh tensors: each part's header
+        first (checked against the ranges the manifest records), then its bytes by ranges into
+        the tensors they fill, checked by the part's pieces. No object-sized buffer, no second copy."""
+        from deltarl.pipeline.keyframe import empty_state, part_views
+
+        assert manifest.keyframe is not None
+        if manifest.format_version < 2:
+            from safetensors.torch import load
+
+            state: dict[str, Any] = await asyncio.to_thread(load, await self.fetcher.fetch(manifest.keyframe.parts[0]))
+            return state
+        info = await self._run_info()
+        manifest.keyframe.check_covers(info.tensors, manifest.key)
+        specs = {t.name: t for t in info.tensors}
+        state = await asyncio.to_thread(empty_state, info.tensors)
+        for part in manifest.keyframe.parts:
+            head = await self.fetcher.fetch_range(part.key, 0, min(part.size, 64 << 10))
+            views = part_views(part, head, specs, state, named_by=manifest.key)
+            if views is None:  # a header longer than 64 KiB: fetch it whole
+                head = await self.fetcher.fetch_range(part.key, 0, 8 + int.from_bytes(head[:8], "little"))
+                views = part_views(part, head, specs, state, named_by=manifest.key)
+                assert views is not None
+            await self.fetcher.fetch_into(part, views)
+        return state
 
     async def bootstrap(self) -> CommitInfo:
         """Load the newest keyframe and apply deltas up to HEAD, now (for a new actor)."""
@@ -263,7 +319,9 @@ class Subscriber:
         state, manifest, vid = await self._catch_up_state(head.version)
         stage_s = time.monotonic() - t0
         self._staged = _Staged(manifest.version, vid, manifest, _FullUpdate(self.state, state), stage_s, full=True)
-        return self.commit()
+        info = self.commit()
+        trim()  # catch-up buffers (segments, staged deltas) are gone: give their memory back to the OS
+        return info
 
     # --- the background loop ------------------------------------------------------------------------
 
@@ -320,6 +378,16 @@ class Subscriber:
                 await asyncio.gather(task, return_exceptions=True)
             staging.close()
 
+    def _predicted_segment_keys(self, version: int) -> Callable[[int], str]:
+        """Segment keys of ``version`` as its writer will most likely name them: the epoch of the last
+        manifest's objects (a new writer's epoch only makes speculation miss, never misapply)."""
+        last = self._manifests.get(version - 1)
+        refs = [] if last is None else [*last[0].segments, *(last[0].keyframe.parts if last[0].keyframe else ())]
+        epoch = next((e for ref in refs if (e := key_epoch(ref.key)) is not None), None)
+        if last is not None and last[0].format_version < 2:
+            return lambda i: self.layout.segment_v1(version, i)
+        return lambda i: self.layout.segment(version, i, epoch=epoch or 1)
+
     async def _stage_next(self) -> None:
         assert self.version is not None
         assert self.version_id is not None
@@ -337,7 +405,8 @@ class Subscriber:
             task = None
             if self.speculate:  # fetch + decode segments as they are uploaded, before the manifest exists
                 window = max(1, self.fetcher.streams)
-                task = asyncio.ensure_future(staging.speculate(self.fetcher, self.layout, target, window=window, wait_s=self.poll_wait_s))
+                key_of = self._predicted_segment_keys(target)
+                task = asyncio.ensure_future(staging.speculate(self.fetcher, key_of, window=window, wait_s=self.poll_wait_s))
             self._spec = (target, staging, task)
         manifest, vid = await self.manifest(target, wait_s=self.poll_wait_s)  # ObjectNotFound: keep speculating
         visible = time.monotonic()
@@ -432,7 +501,7 @@ class Subscriber:
         if check:
             if self._digests is None:
                 self._digests = ThreadPoolExecutor(1, thread_name_prefix="deltarl-digest")
-            self._check = _DigestCheck(staged, previous, info, self._digests.submit(_timed_digest, self.state))
+            self._check = _DigestCheck(staged, previous, info, self._digests.submit(_timed_digest, self.state, staged.manifest.state_digest.algo))  # type: ignore[union-attr]  # recorded
         self.commits.append(info)
         self._wake.set()
         return info
@@ -505,6 +574,8 @@ class Subscriber:
     async def _check_digest(self, state: dict[str, Any], manifest: Manifest) -> None:
         from deltarl.pipeline import state_digest
 
-        got = await asyncio.to_thread(state_digest, state)
-        if got != manifest.state_digest:
+        recorded = manifest.state_digest
+        assert recorded is not None
+        got = await asyncio.to_thread(state_digest, state, recorded.algo)
+        if got != recorded.value:
             raise IntegrityError(f"{manifest.key}: caught-up state digest {got[:16]}… differs from the manifest")

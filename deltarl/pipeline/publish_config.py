@@ -27,6 +27,13 @@ class PublishConfig(BaseModel):
     )
     lease_s: float = Field(default=300.0, gt=0, description="the writer claim's lease; renewed on every publish")
     takeover: bool = Field(default=False, description="take over the run from a writer whose claim has lapsed")
+    digest_on_resume: bool = Field(
+        default=False, description="record a state digest on the first version after a resume (a whole-state pass)"
+    )
+    piece_size: int = Field(
+        default=1 << 20, ge=1 << 16, le=1 << 26, description="bytes per verified piece of every object (a power of two)"
+    )
+    keyframe_part_bytes: int = Field(default=512 << 20, ge=1, description="target size of one keyframe part")
 
     def with_settings(self, settings: Mapping[str, Any]) -> PublishConfig:
         """This config with ``settings`` (field names) replaced, validated again."""
