@@ -126,11 +126,7 @@ def staged_changes(staged: Any, shapes: Mapping[str, tuple[int, ...]]) -> Change
     import numpy as np
     import torch
 
-    accessor = getattr(staged, "changes", None)
-    if callable(accessor):
-        items = {name: (pos, new) for name, (pos, new) in accessor().items()}
-    else:  # the codec's staged form: name -> (positions, old bits, new bits)
-        items = {name: (pos, new) for name, (pos, _old, new) in staged._staged.items()}
+    items = {name: (pos, new) for name, (pos, _old, new) in staged.changes().items()}
     out: Changes = {}
     for name, (pos, new) in items.items():
         bits = np.ascontiguousarray(new)
