@@ -31,6 +31,7 @@ from deltarl.errors import (
     StoreError,
     WriterConflict,
 )
+from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import DeltaStatsRecord, HeadRecord, Manifest, ObjectRef, RunInfo
@@ -69,7 +70,8 @@ def utc_now() -> str:
 
 
 class Publisher:
-    """Publishes versions of one run. Not thread-safe: one ``publish`` at a time."""
+    """Publishes versions of one run. Not thread-safe: call it from one thread (``publish_async``
+    runs one publish at a time on a thread of its own)."""
 
     def __init__(
         self,
@@ -119,6 +121,7 @@ class Publisher:
             self._lease.release()
             raise
         self._pool = ThreadPoolExecutor(upload_workers, thread_name_prefix="deltarl-upload")
+        self._background: BackgroundPublishing = BackgroundPublishing(self)
 
     # --- opening -----------------------------------------------------------------------------------
     def _resume(self, previous_state: Mapping[str, Any] | None) -> None:
@@ -182,6 +185,22 @@ class Publisher:
     def head_version_id(self) -> str | None:
         return self._head_id
 
+    def publish_async(self, state_dict: Mapping[str, Any], step: int, *, owned: bool = False) -> Future[VersionInfo]:
+        """:meth:`publish` on a background thread; returns at once with the future of its VersionInfo.
+
+        At most one publish is in flight: a call while one runs first waits for it (so version N+1
+        is never published before N commits). A failed background publish fails its future and is
+        raised again (as :class:`~deltarl.errors.PublishFailed`, chained) by the next call of
+        ``publish``, ``publish_async`` or ``wait``. With ``owned=False`` the state is copied before
+        this returns, so the caller may modify it at once; ``owned=True`` hands the tensors over as
+        for :meth:`publish` (nothing is copied; the caller must not modify them).
+        """
+        return self._background.submit(state_dict, step, owned=owned)
+
+    def wait(self) -> VersionInfo | None:
+        """Wait for the background publish in flight (if any); its VersionInfo, or raise its failure."""
+        return self._background.wait()
+
     def publish(self, state_dict: Mapping[str, Any], step: int, *, owned: bool = False) -> VersionInfo:
         """Commit ``state_dict`` as the next version; returns once HEAD names it.
 
@@ -191,6 +210,10 @@ class Publisher:
         mapping or its tensors afterwards (a fresh export per step, as ``export_bf16`` makes), and
         the publisher keeps references to them, copying nothing (device tensors are copied to CPU).
         """
+        self._background.settle()
+        return self._publish(state_dict, step, owned)
+
+    def _publish(self, state_dict: Mapping[str, Any], step: int, owned: bool) -> VersionInfo:
         from deltarl.pipeline import check_compatible, state_digest
 
         if self._closed:
@@ -420,7 +443,11 @@ class Publisher:
 
     # --- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:
-        """Wait for the upload pool and release the writer claim."""
+        """Wait for a background publish and the upload pool, and release the writer claim.
+
+        A background failure not yet raised by another call is logged, not raised."""
+        if getattr(self, "_background", None) is not None:
+            self._background.shutdown()
         if getattr(self, "_pool", None) is not None:
             self._pool.shutdown(wait=True)
         self._closed = True
