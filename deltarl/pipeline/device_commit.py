@@ -71,6 +71,8 @@ def first_stale(plans: Sequence[DevicePlan]) -> int:
 
     One host synchronisation per device, not one per tensor.
     """
+    if not plans:
+        return -1
     torch = sys.modules["torch"]
     flags: dict[Any, list[tuple[int, Any]]] = {}
     for i, p in enumerate(plans):

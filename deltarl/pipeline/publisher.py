@@ -81,6 +81,7 @@ class Publisher:
         keyframe_interval: int = 50,
         digest_interval: int = 10,
         segment_bytes: int = 16 << 20,
+        segment_changes: int | None = None,
         codec: str = "auto",
         upload_workers: int = 4,
         max_in_flight: int | None = None,
@@ -97,6 +98,7 @@ class Publisher:
         self.keyframe_interval = keyframe_interval
         self.digest_interval = digest_interval
         self.segment_bytes = segment_bytes
+        self.segment_changes = segment_changes  # None: the encoder's default (SEGMENT_CHANGES)
         self.codec = codec
         self.max_in_flight = max_in_flight or upload_workers + 2
         self.writer_id = writer_id or new_writer_id()
@@ -337,7 +339,8 @@ class Publisher:
 
         assert self._prev is not None
         assert self._head_id is not None
-        it = iter_encode_delta(self._prev, state, base=self._head_id, segment_bytes=self.segment_bytes, codec=self.codec)
+        extra = {} if self.segment_changes is None else {"segment_changes": self.segment_changes}
+        it = iter_encode_delta(self._prev, state, base=self._head_id, segment_bytes=self.segment_bytes, codec=self.codec, **extra)
         encode_s = 0.0
         changed = encoded = 0
         index = 0
