@@ -20,7 +20,7 @@ import numpy as np
 from deltarl.errors import BaseMismatch, DeltaRLError, FormatError, StagingError, TensorMismatch
 from deltarl.pipeline import kernels, registry
 from deltarl.pipeline.codecs import Decoded
-from deltarl.pipeline.device_commit import DevicePlan, device_flat
+from deltarl.pipeline.device_commit import DeviceBatch, DevicePlan, device_flat
 from deltarl.pipeline.device_commit import first_stale as device_first_stale
 from deltarl.pipeline.device_commit import write as device_write
 from deltarl.pipeline.kernels import worker_threads
@@ -92,16 +92,17 @@ class StagedUpdate:
         self._prepared: dict[str, _Prepared] = {}
         self.tensors: tuple[str, ...] = tuple(sorted(parts))
         self.changed_elements: int = sum(int(p.pos.size) for ps in parts.values() for p in ps)
+        device_items = []
         for name in list(parts):
             value = state[name]
             if is_cuda(value) or (torch_scatter and _data_ptr(value) is not None and hasattr(value, "device")):
-                pos, old, new = self._host(name)
-                plan = DevicePlan.build(name, value, pos, old, new)
-                self._parts[name] = []  # the device holds them now
-                self._prepared[name] = (value, _data_ptr(value), plan)
+                device_items.append((name, value, *self._host(name)))
                 continue
             with contextlib.suppress(TensorMismatch):  # read-only or odd: the commit raises it
                 self._prepared[name] = (value, _data_ptr(value), self._views(name, value))
+        for name, plan in DeviceBatch.build(device_items).items():
+            self._parts[name] = []  # the device holds them now
+            self._prepared[name] = (plan.source, _data_ptr(plan.source), plan)
 
     def _host(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         parts = self._parts[name]
