@@ -67,6 +67,8 @@ class DeviceBatch:
     def build(items: Sequence[tuple[str, Any, np.ndarray, np.ndarray, np.ndarray]]) -> dict[str, DevicePlan]:
         """Plans for ``(name, tensor, absolute positions, old bits, new bits)`` (host numpy), batched
         by device and bit width; everything is moved to the devices here."""
+        if not items:
+            return {}  # no torch tensors: torch may not even be imported
         torch = sys.modules["torch"]
         groups: dict[tuple[str, int], list[tuple[str, Any, np.ndarray, np.ndarray, np.ndarray]]] = {}
         for item in items:

@@ -148,6 +148,24 @@ def test_import_is_light() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_numpy_states_stage_and_commit_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from deltarl.pipeline import BF16, encode_delta, stage_delta\n"
+        "old = {'w': BF16(np.arange(10000, dtype=np.uint16))}\n"
+        "new = {'w': BF16(old['w'].bits.copy())}\n"
+        "new['w'].bits[::7] += 1\n"
+        "st = {'w': BF16(old['w'].bits.copy())}\n"
+        "stage_delta(st, encode_delta(old, new, base='b'), base='b').commit()\n"
+        "assert np.array_equal(st['w'].bits, new['w'].bits)\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_check_compatible_and_tensor_table() -> None:
     old, _ = _pair(6)
     table = tensor_table(old)
