@@ -200,6 +200,7 @@ class VLLMBackend:
         )
         self._shadow = shadow if shadow is not None else _load_hf_state(model_path)
         self._meter = ThroughputMeter()
+        self._prepared: Any = None  # the staged update the workers hold on the GPU (prepare())
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -220,7 +221,7 @@ class VLLMBackend:
         """Commit a staged update to the shadow, then on every worker (prepared first unless
         :meth:`prepare` already did): the pause is a check and an in-place scatter per worker.
         On failure both are rolled back."""
-        if getattr(self, "_prepared", None) is not staged:
+        if self._prepared is not staged:
             self.prepare(staged)
         self._prepared = None
         staged.commit()  # the shadow first: the codec checks it still holds the base
