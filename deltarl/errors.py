@@ -147,3 +147,7 @@ class AdmissionRejected(CoordinatorError):
 
 class ConfigError(DeltaRLError, ValueError):
     """A configuration file or flag is invalid."""
+
+
+class PublishFailed(RunError):
+    """A background publish failed; raised by the publisher's next call (chained to the cause)."""

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-HELP = "run a benchmark of a source checkout: python -m benchmarks.NAME (codec, publish, transfer, scheduler, e2e)"
+HELP = "run a benchmark of a source checkout: python -m benchmarks.NAME (codec, publish, transfer, scheduler, e2e, scale, pause, gpu, ...)"
 
-BENCHMARKS = ("codec", "publish", "transfer", "scheduler", "e2e")
+BENCHMARKS = ("codec", "publish", "transfer", "scheduler", "e2e", "pause", "gpu")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -30,14 +30,16 @@ def numba_enabled() -> bool:
 
 
 def worker_threads() -> int:
-    """Threads for chunk-parallel encode/decode: ``DELTARL_THREADS`` or min(4, CPU count)."""
+    """Threads for chunk-parallel encode, decode and commit: ``DELTARL_THREADS`` or the CPU count
+    (the CPUs this process may run on, where the OS says)."""
     raw = os.environ.get(defaults.THREADS_ENV, "")
     if raw:
         try:
             return max(1, int(raw))
         except ValueError:
             log.warning("ignoring DELTARL_THREADS=%r (not an integer)", raw)
-    return max(1, min(4, os.cpu_count() or 1))
+    affinity = getattr(os, "sched_getaffinity", None)
+    return max(1, len(affinity(0)) if affinity is not None else (os.cpu_count() or 1))
 
 
 @functools.lru_cache(maxsize=1)

@@ -20,6 +20,9 @@ class PublishConfig(BaseModel):
     keyframe_interval: int = Field(default=50, ge=1, description="a full snapshot every this many versions")
     digest_interval: int = Field(default=10, ge=1, description="a state digest in the manifest every this many versions")
     segment_bytes: int = Field(default=16 << 20, ge=1, description="target encoded size of a delta segment")
+    segment_changes: int | None = Field(
+        default=None, ge=1, description="at most this many changed elements per segment (None: the encoder's default)"
+    )
     codec: str = Field(default="auto", description="chunk codec: 'auto' (chosen per chunk) or one codec's name")
     upload_workers: int = Field(default=4, ge=1, le=256, description="threads uploading segments while encoding goes on")
     max_in_flight: int | None = Field(

@@ -30,6 +30,7 @@ from deltarl.errors import (
     StoreError,
     WriterConflict,
 )
+from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
 from deltarl.pipeline.keyframe import plan_parts, write_part
 from deltarl.pipeline.layout import RunLayout
@@ -82,7 +83,8 @@ def utc_now() -> str:
 
 
 class Publisher:
-    """Publishes versions of one run. Not thread-safe: one ``publish`` at a time.
+    """Publishes versions of one run. Not thread-safe: call it from one thread (``publish_async``
+    runs one publish at a time on a thread of its own).
 
     Example:
         >>> with Publisher(open_store("s3://bucket/runs"), "qwen-grpo", PublishConfig(keyframe_interval=20)) as pub:
@@ -125,6 +127,7 @@ class Publisher:
         self.keyframe_interval = cfg.keyframe_interval
         self.digest_interval = cfg.digest_interval
         self.segment_bytes = cfg.segment_bytes
+        self.segment_changes = cfg.segment_changes  # None: the encoder's default (SEGMENT_CHANGES)
         self.codec = cfg.codec
         self.max_in_flight = cfg.max_in_flight or cfg.upload_workers + 2
         self.writer_id = writer_id or new_writer_id()
@@ -152,6 +155,7 @@ class Publisher:
             self._lease.release()
             raise
         self._pool = ThreadPoolExecutor(cfg.upload_workers, thread_name_prefix="deltarl-upload")
+        self._background: BackgroundPublishing = BackgroundPublishing(self)
 
     # --- opening -----------------------------------------------------------------------------------
     def _resume(self, previous_state: Mapping[str, Any] | None) -> None:
@@ -220,6 +224,22 @@ class Publisher:
     def head_version_id(self) -> str | None:
         return self._head_id
 
+    def publish_async(self, state_dict: Mapping[str, Any], step: int, *, owned: bool = False) -> Future[VersionInfo]:
+        """:meth:`publish` on a background thread; returns at once with the future of its VersionInfo.
+
+        At most one publish is in flight: a call while one runs first waits for it (so version N+1
+        is never published before N commits). A failed background publish fails its future and is
+        raised again (as :class:`~deltarl.errors.PublishFailed`, chained) by the next call of
+        ``publish``, ``publish_async`` or ``wait``. With ``owned=False`` the state is copied before
+        this returns, so the caller may modify it at once; ``owned=True`` hands the tensors over as
+        for :meth:`publish` (nothing is copied; the caller must not modify them).
+        """
+        return self._background.submit(state_dict, step, owned=owned)
+
+    def wait(self) -> VersionInfo | None:
+        """Wait for the background publish in flight (if any); its VersionInfo, or raise its failure."""
+        return self._background.wait()
+
     def publish(self, state_dict: Mapping[str, Any], step: int, *, owned: bool = False) -> VersionInfo:
         """Commit ``state_dict`` as the next version; returns once HEAD names it.
 
@@ -229,6 +249,10 @@ class Publisher:
         mapping or its tensors afterwards (a fresh export per step, as ``export_bf16`` makes), and
         the publisher keeps references to them, copying nothing (device tensors are copied to CPU).
         """
+        self._background.settle()
+        return self._publish(state_dict, step, owned)
+
+    def _publish(self, state_dict: Mapping[str, Any], step: int, owned: bool) -> VersionInfo:
         from deltarl.pipeline import check_compatible, state_digest
 
         if self._closed:
@@ -352,7 +376,8 @@ class Publisher:
 
         assert self._prev is not None
         assert self._head_id is not None
-        it = iter_encode_delta(self._prev, state, base=self._head_id, segment_bytes=self.segment_bytes, codec=self.codec)
+        extra = {} if self.segment_changes is None else {"segment_changes": self.segment_changes}
+        it = iter_encode_delta(self._prev, state, base=self._head_id, segment_bytes=self.segment_bytes, codec=self.codec, **extra)
         encode_s = 0.0
         changed = encoded = 0
         index = 0
@@ -460,7 +485,11 @@ class Publisher:
 
     # --- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:
-        """Wait for the upload pool and release the writer claim."""
+        """Wait for a background publish and the upload pool, and release the writer claim.
+
+        A background failure not yet raised by another call is logged, not raised."""
+        if getattr(self, "_background", None) is not None:
+            self._background.shutdown()
         if getattr(self, "_pool", None) is not None:
             self._pool.shutdown(wait=True)
         self._closed = True

@@ -9,8 +9,8 @@ moved on is refused instead of half-applied.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,6 +20,9 @@ import numpy as np
 from deltarl.errors import BaseMismatch, DeltaRLError, FormatError, StagingError, TensorMismatch
 from deltarl.pipeline import kernels, registry
 from deltarl.pipeline.codecs import Decoded
+from deltarl.pipeline.device_commit import DeviceBatch, DevicePlan, device_flat
+from deltarl.pipeline.device_commit import first_stale as device_first_stale
+from deltarl.pipeline.device_commit import write as device_write
 from deltarl.pipeline.kernels import worker_threads
 from deltarl.pipeline.segment import ChunkInfo, read_segment_header
 from deltarl.pipeline.tensors import TensorSpec, flat_bits, is_cuda, spec_of, tensor_table, uint_dtype
@@ -27,19 +30,36 @@ from deltarl.pipeline.tensors import TensorSpec, flat_bits, is_cuda, spec_of, te
 log = logging.getLogger(__name__)
 
 
-def _device_flat(name: str, value: Any) -> Any:
-    torch = sys.modules["torch"]
-    if not value.is_contiguous():
-        raise TensorMismatch(f"tensor {name!r} is not contiguous")
-    return value.detach().view(-1).view(torch.int16 if value.element_size() == 2 else torch.int32)
-
-
 def _old_range(name: str, value: Any, start: int, stop: int) -> np.ndarray:
     """Old bits of elements [start, stop) as a numpy array (a view for CPU tensors)."""
     if is_cuda(value):
-        host = _device_flat(name, value)[start:stop].cpu().numpy()
+        host = device_flat(name, value)[start:stop].cpu().numpy()
         return host.view(np.uint16 if value.element_size() == 2 else np.uint32)
     return flat_bits(name, value)[start:stop]
+
+
+def _data_ptr(value: Any) -> int | None:
+    """Where a torch tensor's or numpy array's data lives (None for other bit containers)."""
+    ptr = getattr(value, "data_ptr", None)
+    if callable(ptr):
+        return int(ptr())
+    if isinstance(value, np.ndarray):
+        return int(value.ctypes.data)
+    return None
+
+
+class _Part:
+    """One chunk's changes: positions relative to ``start`` (uint32 when they fit), old and new bits."""
+
+    __slots__ = ("count", "new", "old", "pos", "start")
+
+    def __init__(self, start: int, count: int, pos: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
+        self.start, self.count, self.pos, self.old, self.new = start, count, pos, old, new
+
+
+# A prepared target: the tensor object staged against, its data pointer, and either one writable
+# bit view per part (CPU) or the tensor's DevicePlan (torch scatter path).
+_Prepared = tuple[Any, "int | None", "list[np.ndarray] | DevicePlan"]
 
 
 class StagedUpdate:
@@ -47,38 +67,90 @@ class StagedUpdate:
 
     ``changed_elements`` counts the elements the update writes, ``tensors`` names the tensors
     with at least one of them (sorted), ``base`` is the version id the update applies to.
+
+    Everything that can be prepared is prepared here, at staging: positions are kept per chunk
+    relative to the chunk start (4 bytes each), next to the new and old bits (the old ones are
+    what rollback needs), and each target's writable bit views are resolved once; tensors on the
+    torch scatter path (CUDA) get their indices and values moved to the device. The commit then
+    checks and writes in place, nothing else. ``host_bytes`` is what the staged changes hold in
+    host memory.
     """
 
     def __init__(
         self,
         state: Mapping[str, Any],
         base: str,
-        staged: dict[str, tuple[np.ndarray, ...]],
+        parts: dict[str, list[_Part]],
         specs: dict[str, TensorSpec],
+        *,
+        torch_scatter: bool = False,
     ) -> None:
         self._state = state
         self._specs = specs
         self.base = base
-        self._staged = staged  # name -> (positions int64, old bits, new bits)
-        self.tensors: tuple[str, ...] = tuple(sorted(staged))
-        self.changed_elements: int = sum(int(p.size) for p, _, _ in staged.values())
+        self._parts = parts
+        self._prepared: dict[str, _Prepared] = {}
+        self.tensors: tuple[str, ...] = tuple(sorted(parts))
+        self.changed_elements: int = sum(int(p.pos.size) for ps in parts.values() for p in ps)
+        device_items = []
+        for name in list(parts):
+            value = state[name]
+            if is_cuda(value) or (torch_scatter and _data_ptr(value) is not None and hasattr(value, "device")):
+                device_items.append((name, value, *self._host(name)))
+                continue
+            with contextlib.suppress(TensorMismatch):  # read-only or odd: the commit raises it
+                self._prepared[name] = (value, _data_ptr(value), self._views(name, value))
+        for name, plan in DeviceBatch.build(device_items).items():
+            self._parts[name] = []  # the device holds them now
+            self._prepared[name] = (plan.source, _data_ptr(plan.source), plan)
+
+    def _host(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        parts = self._parts[name]
+        if not parts:
+            plan = self._prepared[name][2]
+            assert isinstance(plan, DevicePlan)
+            return plan.host()
+        pos = np.concatenate([p.pos.astype(np.int64) + p.start for p in parts])
+        return pos, np.concatenate([p.old for p in parts]), np.concatenate([p.new for p in parts])
+
+    def changes(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per tensor: absolute int64 positions (sorted), old bits, new bits (fresh host arrays)."""
+        return {name: self._host(name) for name in self._parts}
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory held by the staged changes (positions, old and new bits)."""
+        return sum(p.pos.nbytes + p.old.nbytes + p.new.nbytes for ps in self._parts.values() for p in ps)
+
+    def _views(self, name: str, value: Any) -> list[np.ndarray]:
+        flat = flat_bits(name, value, writable=True)
+        return [flat[p.start : p.start + p.count] for p in self._parts[name]]
+
+    def _resolve(self, name: str, value: Any) -> list[np.ndarray] | DevicePlan:
+        """The prepared target of ``name``, re-resolved if the tensor object or its memory changed."""
+        prep = self._prepared.get(name)
+        ptr = _data_ptr(value)
+        writable = not isinstance(value, np.ndarray) or value.flags.writeable
+        if prep is not None and prep[0] is value and ptr is not None and prep[1] == ptr and writable:
+            return prep[2]
+        if prep is not None and isinstance(prep[2], DevicePlan):
+            target: list[np.ndarray] | DevicePlan = prep[2].rebind(name, value)
+        else:
+            target = self._views(name, value)
+        self._prepared[name] = (value, ptr, target)
+        return target
 
     def _targets(self, direction: str) -> tuple[list[_Job], DeltaRLError | None]:
         """The tensors to write, in order, up to the first one that was replaced or is read-only."""
         jobs: list[_Job] = []
-        for name, (pos, old, new) in self._staged.items():
-            if pos.size == 0:
-                continue
+        for name in self._parts:
             value = self._state.get(name)
             if value is None or spec_of(name, value) != self._specs[name]:
                 return jobs, TensorMismatch(
                     f"cannot {direction}: tensor {name!r} was replaced or reshaped since staging"
                 )
-            if is_cuda(value):
-                jobs.append((name, value, pos, old, new))
-                continue
-            try:  # writable=True: a read-only tensor is refused here, before anything is written
-                jobs.append((name, flat_bits(name, value, writable=True), pos, old, new))
+            try:  # writable: a read-only tensor is refused here, before anything is written
+                jobs.append((name, self._resolve(name, value)))
             except TensorMismatch as err:
                 return jobs, err
         return jobs, None
@@ -88,22 +160,27 @@ class StagedUpdate:
             f"cannot {direction}: tensor {name!r} changed since the update was staged (base {self.base})"
         )
 
+    def _cpu_tasks(self, jobs: list[_Job], to_new: bool | None) -> list[tuple[Any, ...]]:
+        """(job index, part view, positions, *bits) per part of the CPU jobs; bits ordered
+        (other, to write) for a write, (old, new) for a check (``to_new`` None)."""
+        out = []
+        for i, (name, target) in enumerate(jobs):
+            if isinstance(target, DevicePlan):
+                continue
+            for view, p in zip(target, self._parts[name], strict=True):
+                vals = (p.new, p.old) if to_new is False else (p.old, p.new)
+                out.append((i, view, p.pos, *vals))
+        return out
+
     def _check(self, direction: str, jobs: list[_Job], refused: DeltaRLError | None) -> None:
         """Raise unless every changed position holds its old or new bits (tensor order decides which error)."""
-        fresh = {
-            key: all(results)
-            for key, results in _by_key(
-                _run_sliced(
-                    [(i, j[1], j[2], j[3], j[4]) for i, j in enumerate(jobs) if not is_cuda(j[1])],
-                    kernels.all_old_or_new,
-                )
-            ).items()
-        }
-        for i, (name, value, pos, old, new) in enumerate(jobs):
-            if is_cuda(value):
-                cur = _gather_device(name, value, pos)
-                fresh[i] = bool(((cur == old) | (cur == new)).all())
-            if not fresh[i]:
+        fresh = {key: all(r) for key, r in _by_key(_run_sliced(self._cpu_tasks(jobs, None), kernels.all_old_or_new)).items()}
+        plans = [(i, t) for i, (_, t) in enumerate(jobs) if isinstance(t, DevicePlan)]
+        bad = device_first_stale([t for _, t in plans])
+        for k, (i, _) in enumerate(plans):
+            fresh[i] = bad < 0 or k < bad
+        for i, (name, _) in enumerate(jobs):
+            if not fresh.get(i, True):
                 raise self._stale(direction, name)
         if refused is not None:
             raise refused
@@ -113,24 +190,18 @@ class StagedUpdate:
 
         On CPU the check and the write are one pass (each position is read, checked and written
         once); if any position turns out stale, every write is undone before raising, so a refused
-        commit leaves the state exactly as it was, as the separate check would.
+        commit leaves the state exactly as it was, as the separate check would. Tensors on the
+        torch scatter path are checked first (one sync per device), then written with index_copy_.
         """
         jobs, refused = self._targets(direction)
-        if refused is not None or any(is_cuda(j[1]) for j in jobs):
+        plans = [t for _, t in jobs if isinstance(t, DevicePlan)]
+        if refused is not None or plans:
             self._check(direction, jobs, refused)
-            for name, target, pos, old, new in jobs:
-                if is_cuda(target):
-                    _scatter_device(name, target, pos, new if to_new else old)
-                else:
-                    kernels.scatter(target, pos, new if to_new else old)
+            for _, view, pos, *vals in self._cpu_tasks(jobs, to_new):
+                kernels.scatter(view, pos, vals[1])
+            device_write(plans, to_new)
             return
-        done = _run_sliced(
-            [
-                (i, flat, pos, *((old, new) if to_new else (new, old)))
-                for i, (_, flat, pos, old, new) in enumerate(jobs)
-            ],
-            kernels.write_checked,  # (flat, pos, other bits, bits to write)
-        )
+        done = _run_sliced(self._cpu_tasks(jobs, to_new), kernels.write_checked)  # (flat, pos, other, to write)
         stale = [key for key, _, prev in done if prev is None]
         if stale:
             for _, (flat, pos, *_vals), prev in done:
@@ -147,8 +218,8 @@ class StagedUpdate:
         self._swap("roll back", to_new=False)
 
 
-# A tensor to write: name, flat bits (or the device tensor), positions, old bits, new bits.
-_Job = tuple[str, Any, np.ndarray, np.ndarray, np.ndarray]
+# A tensor to write: its name and its prepared target (bit views per part, or a DevicePlan).
+_Job = tuple[str, "list[np.ndarray] | DevicePlan"]
 _SLICE = 1 << 17  # changed elements per commit task: enough to amortise a task, small enough to balance
 
 
@@ -162,6 +233,9 @@ def _run_sliced(
     """
     tasks = []
     for key, target, pos, *vals in jobs:
+        if pos.size <= _SLICE:
+            tasks.append((key, (target, pos, *vals)))
+            continue
         for a in range(0, pos.size, _SLICE):
             tasks.append((key, (target, pos[a : a + _SLICE], *(v[a : a + _SLICE] for v in vals))))
     threads = min(worker_threads(), len(tasks))
@@ -180,29 +254,17 @@ def _by_key(done: list[tuple[Any, tuple[Any, ...], Any]]) -> dict[Any, list[Any]
     return out
 
 
-def _gather_device(name: str, value: Any, pos: np.ndarray) -> np.ndarray:
-    torch = sys.modules["torch"]
-    got = _device_flat(name, value)[torch.from_numpy(pos).to(value.device)].cpu().numpy()
-    return got.view(np.uint16 if value.element_size() == 2 else np.uint32)
-
-
-def _scatter_device(name: str, value: Any, pos: np.ndarray, vals: np.ndarray) -> None:
-    torch = sys.modules["torch"]
-    signed = np.int16 if vals.dtype.itemsize == 2 else np.int32
-    flat = _device_flat(name, value)
-    idx = torch.from_numpy(pos).to(value.device, non_blocking=True)
-    src = torch.from_numpy(vals.view(signed)).to(value.device, non_blocking=True)
-    flat.index_copy_(0, idx, src)
-
-
 class Stager:
     """Incremental staging: add segments in any order as they arrive, then :meth:`finish`."""
 
-    def __init__(self, state: Mapping[str, Any], *, base: str) -> None:
+    def __init__(self, state: Mapping[str, Any], *, base: str, torch_scatter: bool = False) -> None:
+        """``torch_scatter=True`` puts CPU torch tensors on the device path as well (CUDA tensors
+        always take it): indices and values as torch tensors, the commit an ``index_copy_``."""
         self._state = state
         self._base = base
+        self._torch_scatter = torch_scatter
         self._specs: dict[str, TensorSpec] = {s.name: s for s in tensor_table(state)}
-        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        self._parts: dict[str, list[_Part]] = {}
         self._covered: dict[str, list[tuple[int, int]]] = {}
         self._finished = False
 
@@ -241,12 +303,9 @@ class Stager:
                 done = list(pool.map(lambda task: self._run(task, jobs), tasks))
         else:
             done = [self._run(task, jobs) for task in tasks]
-        new_parts: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = [None] * len(jobs)  # type: ignore[list-item]
-        for task, parts in zip(tasks, done, strict=True):
-            for i, part in zip(task, parts, strict=True):
-                new_parts[i] = part
-        for name, pos, old_v, new_v in new_parts:  # chunk-table order
-            self._parts.setdefault(name, []).append((pos, old_v, new_v))
+        for parts in done:
+            for name, part in parts:
+                self._parts.setdefault(name, []).append(part)
         for c in header.chunks:
             self._covered.setdefault(c.tensor, []).append((c.start, c.start + c.count))
 
@@ -270,7 +329,7 @@ class Stager:
 
     def _run(
         self, task: tuple[int, ...], jobs: list[tuple[ChunkInfo, memoryview]]
-    ) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+    ) -> list[tuple[str, _Part]]:
         if len(task) == 1:
             return [self._decode(*jobs[task[0]])]
         (ca, pa), (cb, pb) = jobs[task[0]], jobs[task[1]]
@@ -280,21 +339,21 @@ class Stager:
         da, db = registry.PAIR_DECODERS[ca.codec]((olds[0], pa, ca.changed), (olds[1], pb, cb.changed))
         return [self._checked(ca, olds[0], da), self._checked(cb, olds[1], db)]
 
-    def _decode(self, c: ChunkInfo, payload: memoryview) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    def _decode(self, c: ChunkInfo, payload: memoryview) -> tuple[str, _Part]:
         old = _old_range(c.tensor, self._state[c.tensor], c.start, c.start + c.count)
         return self._checked(c, old, registry.DECODERS[c.codec](old, payload, c.changed))
 
     def _checked(
         self, c: ChunkInfo, old: np.ndarray, dec: Decoded
-    ) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[str, _Part]:
         if dec.positions.size != c.changed or dec.values.dtype != uint_dtype(self._specs[c.tensor].dtype):
             raise FormatError(
                 f"chunk of {c.tensor!r} decoded to {dec.positions.size} of {c.changed} elements"
             )
         old_v = dec.old_values if dec.old_values is not None else kernels.gather(old, dec.positions)
-        pos = dec.positions
-        pos += c.start  # a fresh array (Decoded's contract)
-        return c.tensor, pos, old_v, dec.values
+        # relative to the chunk: 4 bytes a position (a chunk of 2**32 elements or more keeps int64)
+        pos = dec.positions.astype(np.uint32) if c.count <= 1 << 32 else dec.positions
+        return c.tensor, _Part(c.start, c.count, pos, old_v, dec.values)
 
     def finish(self) -> StagedUpdate:
         """Check that the delta covers every element of every tensor exactly once; return the update."""
@@ -308,20 +367,16 @@ class Stager:
                     "(a segment is missing)"
                 )
         self._finished = True
-        staged: dict[str, tuple[np.ndarray, ...]] = {}
-        for name, parts in self._parts.items():
-            staged[name] = (
-                parts[0]
-                if len(parts) == 1
-                else tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
-            )
+        parts = {name: sorted(ps, key=lambda p: p.start) for name, ps in self._parts.items()}
         self._parts = {}
-        return StagedUpdate(self._state, self._base, staged, self._specs)
+        return StagedUpdate(self._state, self._base, parts, self._specs, torch_scatter=self._torch_scatter)
 
 
-def stage_delta(state: Mapping[str, Any], segments: Iterable[bytes], *, base: str) -> StagedUpdate:
+def stage_delta(
+    state: Mapping[str, Any], segments: Iterable[bytes], *, base: str, torch_scatter: bool = False
+) -> StagedUpdate:
     """Decode every segment against ``state`` (nothing is written) and return the staged update."""
-    stager = Stager(state, base=base)
+    stager = Stager(state, base=base, torch_scatter=torch_scatter)
     for seg in segments:
         stager.add_segment(seg)
     return stager.finish()

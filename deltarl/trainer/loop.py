@@ -4,7 +4,14 @@ Wiring is by parameters, so the demo runs it in-process and ``deltarl trainer`` 
 
 * ``coordinator`` has ``open_step(spec: StepSpec)`` and ``wait_results(step, *, timeout)`` returning
   the step's admitted ``RolloutResult`` s once the step is complete (:class:`StepCoordinator`);
-* ``publisher`` has ``publish(state_dict, step) -> VersionInfo`` (``deltarl.storage.Publisher``).
+* ``publisher`` has ``publish(state_dict, step) -> VersionInfo``, ``publish_async`` and ``wait``
+  (``deltarl.pipeline.Publisher``).
+
+Publishing runs in the background (``publish_async``): :meth:`TrainerLoop.run` hands step ``s``'s
+export over and goes on with step ``s + 1`` (its prompts, the previous step's report and
+``on_step``) until it needs version ``s``'s id to open step ``s + 1``; only then does it wait for the
+commit. So version ``s + 1`` is never published before ``s`` commits, and a failed publish stops
+the loop at that point (``PublishFailed`` from the publisher, chained to the cause).
 
 Version 0 is the initial model, published by :meth:`TrainerLoop.start` together with
 ``<run>/model.json`` (model, tokenizer and task specs; immutable). Step ``s`` (1-based) is generated
@@ -61,6 +68,14 @@ class VersionPublisher(Protocol):
         publisher keeps them as the next base instead of copying the whole state."""
         ...
 
+    def publish_async(self, state_dict: Any, step: int, *, owned: bool = False) -> Any:
+        """``publish`` in the background; a future of its ``VersionInfo`` (one in flight at a time)."""
+        ...
+
+    def wait(self) -> Any:
+        """Wait for the background publish in flight: its ``VersionInfo`` (None if none), or raise."""
+        ...
+
 
 class ClientCoordinator:
     """Adapts ``deltarl.protocol.client.SyncCoordinatorClient`` to :class:`StepCoordinator`."""
@@ -88,8 +103,9 @@ class StepReport:
     accepted_versions: tuple[str, ...]
     stale_samples: int
     wait_s: float
-    publish_s: float
+    publish_s: float  # the publish's own wall time (it ran in the background)
     publish: Any  # the publisher's VersionInfo (changed elements, bytes, timings)
+    publish_wait_s: float = 0.0  # how long the loop blocked waiting for that publish to commit
 
 
 class TrainerLoop:
@@ -127,6 +143,7 @@ class TrainerLoop:
         )
         self.version_ids: list[str] = []
         self.reports: list[StepReport] = []
+        self._pending: tuple[dict[str, Any], float] | None = None  # a step whose publish is in flight
 
     def _reward(self, sample: Any) -> float:
         if not self.config.recompute_rewards:
@@ -167,7 +184,16 @@ class TrainerLoop:
 
     def step_spec(self, step: int) -> StepSpec:
         """The prompts of ``step`` and the versions it accepts (newest first)."""
-        from deltarl.protocol.records import PromptItem, StepSpec
+        return self._spec(step, self._prompts(step))
+
+    def _spec(self, step: int, prompts: list[Any]) -> StepSpec:
+        from deltarl.protocol.records import StepSpec
+
+        accepted = list(reversed(self.version_ids[-(self.config.max_staleness + 1) :]))
+        return StepSpec(step=step, prompts=prompts, accepted_versions=accepted, opened_at=time.time())
+
+    def _prompts(self, step: int) -> list[Any]:
+        from deltarl.protocol.records import PromptItem
 
         cfg = self.config
         prompts = []
@@ -176,16 +202,26 @@ class TrainerLoop:
             self._answers[pid] = tp.answer
             ids = encode_prompt(self.tokenizer, tp.text, chat_template=cfg.tokenizer.chat_template)
             prompts.append(PromptItem(prompt_id=pid, text=tp.text, token_ids=ids, answer=tp.answer, group_size=cfg.group_size))
-        accepted = list(reversed(self.version_ids[-(cfg.max_staleness + 1) :]))
-        return StepSpec(step=step, prompts=prompts, accepted_versions=accepted, opened_at=time.time())
+        return prompts
 
     def run_step(self, step: int) -> StepReport:
-        """One step: open, wait, train, publish. Returns its report (also passed to ``on_step``)."""
+        """One step: open, wait, train, publish; returns once its version is committed (its report,
+        also passed to ``on_step``). :meth:`run` overlaps each publish with the next step instead."""
+        self._train_and_publish(step)
+        report = self._settle()
+        assert report is not None
+        return report
+
+    def _train_and_publish(self, step: int) -> None:
+        """Settle the previous step's publish (when its version id is needed), then open, wait,
+        train and hand this step's export to a background publish."""
         cfg = self.config
         if not self.version_ids:
             self.start()
         self._answers.clear()
-        spec = self.step_spec(step)
+        prompts = self._prompts(step)  # overlaps the previous publish
+        self._settle()
+        spec = self._spec(step, prompts)
         t0 = time.perf_counter()
         self.coordinator.open_step(spec)
         results = list(self.coordinator.wait_results(step, timeout=cfg.result_timeout_s))
@@ -196,35 +232,41 @@ class TrainerLoop:
                 raise RunError(f"step {step}: result {r.lease_id} from version {r.version_id[:16]} was not accepted")
         stale = sum(len(r.samples) for r in results if r.version_id != spec.accepted_versions[0])
         stats = self.trainer.train_step(results)
-        t1 = time.perf_counter()
-        info = self.publisher.publish(self.trainer.export_bf16(), step, owned=True)
-        publish_s = time.perf_counter() - t1
+        self.publisher.publish_async(self.trainer.export_bf16(), step, owned=True)
+        partial = {"step": step, "stats": stats, "accepted_versions": tuple(spec.accepted_versions),
+                   "stale_samples": stale, "wait_s": wait_s}  # fmt: skip
+        self._pending = (partial, time.perf_counter())
+
+    def _settle(self) -> StepReport | None:
+        """Wait for the publish in flight (raising its failure) and report its step."""
+        if self._pending is None:
+            return None
+        partial, submitted = self._pending
+        self._pending = None
+        t = time.perf_counter()
+        info = self.publisher.wait()
+        blocked = time.perf_counter() - t
         self.version_ids.append(info.version_id)
-        report = StepReport(
-            step=step,
-            version=info.version,
-            version_id=info.version_id,
-            stats=stats,
-            accepted_versions=tuple(spec.accepted_versions),
-            stale_samples=stale,
-            wait_s=wait_s,
-            publish_s=publish_s,
-            publish=info,
-        )
+        report = StepReport(version=info.version, version_id=info.version_id, publish_s=info.wall_s,
+                            publish=info, publish_wait_s=blocked, **partial)  # fmt: skip
         self.reports.append(report)
         log.info(
-            "step %d: reward %.3f, version %d published in %.2fs (waited %.2fs for %d samples)",
-            step, stats.reward_mean, info.version, publish_s, wait_s, stats.samples,
-        )
+            "step %d: reward %.3f, version %d published in %.2fs in the background (%.2fs after handing it over, "
+            "%.2fs of it waited for; waited %.2fs for %d samples)",
+            report.step, report.stats.reward_mean, info.version, info.wall_s, time.perf_counter() - submitted,
+            blocked, report.wait_s, report.stats.samples,
+        )  # fmt: skip
         if self.on_step is not None:
             self.on_step(report)
         return report
 
     def run(self, steps: int | None = None) -> list[StepReport]:
-        """Start (if needed) and run ``steps`` (default ``config.steps``) training steps."""
+        """Start (if needed) and run ``steps`` (default ``config.steps``) training steps, each publish
+        overlapping the next step until that step needs the version; returns after the last commits."""
         if not self.version_ids:
             self.start()
         first = len(self.version_ids)
         for step in range(first, first + (steps or self.config.steps)):
-            self.run_step(step)
+            self._train_and_publish(step)
+        self._settle()  # (after a failure above, the publisher's close waits for a publish in flight)
         return self.reports

@@ -7,11 +7,14 @@ tensor-parallel worker then has the ``deltarl_*`` methods, called through ``LLM.
 
 Commit protocol on the workers (each rank independently, same call):
 
-1. ``deltarl_apply(changes)``: ``changes`` maps HF tensor names to ``(shape, flat indices, BF16
-   values)``. Each rank maps them to its local fused shard (:mod:`.vllm_mapping`), checks every
-   target and bound, reads the old values at those positions (kept for rollback), then writes the
-   new absolute values with ``index_copy_``. Re-applying the same changes is harmless.
-2. ``deltarl_rollback()`` restores the old values of the last apply; ``deltarl_forget()`` drops them.
+1. ``deltarl_prepare(changes)``, off the pause: ``changes`` maps HF tensor names to ``(shape, flat
+   indices, BF16 values)``. Each rank maps them to its local fused shard (:mod:`.vllm_mapping`),
+   checks every target and bound, moves indices and values to the device and reads the old values
+   at those positions (kept for rollback). Nothing is written.
+2. ``deltarl_commit()``, the pause: checks that every position still holds its old or new value
+   (one sync; a refused commit writes nothing), then writes the new values with ``index_copy_``.
+   ``deltarl_apply(changes)`` is both at once. Re-applying the same changes is harmless.
+3. ``deltarl_rollback()`` restores the old values of the last commit; ``deltarl_forget()`` drops them.
 
 The prefix cache holds KV computed with the old weights: :class:`VLLMBackend` resets it after
 every commit and rollback.
@@ -65,15 +68,15 @@ class DeltaRLWorkerExtension:
         _, size = self._deltarl_tp()
         return FusedLayout.from_hf_config(self._deltarl_hf_config(), tp_size=size)
 
-    def deltarl_apply(self, changes: Changes) -> int:
-        """Write ``changes`` in place on this rank (all checked before any write); return elements written."""
+    def deltarl_prepare(self, changes: Changes) -> int:
+        """Check ``changes`` and move them to the device (nothing written); return elements prepared."""
         import torch
 
-        self._deltarl_undo: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = []  # nothing written yet
+        self._deltarl_plan: list[tuple[torch.Tensor, ...]] | None = None
         rank, _ = self._deltarl_tp()
         layout = self.deltarl_layout()
         params = self._deltarl_params()
-        plan: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        plan: list[tuple[torch.Tensor, ...]] = []
         for name, (shape, idx, vals) in changes.items():
             if idx.numel() != vals.numel():
                 raise TensorMismatch(f"{name}: {idx.numel()} indices for {vals.numel()} values")
@@ -87,15 +90,38 @@ class DeltaRLWorkerExtension:
                 raise TensorMismatch(f"{name} -> {target}: index outside the local shard of {param.numel()} elements")
             if local.numel():
                 flat = param.view(-1)
-                dev_idx = local.to(flat.device, non_blocking=True)
-                plan.append((flat, dev_idx, v.to(flat.device, non_blocking=True)))
-        undo = [(flat, idx, flat.index_select(0, idx).clone()) for flat, idx, _ in plan]
-        for flat, idx, v in plan:
+                dev_idx = local.to(flat.device)
+                plan.append((flat, dev_idx, v.to(flat.device), flat.index_select(0, dev_idx).clone()))
+        self._deltarl_plan = plan
+        return sum(int(p[1].numel()) for p in plan)
+
+    def deltarl_commit(self) -> int:
+        """Write the prepared values in place (the pause); return elements written.
+
+        Refused, with nothing written, if any position holds neither its prepared old value nor the
+        new one (the weights moved since ``deltarl_prepare``)."""
+        import torch
+
+        plan = getattr(self, "_deltarl_plan", None)
+        if plan is None:
+            raise StagingError("no prepared update to commit")
+        if plan:
+            ok = torch.stack([((flat[idx] == old) | (flat[idx] == v)).all() for flat, idx, v, old in plan])
+            if not bool(ok.all()):
+                raise StagingError("the weights changed since the update was prepared; nothing written")
+        for flat, idx, v, _ in plan:
             flat.index_copy_(0, idx, v)
-        self._deltarl_undo = undo
-        written = sum(int(idx.numel()) for _, idx, _ in plan)
-        log.debug("rank %d: wrote %d elements in place", rank, written)
+        self._deltarl_undo: list[tuple[torch.Tensor, ...]] | None = [(f, i, o) for f, i, _, o in plan]
+        self._deltarl_plan = None
+        written = sum(int(p[1].numel()) for p in plan)
+        log.debug("rank %d: wrote %d elements in place", self._deltarl_tp()[0], written)
         return written
+
+    def deltarl_apply(self, changes: Changes) -> int:
+        """Prepare and commit ``changes`` (all checked before any write); return elements written."""
+        self._deltarl_undo = []  # nothing written yet: a failed apply leaves nothing to restore
+        self.deltarl_prepare(changes)
+        return self.deltarl_commit()
 
     def deltarl_rollback(self) -> int:
         """Restore the values the last ``deltarl_apply`` overwrote; return elements restored."""
@@ -126,11 +152,7 @@ def staged_changes(staged: Any, shapes: Mapping[str, tuple[int, ...]]) -> Change
     import numpy as np
     import torch
 
-    accessor = getattr(staged, "changes", None)
-    if callable(accessor):
-        items = {name: (pos, new) for name, (pos, new) in accessor().items()}
-    else:  # the codec's staged form: name -> (positions, old bits, new bits)
-        items = {name: (pos, new) for name, (pos, _old, new) in staged._staged.items()}
+    items = {name: (pos, new) for name, (pos, _old, new) in staged.changes().items()}
     out: Changes = {}
     for name, (pos, new) in items.items():
         bits = np.ascontiguousarray(new)
@@ -178,6 +200,7 @@ class VLLMBackend:
         )
         self._shadow = shadow if shadow is not None else _load_hf_state(model_path)
         self._meter = ThroughputMeter()
+        self._prepared: Any = None  # the staged update the workers hold on the GPU (prepare())
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -186,12 +209,24 @@ class VLLMBackend:
     def state_dict_for_update(self) -> dict[str, torch.Tensor]:
         return self._shadow
 
-    def commit(self, staged: Any) -> None:
-        """Commit a staged update to the shadow, then on every worker; on failure roll both back."""
+    def prepare(self, staged: Any) -> None:
+        """Send a staged update to every worker, which maps it to its shards and moves it to the
+        GPU, nothing written (off the pause; call it from the thread that drives the LLM)."""
         changes = staged_changes(staged, {k: tuple(v.shape) for k, v in self._shadow.items()})
+        self._prepared = None
+        self.llm.collective_rpc("deltarl_prepare", args=(changes,))
+        self._prepared = staged
+
+    def commit(self, staged: Any) -> None:
+        """Commit a staged update to the shadow, then on every worker (prepared first unless
+        :meth:`prepare` already did): the pause is a check and an in-place scatter per worker.
+        On failure both are rolled back."""
+        if self._prepared is not staged:
+            self.prepare(staged)
+        self._prepared = None
         staged.commit()  # the shadow first: the codec checks it still holds the base
         try:
-            self.llm.collective_rpc("deltarl_apply", args=(changes,))
+            self.llm.collective_rpc("deltarl_commit")
         except BaseException:
             try:
                 self.llm.collective_rpc("deltarl_rollback")

@@ -110,6 +110,35 @@ def test_bad_update_writes_nothing() -> None:
     assert worker.deltarl_rollback() == 0  # the failed apply wrote nothing, so nothing to restore
 
 
+def test_prepare_then_commit_is_the_scatter_and_refuses_moved_weights() -> None:
+    from deltarl.pipeline import encode_delta, stage_delta
+
+    config, v0, v1 = _versions()
+    layout = FusedLayout.from_hf_config(config, tp_size=2)
+    staged = stage_delta({k: v.clone() for k, v in v0.items()}, encode_delta(v0, v1, base="v0"), base="v0")
+    changes = staged_changes(staged, {k: tuple(v.shape) for k, v in v0.items()})
+    names_shapes = {k: tuple(v.shape) for k, v in v0.items()}
+    workers = [CpuWorker(config, r, 2, shard_state(v0, layout, r)) for r in range(2)]
+    with pytest.raises(StagingError, match="no prepared"):
+        workers[0].deltarl_commit()
+    for w in workers:
+        w.deltarl_prepare(changes)
+    assert _digest(unshard_state([w.shards for w in workers], names_shapes, layout)) == _digest(v0)  # nothing written
+    assert sum(w.deltarl_commit() for w in workers) >= staged.changed_elements
+    assert _digest(unshard_state([w.shards for w in workers], names_shapes, layout)) == _digest(v1)
+    for w in workers:
+        w.deltarl_rollback()
+    assert _digest(unshard_state([w.shards for w in workers], names_shapes, layout)) == _digest(v0)
+    w = workers[0]
+    w.deltarl_prepare(changes)
+    flat, idx = w._deltarl_plan[0][0], w._deltarl_plan[0][1]
+    flat[idx[0]] = flat[idx[0]] + 1000.0  # the weights move after prepare: neither old nor new
+    before = _digest(w.deltarl_local_shards())
+    with pytest.raises(StagingError, match="changed since"):
+        w.deltarl_commit()
+    assert _digest(w.deltarl_local_shards()) == before
+
+
 def test_module_imports_without_vllm() -> None:
     import importlib.util
 

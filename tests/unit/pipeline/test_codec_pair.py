@@ -125,7 +125,7 @@ def test_stager_pairs_chunks_with_the_same_result(
     assert len(segs) == 1
     state = _copy(old)
     upd = stage_delta(state, segs, base="p")
-    for name, (pos, o, n) in upd._staged.items():  # chunk order kept: positions sorted per tensor
+    for name, (pos, o, n) in upd.changes().items():  # positions sorted per tensor
         want = _expect(old[name].bits, new[name].bits)
         for got, exp in zip((pos, o, n), want, strict=True):
             assert np.array_equal(got, exp)

@@ -148,6 +148,24 @@ def test_import_is_light() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_numpy_states_stage_and_commit_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from deltarl.pipeline import BF16, encode_delta, stage_delta\n"
+        "old = {'w': BF16(np.arange(10000, dtype=np.uint16))}\n"
+        "new = {'w': BF16(old['w'].bits.copy())}\n"
+        "new['w'].bits[::7] += 1\n"
+        "st = {'w': BF16(old['w'].bits.copy())}\n"
+        "stage_delta(st, encode_delta(old, new, base='b'), base='b').commit()\n"
+        "assert np.array_equal(st['w'].bits, new['w'].bits)\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_check_compatible_and_tensor_table() -> None:
     old, _ = _pair(6)
     table = tensor_table(old)
@@ -193,12 +211,44 @@ def test_empty_state_and_zero_size_tensors() -> None:
     apply_delta({"z": np.zeros((0, 4), dtype=np.float32)}, segs, base="e")
 
 
-@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("threads", ["1", "2", "3", "8"])
 def test_thread_count_does_not_change_bytes(monkeypatch: pytest.MonkeyPatch, threads: str) -> None:
     old, new = _pair(8)
+    monkeypatch.setenv("DELTARL_THREADS", "1")
     want = encode_delta(old, new, base="b", segment_bytes=2048)
+    want_changes = stage_delta(_copy(old), want, base="b").changes()
     monkeypatch.setenv("DELTARL_THREADS", threads)
     assert encode_delta(old, new, base="b", segment_bytes=2048) == want
     state = _copy(old)
-    apply_delta(state, want, base="b")
+    upd = stage_delta(state, want, base="b")
+    for name, arrays in upd.changes().items():
+        for got, exp in zip(arrays, want_changes[name], strict=True):
+            assert np.array_equal(got, exp)
+    upd.commit()
     assert state_digest(state) == state_digest(new)
+
+
+def test_segments_end_by_changed_elements_as_well_as_bytes() -> None:
+    old = {"w": np.zeros(1 << 16, dtype=np.float32)}
+    new = {"w": old["w"].copy()}
+    new["w"][::50] = 1.0  # 1311 changes in 16 chunks of 4096 elements (segment_bytes // 4)
+    by_bytes = encode_delta(old, new, base="b", segment_bytes=1 << 14)
+    assert len(by_bytes) == 1
+    by_changes = encode_delta(old, new, base="b", segment_bytes=1 << 14, segment_changes=160)
+    assert len(by_changes) == 8  # two chunks (164 changes) per segment
+    counts = [delta_stats([s]).changed_elements for s in by_changes]
+    assert sum(counts) == 1311
+    assert all(160 <= c <= 165 for c in counts)
+    state = _copy(old)
+    apply_delta(state, by_changes, base="b")
+    assert state_digest(state) == state_digest(new)
+    with pytest.raises(ValueError, match="segment_changes"):
+        encode_delta(old, new, base="b", segment_changes=0)
+
+
+def test_a_one_percent_delta_of_a_1_7b_model_is_at_least_eight_segments() -> None:
+    from deltarl.pipeline.encode import SEGMENT_CHANGES, chunk_elements
+
+    changes = int(0.01 * 1.72e9)
+    per_chunk = int(0.01 * chunk_elements(16 << 20))  # a segment ends at a chunk boundary
+    assert changes // (SEGMENT_CHANGES + per_chunk) >= 8

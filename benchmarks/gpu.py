@@ -1,0 +1,221 @@
+"""The commit pause on a GPU, at Qwen3-1.7B shapes: the HF backend's live CUDA weights, and (where
+vLLM is installed) the vLLM worker extension on a tiny Qwen3 saved locally. Bit-exact against the
+CPU result.
+
+Run: ``python -m benchmarks.gpu`` (about five minutes on one GPU). Without CUDA it prints
+``skipped: no CUDA`` and exits 0; ``--allow-cpu`` runs the same torch scatter path on CPU tensors
+instead (a smoke run of this script: ``--allow-cpu --quick``).
+
+Per case: staging (decode against the live weights, positions and values moved to the device),
+the commit pause (a check and ``index_copy_`` in place, synchronised), a plain ``index_copy_`` of
+the same device indices and values, and a plain numpy scatter on the host, best of ``--repeat``
+with a rollback in between. Writes benchmarks/results/gpu.json (not in ``--quick`` or CPU runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks._synth import load, step_in_place
+
+RESULTS = Path(__file__).resolve().parent / "results" / "gpu.json"
+QWEN3_1_7B = {"hidden_size": 2048, "intermediate_size": 6144, "num_layers": 28, "num_heads": 16, "num_kv_heads": 8,
+              "vocab_size": 151936, "tie_embeddings": True}  # fmt: skip
+QUICK = {"hidden_size": 256, "intermediate_size": 768, "num_layers": 4, "num_heads": 2, "num_kv_heads": 1,
+         "vocab_size": 4096, "tie_embeddings": True}  # fmt: skip
+
+
+def _bits(t: Any) -> np.ndarray:
+    import torch
+
+    return t.detach().cpu().contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1)
+
+
+def _next_version(state: dict[str, Any], fraction: float) -> dict[str, Any]:
+    """A host copy of ``state`` with ~``fraction`` of its elements moved by +-1-2 ulp."""
+    import torch
+
+    out = {}
+    for i, (name, t) in enumerate(state.items()):
+        bits = _bits(t).copy()
+        step_in_place(bits, fraction, 7000 + i)
+        out[name] = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).reshape(t.shape)
+    return out
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_hf(args: argparse.Namespace, device: Any) -> dict[str, Any]:
+    """The HF backend's live weights on ``device``: stage, commit pause, rollback, bit-exact."""
+    import torch
+
+    from deltarl.actor.backends.hf import HFBackend
+    from deltarl.model.build import ModelSpec, build_model
+    from deltarl.pipeline import encode_delta, stage_delta
+
+    spec = ModelSpec(**(QUICK if args.quick else QWEN3_1_7B))
+    t = time.perf_counter()
+    backend = HFBackend(build_model(spec, dtype=torch.bfloat16, device=device), eos_token_id=0, pad_token_id=0)
+    live = backend.state_dict_for_update()
+    old = {k: v.detach().cpu().clone() for k, v in live.items()}
+    new = _next_version(old, args.fraction)
+    elements = sum(v.numel() for v in old.values())
+    out: dict[str, Any] = {"device": str(device), "tensors": len(live), "elements": elements,
+                           "build_s": round(time.perf_counter() - t, 2)}  # fmt: skip
+    t = time.perf_counter()
+    segs = encode_delta(old, new, base="b")
+    out["encode_s"] = round(time.perf_counter() - t, 3)
+    out["segments"] = len(segs)
+    # the CPU result: the numpy path on a host copy
+    cpu_state = {k: v.clone() for k, v in old.items()}
+    t = time.perf_counter()
+    cpu_upd = stage_delta(cpu_state, segs, base="b")
+    out["cpu_stage_s"] = round(time.perf_counter() - t, 3)
+    t = time.perf_counter()
+    cpu_upd.commit()
+    out["cpu_commit_s"] = round(time.perf_counter() - t, 4)
+    out["changed"] = cpu_upd.changed_elements
+    assert all(np.array_equal(_bits(cpu_state[k]), _bits(new[k])) for k in new), "CPU commit is not bit-exact"
+    plain = {k: (cpu_state[k].view(-1).view(torch.int16).numpy(), *v) for k, v in cpu_upd.changes().items()}
+    cpu_upd.rollback()
+    t = time.perf_counter()
+    for flat, pos, _o, n in plain.values():
+        flat[pos] = n.view(np.int16)
+    out["numpy_scatter_s"] = round(time.perf_counter() - t, 4)
+    del plain, cpu_upd, cpu_state
+    # the device path: staged against the live weights, committed by the backend
+    _sync(device)
+    t = time.perf_counter()
+    upd = stage_delta(live, segs, base="b", torch_scatter=True)
+    _sync(device)
+    out["stage_s"] = round(time.perf_counter() - t, 3)
+    out["staged_host_bytes"] = upd.host_bytes
+    pauses, rollbacks, plain_s = [], [], []
+    plans = [p[2] for p in upd._prepared.values()]
+    for rep in range(args.repeat):
+        _sync(device)
+        t = time.perf_counter()
+        backend.commit(upd)
+        _sync(device)
+        pauses.append(time.perf_counter() - t)
+        if rep == 0:
+            assert all(np.array_equal(_bits(live[k]), _bits(new[k])) for k in new), "device commit is not bit-exact"
+        t = time.perf_counter()
+        upd.rollback()
+        _sync(device)
+        rollbacks.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for p in plans:  # the plain scatter of the same device indices and values, unchecked
+            p.flat.index_copy_(0, p.idx, p.new)
+        _sync(device)
+        plain_s.append(time.perf_counter() - t)
+        upd.rollback()
+    assert all(np.array_equal(_bits(live[k]), _bits(old[k])) for k in old), "device rollback is not exact"
+    out["pause_s"] = round(min(pauses), 5)
+    out["pause_runs_s"] = [round(x, 5) for x in pauses]
+    out["rollback_s"] = round(min(rollbacks), 5)
+    out["plain_index_copy_s"] = round(min(plain_s), 5)
+    out["pause_vs_plain_index_copy"] = round(min(pauses) / min(plain_s), 3)
+    out["bit_exact"] = True
+    out["load"] = load()
+    return out
+
+
+def bench_vllm(args: argparse.Namespace) -> dict[str, Any]:
+    """The vLLM worker extension on a tiny Qwen3 saved locally: prepare (staging) and commit (pause)."""
+    import torch
+
+    from deltarl.actor.backends.vllm_ext import VLLMBackend
+    from deltarl.model.build import ModelSpec, build_model, export_bf16
+    from deltarl.pipeline import encode_delta, stage_delta
+
+    spec = ModelSpec(hidden_size=256, intermediate_size=768, num_layers=2, num_heads=2, num_kv_heads=1,
+                     vocab_size=1024, max_positions=512)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-vllm-") as tmp:
+        build_model(spec, dtype=torch.bfloat16).save_pretrained(tmp)
+        backend = VLLMBackend(tmp, skip_tokenizer_init=True, gpu_memory_utilization=0.2, enforce_eager=True)
+        shadow = backend.state_dict_for_update()
+        old = {k: v.clone() for k, v in shadow.items()}
+        new = _next_version(old, args.fraction)
+        segs = encode_delta(old, new, base="b")
+        upd = stage_delta(shadow, segs, base="b")
+        t = time.perf_counter()
+        backend.prepare(upd)
+        prepare_s = time.perf_counter() - t
+        t = time.perf_counter()
+        backend.commit(upd)
+        pause_s = time.perf_counter() - t
+        served = backend.hf_state()
+        exact = all(np.array_equal(_bits(served[k]), _bits(new[k])) for k in new)
+        _ = export_bf16  # the names the trainer exports are the shadow's
+    if not exact:
+        raise AssertionError("vLLM weights after commit differ from the new version")
+    return {"changed": upd.changed_elements, "prepare_s": round(prepare_s, 4), "pause_s": round(pause_s, 4),
+            "bit_exact": True, "load": load()}  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fraction", type=float, default=0.01)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run)")
+    ap.add_argument("--allow-cpu", action="store_true", help="without CUDA, run the torch scatter path on CPU")
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("skipped: no CUDA (torch is not installed)")
+        return 0
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.allow_cpu:
+        print(f"skipped: no CUDA (torch {torch.__version__}, torch.cuda.is_available() is False)")
+        return 0
+    device = torch.device("cuda" if cuda else "cpu")
+    res: dict[str, Any] = {"benchmark": "gpu", "torch": torch.__version__, "cpus": os.cpu_count(),
+                           "gpu": torch.cuda.get_device_name(device) if cuda else None, "quick": args.quick}  # fmt: skip
+    res["hf"] = bench_hf(args, device)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        res["vllm"] = "skipped: vLLM not installed"
+    else:
+        res["vllm"] = bench_vllm(args) if cuda else "skipped: vLLM needs CUDA"
+    hf = res["hf"]
+    rows = [
+        ("device", f"{hf['device']} {res['gpu'] or ''}".strip()),
+        ("state", f"{hf['elements'] / 1e9:.2f}e9 BF16 in {hf['tensors']} tensors, {hf['changed'] / 1e6:.2f}M changed, {hf['segments']} segments"),
+        ("stage on device", f"{hf['stage_s']} s"),
+        ("commit pause (HF backend)", f"{hf['pause_s'] * 1e3:.2f} ms (x{hf['pause_vs_plain_index_copy']} plain index_copy_ {hf['plain_index_copy_s'] * 1e3:.2f} ms)"),
+        ("rollback", f"{hf['rollback_s'] * 1e3:.2f} ms"),
+        ("host: CPU commit / numpy scatter", f"{hf['cpu_commit_s'] * 1e3:.1f} / {hf['numpy_scatter_s'] * 1e3:.1f} ms"),
+        ("bit-exact vs CPU", str(hf["bit_exact"])),
+        ("vLLM extension", res["vllm"] if isinstance(res["vllm"], str)
+         else f"prepare {res['vllm']['prepare_s'] * 1e3:.1f} ms, pause {res['vllm']['pause_s'] * 1e3:.1f} ms, bit-exact"),
+        ("load average", str(hf["load"])),
+    ]  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    for name, value in rows:
+        print(f"{name.ljust(width)}  {value}")
+    if cuda and not args.quick:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
