@@ -32,6 +32,7 @@ from deltarl.errors import (
     WriterConflict,
 )
 from deltarl.pipeline.claim import WriterLease, new_writer_id
+from deltarl.pipeline.finite import check_finite
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import DeltaStatsRecord, HeadRecord, Manifest, ObjectRef, RunInfo
 from deltarl.pipeline.reader import RunReader, entries_of, table_of
@@ -182,7 +183,8 @@ class Publisher:
     def head_version_id(self) -> str | None:
         return self._head_id
 
-    def publish(self, state_dict: Mapping[str, Any], step: int, *, owned: bool = False) -> VersionInfo:
+    def publish(self, state_dict: Mapping[str, Any], step: int, *, owned: bool = False,
+                allow_nonfinite: bool = False) -> VersionInfo:
         """Commit ``state_dict`` as the next version; returns once HEAD names it.
 
         The committed state is the base of the next version, so the publisher keeps it: by default
@@ -190,11 +192,15 @@ class Publisher:
         ``owned=True`` the caller hands ``state_dict`` over instead: it promises not to modify the
         mapping or its tensors afterwards (a fresh export per step, as ``export_bf16`` makes), and
         the publisher keeps references to them, copying nothing (device tensors are copied to CPU).
+        A floating tensor holding NaN or Inf raises ``NonFiniteTensor`` (nothing is written) unless
+        ``allow_nonfinite=True``.
         """
         from deltarl.pipeline import check_compatible, state_digest
 
         if self._closed:
             raise RunError(f"publisher of run {self.run!r} is closed")
+        if not allow_nonfinite:
+            check_finite(state_dict)
         t0 = time.perf_counter()
         early: Future[None] | None = None
         try:
