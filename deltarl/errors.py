@@ -79,6 +79,10 @@ class TransientStoreError(StoreError):
     """A failure worth retrying: throttling (503 SlowDown), dropped connection, timeout."""
 
 
+class CacheFull(StoreError):
+    """A cache's disk has no room for an object (ENOSPC, or less free space than its size)."""
+
+
 class RunError(DeltaRLError, RuntimeError):
     """The run namespace is inconsistent: broken parent chain, second writer, missing keyframe."""
 

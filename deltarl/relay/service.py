@@ -7,17 +7,19 @@ import asyncio
 import json
 import logging
 import re
+import shutil
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any
 
-from deltarl.errors import IntegrityError, ObjectNotFound, StoreError, TransientStoreError
+from deltarl.errors import CacheFull, IntegrityError, ObjectNotFound, StoreError, TransientStoreError
 from deltarl.relay.bodies import CachedBody, PullBody
 from deltarl.relay.cache import CacheEntry, DiskCache, file_sha256
 from deltarl.relay.config import RelayConfig
 from deltarl.relay.metrics import RelayMetrics
 from deltarl.relay.mutable import MutableObjects
+from deltarl.relay.passthrough import PassThroughBody, is_no_room
 from deltarl.relay.pull import Pull
 from deltarl.relay.upstream import Upstream
 from deltarl.storage.store import ObjectInfo
@@ -68,6 +70,7 @@ class ObjectService:
         self.mutable = MutableObjects(upstream, config, metrics)
         self._manifests: OrderedDict[str, dict[str, str]] = OrderedDict()
         self._manifest_misses: dict[str, float] = {}
+        self._uncacheable: OrderedDict[str, None] = OrderedDict()  # keys whose pull found no room on disk
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -85,12 +88,15 @@ class ObjectService:
 
     # --- immutable objects ----------------------------------------------------------------------
 
-    async def open(self, key: str, *, wait: float = 0.0) -> CachedBody | PullBody:
-        """A readable body for ``key``: from the cache, a pull in flight, or a new pull.
+    async def open(self, key: str, *, wait: float = 0.0) -> CachedBody | PullBody | PassThroughBody:
+        """A readable body for ``key``: from the cache, a pull in flight, or a new pull; an object
+        the cache's disk has no room for streams from upstream, in full, uncached.
 
         With ``wait`` > 0 a missing object is waited for (long-poll) before ``ObjectNotFound``.
         """
         deadline = time.monotonic() + min(wait, self.config.max_wait_s)
+        if key in self._uncacheable and key not in self.cache:
+            return await self._pass_through(key)
         while True:
             entry = self.cache.get(key)
             if entry is not None and self.config.verify and not entry.verified:
@@ -116,10 +122,12 @@ class ObjectService:
             else:
                 self.metrics.shared_pulls.inc()
             await pull.wait_ready()
+            if isinstance(pull.error, CacheFull):
+                return await self._pass_through(key)
             if pull.size is not None and pull.tmp_path is not None and not pull.error:
                 if pull.done:
                     continue  # committed between our wake-up and now: read the cache entry
-                return PullBody(pull, cut_through=self.config.cut_through)
+                return PullBody(pull, cut_through=self.config.cut_through, rest=self._rest_of(key, pull))
             if not isinstance(pull.error, ObjectNotFound):
                 raise StoreError(f"upstream {self.upstream.url}: {key}: {pull.error}") from pull.error
             if deadline - time.monotonic() <= 0:
@@ -146,6 +154,40 @@ class ObjectService:
         info = await self.upstream.head(key)
         return info.size, info.etag
 
+    async def _pass_through(self, key: str) -> PassThroughBody:
+        self.metrics.upstream_requests.labels("head").inc()
+        info = await self.upstream.head(key)
+        expected = await self._expected_sha256(key) if self.config.verify else None
+        self.metrics.passthrough.inc()
+        return PassThroughBody(self.upstream, key, info.size, info.etag, expected)
+
+    def _rest_of(self, key: str, pull: Pull) -> Any:
+        async def rest(pos: int, end: int, sent: bytes) -> Any:
+            assert pull.size is not None
+            expected = await self._expected_sha256(key) if self.config.verify else None
+            self.metrics.passthrough.inc()
+            async for data in PassThroughBody(self.upstream, key, pull.size, pull.etag, expected).read(pos, end, sent):
+                yield data
+
+        return rest
+
+    def _check_room(self, key: str, size: int) -> None:
+        """Raise ``CacheFull`` unless the cache's disk has room for ``size`` bytes (after evicting)."""
+        free = shutil.disk_usage(self.cache.directory).free
+        need = size + (64 << 10)
+        if free < need and free + self.cache.bytes >= need:
+            oldest_first = self.cache.keys()
+            for old in oldest_first:
+                if free >= need:
+                    break
+                entry = self.cache.get(old)
+                self.cache.remove(old)
+                self.metrics.evictions.inc()
+                free += entry.size if entry is not None else 0
+            self.metrics.cache_bytes.set(self.cache.bytes)
+        if free < need:
+            raise CacheFull(f"{key}: {size} bytes, the relay cache's disk has {free} free")
+
     def _start_pull(self, key: str, info: ObjectInfo | None = None) -> Pull:
         pull = self._pulls[key] = Pull(key)
         self._spawn(self._run_pull(pull, info))
@@ -168,6 +210,7 @@ class ObjectService:
         expected_task = asyncio.ensure_future(self._expected_sha256(key)) if self.config.verify else None
         size = info.size
         try:
+            self._check_room(key, size)
             pull.begin(size, info.etag, self.cache.temp_path(), self.config.piece_bytes)
             # Up to pull_streams pieces stream in at once, each written as its bytes arrive; a new
             # piece starts as soon as any finishes (no head-of-line wait). pull_streams is the number
@@ -196,6 +239,12 @@ class ObjectService:
             if expected_task is not None and not expected_task.done():
                 expected_task.cancel()
             self._pulls.pop(key, None)
+            if is_no_room(err):
+                err = CacheFull(f"{key}: the relay cache's disk is full: {err}")
+            if isinstance(err, CacheFull):
+                self._uncacheable[key] = None
+                while len(self._uncacheable) > 1024:
+                    self._uncacheable.popitem(last=False)
             pull.fail(err)
             if not isinstance(err, Exception):
                 raise
