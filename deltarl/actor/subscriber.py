@@ -224,9 +224,7 @@ class Subscriber:
                 raise RunError(f"{self.layout.run}: no keyframe at or before version {target}")
             v -= 1
         chain.reverse()
-        kf = chain[0][0]
-        assert kf.keyframe is not None
-        state: dict[str, Any] = await asyncio.to_thread(load, await self.fetcher.fetch(kf.keyframe))
+        state = await self._load_keyframe(chain, load)
         for manifest, _ in chain[1:]:
             parent_id = self._manifests[manifest.version - 1][1]
             segments = [data async for _, data in self.fetcher.fetch_objects(list(manifest.segments))]  # any order
@@ -236,6 +234,32 @@ class Subscriber:
         if last.state_digest is not None:
             await self._check_digest(state, last)
         return state, last, vid
+
+    async def _load_keyframe(self, chain: list[tuple[Manifest, str]], load: Callable[[bytes], Any]) -> dict[str, Any]:
+        """The state of ``chain[0]``'s keyframe. One that no source delivers intact (or that does not
+        load) is skipped with a warning naming it: the chain is extended down to an older keyframe,
+        whose deltas lead back up (every version stores its delta)."""
+        while True:
+            kf = chain[0][0]
+            assert kf.keyframe is not None
+            try:
+                state: dict[str, Any] = await asyncio.to_thread(load, await self.fetcher.fetch(kf.keyframe))
+                return state
+            except (TransferError, ValueError, RuntimeError) as err:  # safetensors errors are one of these
+                older: list[tuple[Manifest, str]] = []
+                for v in range(kf.version - 1, -1, -1):
+                    manifest, vid = await self.manifest(v)
+                    parent = older[-1][0].parent if older else kf.parent
+                    if parent != vid:
+                        raise RunError(f"{manifest.key}: broken parent chain at version {v}") from err
+                    older.append((manifest, vid))
+                    if manifest.keyframe is not None:
+                        break
+                if not older or older[-1][0].keyframe is None:
+                    raise
+                log.warning("keyframe %s is unusable (%s); falling back to keyframe %d plus deltas",
+                            kf.keyframe.key, err, older[-1][0].version)
+                chain[:0] = reversed(older)
 
     async def bootstrap(self) -> CommitInfo:
         """Load the newest keyframe and apply deltas up to HEAD, now (for a new actor)."""
