@@ -32,12 +32,13 @@ FETCH_WORKERS = 8
 def _check_digest(state: Any, manifest: Manifest) -> None:
     from deltarl.pipeline import state_digest
 
-    if manifest.state_digest is None:
+    recorded = manifest.state_digest
+    if recorded is None:
         return
-    got = state_digest(state)
-    if got != manifest.state_digest:
+    got = state_digest(state, recorded.algo)
+    if got != recorded.value:
         raise IntegrityError(
-            f"{manifest.key}: replayed state digest {got[:16]}… differs from the recorded {manifest.state_digest[:16]}…"
+            f"{manifest.key}: replayed state digest {got[:16]}… ({recorded.algo}) differs from the recorded {recorded.short()}"
         )
 
 
@@ -102,7 +103,7 @@ def load_base(reader: RunReader, chain: list[tuple[Manifest, str]], *, verify: b
                 _check_digest(state, base)
             return state, chain
         except (FormatError, ObjectNotFound, TensorMismatch) as err:  # IntegrityError is a FormatError
-            key = base.keyframe.key if base.keyframe is not None else base.key
+            key = ", ".join(p.key for p in base.keyframe.parts) if base.keyframe is not None else base.key
             if base.version == 0:
                 raise
             try:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.torch
 async def test_bootstrap_falls_back_past_a_corrupt_keyframe(caplog: pytest.LogCaptureFixture) -> None:
     origin = MemoryStore()
     exports = publish_run(origin, "r", 6, keyframe_interval=3, digest_interval=2)  # keyframes 0 and 3
-    bad = RunLayout("r").keyframe(3)
+    bad = RunLayout("r").keyframe_part(3, 0, epoch=1)
     data = bytearray(origin.get(bad))
     data[300] ^= 0x04
     origin.put(bad, bytes(data))
