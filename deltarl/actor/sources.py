@@ -26,8 +26,10 @@ class Source(abc.ABC):
     name: str
 
     @abc.abstractmethod
-    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0) -> bytes:
-        """Bytes ``[start, end)`` (``end=None``: to the end, the whole object when ``start == 0``)."""
+    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0, unverified: bool = False) -> bytes:
+        """Bytes ``[start, end)`` (``end=None``: to the end, the whole object when ``start == 0``).
+        ``unverified``: the caller checks the bytes itself (a relay then serves a segment no committed
+        manifest names yet, instead of holding it until one does)."""
 
     @abc.abstractmethod
     async def head(self, key: str, *, wait: float = 0.0) -> ObjectInfo: ...
@@ -47,8 +49,8 @@ class RelaySource(Source):
         self.name = url
         self.client = RelayClient(url, connections=connections, read_timeout_s=read_timeout_s, token=token)
 
-    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0) -> bytes:
-        return await self.client.get_range(key, start, end, wait=wait or None)
+    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0, unverified: bool = False) -> bytes:
+        return await self.client.get_range(key, start, end, wait=wait or None, unverified=unverified)
 
     async def head(self, key: str, *, wait: float = 0.0) -> ObjectInfo:
         return await self.client.head(key, wait=wait or None)
@@ -79,7 +81,7 @@ class StoreSource(Source):
                     raise
                 await asyncio.sleep(min(self.poll_interval_s, left))
 
-    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0) -> bytes:
+    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0, unverified: bool = False) -> bytes:
         return await self._polling(lambda: self.store.get_range(key, start, end), wait)
 
     async def head(self, key: str, *, wait: float = 0.0) -> ObjectInfo:

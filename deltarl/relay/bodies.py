@@ -68,7 +68,8 @@ class PullBody:
     """An object still arriving from upstream: serve the bytes that have landed, then wait for more."""
 
     def __init__(self, pull: Pull, *, cut_through: bool,
-                 rest: Callable[[int, int, bytes], AsyncIterator[bytes]] | None = None) -> None:
+                 rest: Callable[[int, int, bytes], AsyncIterator[bytes]] | None = None,
+                 verified_only: bool = False) -> None:
         assert pull.size is not None
         assert pull.tmp_path is not None
         self.pull = pull
@@ -76,6 +77,7 @@ class PullBody:
         self.etag = pull.etag
         self.cut_through = cut_through
         self._rest = rest  # (pos, end, bytes sent before pos) -> the rest from upstream, if the cache fills up
+        self.verified_only = verified_only  # send only bytes checked against the manifest's pieces
         self._fd = os.open(pull.tmp_path, os.O_RDONLY)  # same loop step as the lookup: no rename race
 
     def close(self) -> None:
@@ -99,6 +101,8 @@ class PullBody:
             # everything, in store-and-forward mode) waits for the integrity check.
             if pull.done:
                 limit = end
+            elif self.verified_only:  # cut-through at the grain of the manifest's pieces
+                limit = min(pull.verified(pos), end) if self.cut_through else start
             elif self.cut_through:
                 limit = min(pull.available(pos), self.size - HOLDBACK, end)
             else:

@@ -5,6 +5,10 @@
   Immutable objects carry ``Cache-Control: public, max-age=31536000, immutable``; mutable ones
   (``<run>/HEAD``) ``no-cache``, and a ``GET`` with ``If-None-Match`` and ``?wait=`` is answered
   when the ETag changes (304 if it did not within the wait).
+  Segments and keyframe parts are served verified: only once a committed manifest names them
+  (a plain GET of one not named yet is 404, or waits with ``?wait=``), and no byte before it was
+  checked against the manifest's piece hashes. ``?unverified=1`` serves such objects at once and
+  unchecked, for clients that verify themselves (deltarl's speculative prefetch, chained relays).
 * ``PUT /<key>`` (bearer token) — forwarded upstream: ``If-None-Match: *`` → put-if-absent,
   ``If-Match: "etag"`` → compare-and-swap; 412 when the condition fails. ``DELETE`` likewise.
 * ``GET /?prefix=P`` — ``{"keys": [...]}``; ``GET /metrics`` — Prometheus text; ``GET /healthz``.
@@ -129,8 +133,9 @@ async def handle_get(request: web.Request) -> web.StreamResponse:
         resp.content_length = size
         await resp.prepare(request)
         return resp
+    unverified = request.query.get("unverified", "") in ("1", "true", "yes")
     try:
-        body = await service.open(key, wait=wait)
+        body = await service.open(key, wait=wait, unverified=unverified)
     except ObjectNotFound as err:
         raise web.HTTPNotFound(text=str(err)) from err
     except InvalidKey as err:  # a key this upstream refuses
