@@ -40,7 +40,8 @@ def test_gc_of_a_missing_run_fails(store_dir: Path, capsys: pytest.CaptureFixtur
     _fails_in_one_line(["gc", "nosuch", "--store", str(store_dir)], capsys, "no run 'nosuch'")
 
 
-@pytest.mark.parametrize("command", [["inspect", "r1"], ["gc", "r1", "--dry-run"], ["replay", "r1", "--out", "x.st"]])
+@pytest.mark.parametrize("command", [["inspect", "r1"], ["gc", "r1", "--dry-run"], ["audit", "r1"],
+                                     ["replay", "r1", "--out", "x.st"]])
 def test_read_only_commands_create_no_store(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
     missing = tmp_path / "nonexistent" / "dir"
     if command[0] == "replay":
