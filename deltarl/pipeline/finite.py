@@ -1,9 +1,10 @@
 """The finite-values check every publish runs: one NaN or Inf in a published state poisons every actor.
 
 A float is NaN or Inf exactly when its exponent bits are all ones, so the check reads each floating
-tensor once as raw integers (a numba loop, no temporaries) and counts those elements. Without numba
-(``DELTARL_NO_NUMBA=1``), or for a dtype it does not map, one float32/float64 sum decides (a NaN or
-Inf anywhere makes the sum non-finite) and only a non-finite sum pays for an exact count.
+tensor as raw integers in 1M-element chunks: ``max(bits & exponent_mask)`` per chunk (numpy SIMD,
+two chunk-sized buffers, no numba import: a keyframe-only publish stays as lean as before). Only a
+tensor that has such an element pays for an exact count. A dtype without a known layout (or a
+device tensor) falls back to one float32 sum (NaN or Inf anywhere makes it non-finite).
 """
 
 from __future__ import annotations
@@ -14,17 +15,28 @@ from typing import Any
 import numpy as np
 
 from deltarl.errors import NonFiniteTensor
-from deltarl.pipeline.kernels import numba_enabled
 
 # raw-bits dtype and exponent mask of each float dtype (by itemsize and numpy kind)
 _MASKS = {"bfloat16": (np.uint16, 0x7F80), "float16": (np.uint16, 0x7C00),
           "float32": (np.uint32, 0x7F800000), "float64": (np.uint64, 0x7FF0000000000000)}
 
 
-def _count_bits(bits: np.ndarray, mask: int) -> int:
-    from deltarl.pipeline._numba_finite import count_nonfinite
+_CHUNK = 1 << 20
 
-    return int(count_nonfinite(bits.reshape(-1), bits.dtype.type(mask)))
+
+def _count_bits(bits: np.ndarray, mask: int) -> int:
+    """Elements of ``bits`` (the raw integer view of a float array) whose exponent bits are all ones."""
+    flat = bits.reshape(-1)
+    m = flat.dtype.type(mask)
+    buf = np.empty(min(_CHUNK, flat.size), dtype=flat.dtype)
+    bad = 0
+    for lo in range(0, flat.size, _CHUNK):
+        chunk = flat[lo : lo + _CHUNK]
+        out = buf[: chunk.size]
+        np.bitwise_and(chunk, m, out=out)
+        if out.max() == m:
+            bad += int(np.count_nonzero(out == m))
+    return bad
 
 
 def _torch_nonfinite(t: Any) -> int:
@@ -33,7 +45,7 @@ def _torch_nonfinite(t: Any) -> int:
     if not t.is_floating_point() or t.numel() == 0:
         return 0
     spec = _MASKS.get(str(t.dtype).removeprefix("torch."))
-    if spec is not None and numba_enabled() and t.device.type == "cpu" and t.is_contiguous():
+    if spec is not None and t.device.type == "cpu" and t.is_contiguous():
         int_dtype = {np.uint16: torch.int16, np.uint32: torch.int32, np.uint64: torch.int64}[spec[0]]
         return _count_bits(t.view(int_dtype).numpy().view(spec[0]), spec[1])
     if bool(torch.isfinite(t.sum(dtype=torch.float32))):
@@ -45,8 +57,8 @@ def _numpy_nonfinite(a: np.ndarray) -> int:
     if a.dtype.kind != "f" or a.size == 0:
         return 0
     spec = _MASKS.get(a.dtype.name)
-    if spec is not None and numba_enabled():
-        return _count_bits(np.ascontiguousarray(a).view(spec[0]), spec[1])
+    if spec is not None and a.flags.c_contiguous:
+        return _count_bits(a.view(spec[0]), spec[1])
     with np.errstate(over="ignore", invalid="ignore"):
         if np.isfinite(a.sum(dtype=np.float64)):
             return 0

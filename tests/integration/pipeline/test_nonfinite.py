@@ -40,24 +40,28 @@ def test_allow_nonfinite_publishes_it_bit_exact(memory_store: MemoryStore) -> No
     assert states_equal(replay(memory_store, "r", 0), state)
 
 
-@pytest.mark.parametrize("no_numba", ["0", "1"])
-def test_check_finite_both_paths(monkeypatch: pytest.MonkeyPatch, no_numba: str) -> None:
+@pytest.mark.parametrize("contiguous", [True, False])  # raw-bits path / float32-sum fallback
+def test_check_finite_both_paths(contiguous: bool) -> None:
     import torch
 
-    monkeypatch.setenv("DELTARL_NO_NUMBA", no_numba)
     for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
-        t = torch.linspace(-60000, 60000, 999).to(dtype)
+        t = torch.linspace(-60000, 60000, 2997).to(dtype).reshape(999, 3)
+        if not contiguous:
+            t = t.t()  # a transposed view: not contiguous
         check_finite({"t": t})
         for poison in (float("nan"), float("inf"), float("-inf")):
-            bad = t.clone()
-            bad[500] = poison
-            with pytest.raises(NonFiniteTensor, match="'t' holds 1 NaN/Inf values of 999"):
+            bad = t.contiguous().clone()
+            bad.view(-1)[500] = poison
+            if not contiguous:
+                bad = bad.t().contiguous().t()
+            assert bad.is_contiguous() == contiguous
+            with pytest.raises(NonFiniteTensor, match="'t' holds 1 NaN/Inf values of 2997"):
                 check_finite({"ok": t, "t": bad})
 
     big = torch.full((1000,), 3.0e38, dtype=torch.float32)  # finite, but its sum overflows
-    check_finite({"w": big, "ids": torch.arange(5), "meta": "x"})
-    arr = np.ones(10, dtype=np.float16)
+    check_finite({"w": big if contiguous else big[::2], "ids": torch.arange(5), "meta": "x"})
+    arr = np.zeros(3 << 20, dtype=np.float16)  # several 1M-element chunks, the bad one last
     check_finite({"a": arr})
-    arr[3] = np.inf
+    arr[-1] = np.inf
     with pytest.raises(NonFiniteTensor, match="'a' holds 1 NaN/Inf"):
-        check_finite({"a": arr})
+        check_finite({"a": arr if contiguous else arr[::-1]})
