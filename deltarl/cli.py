@@ -12,6 +12,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 COMMANDS: tuple[str, ...] = (
     "demo",
@@ -27,9 +28,16 @@ COMMANDS: tuple[str, ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line refusals (``deltarl inspect: error: …``), no usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser with every available subcommand."""
-    parser = argparse.ArgumentParser(prog="deltarl", description="deltarl: lossless sparse weight deltas for RL post-training across regions.")
+    parser = _Parser(prog="deltarl", description="deltarl: lossless sparse weight deltas for RL post-training across regions.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
@@ -50,7 +58,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args._module.run(args) or 0)
+    from deltarl.errors import DeltaRLError
+
+    try:
+        return int(args._module.run(args) or 0)
+    except (DeltaRLError, OSError) as err:  # bad input or a failing store: one line, no traceback
+        if args.verbose:
+            raise
+        print(f"deltarl {args.command}: {err} (-v for details)", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -24,6 +24,18 @@ class IntegrityError(FormatError):
     """Bytes whose checksum, sha256 or state digest differs from the one recorded for them."""
 
 
+class NonFiniteValue(FormatError):
+    """A NaN or an infinity where only finite numbers are allowed (a result, a record)."""
+
+
+class NonFiniteTensor(DeltaRLError, ValueError):
+    """A floating tensor holds NaN or Inf: publishing it would poison every actor."""
+
+
+class NonFiniteStep(DeltaRLError, ArithmeticError):
+    """A training step's loss or gradient is NaN or Inf; the weights were left unchanged."""
+
+
 class BaseMismatch(DeltaRLError, ValueError):
     """A delta was built on a different base version than the state it is applied to."""
 
@@ -65,6 +77,10 @@ class InvalidKey(StoreError, ValueError):
 
 class TransientStoreError(StoreError):
     """A failure worth retrying: throttling (503 SlowDown), dropped connection, timeout."""
+
+
+class CacheFull(StoreError):
+    """A cache's disk has no room for an object (ENOSPC, or less free space than its size)."""
 
 
 class RunError(DeltaRLError, RuntimeError):

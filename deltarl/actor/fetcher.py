@@ -305,11 +305,12 @@ class Fetcher:
         self._count(i, len(data))
         return data
 
-    async def fetch_key(self, key: str, *, wait_s: float = 0.0) -> bytes:
-        """A whole object whose hash is not known in advance (manifests, run.json): failover only."""
+    async def fetch_key(self, key: str, *, wait_s: float = 0.0, unverified: bool = False) -> bytes:
+        """A whole object whose hash is not known in advance (manifests, run.json): failover only.
+        ``unverified``: a segment fetched before its manifest exists (the caller checks it later)."""
 
         async def call(src: AsyncSource, i: int) -> bytes:
-            return await src.get_range(key, 0, None, wait=wait_s)
+            return await src.get_range(key, 0, None, wait=wait_s, unverified=unverified)
 
         data, i = await self._with_failover(key, 0, call)
         self._count(i, len(data))
@@ -347,7 +348,7 @@ async def _check(ref: ObjectRef, data: bytearray) -> bool:
 async def _get_range(key: str, start: int, end: int, whole: bool, wait_s: float, src: AsyncSource, i: int) -> bytes:
     """Range ``[start, end)`` of ``key`` from ``src`` (a plain GET when it is the whole object, so
     a relay can check the object's sha256 as it sends it); a short answer is an error."""
-    data = await src.get_range(key, start, None if whole else end, wait=wait_s)
+    data = await src.get_range(key, start, None if whole else end, wait=wait_s, unverified=True)  # we check every byte
     if len(data) != end - start:
         raise TransferError(f"{key}[{start}:{end}] from {src.url}: got {len(data)} of {end - start} bytes")
     return data

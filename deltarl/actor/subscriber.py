@@ -261,9 +261,7 @@ class Subscriber:
                 raise RunError(f"{self.layout.run}: no keyframe at or before version {target}")
             v -= 1
         chain.reverse()
-        kf = chain[0][0]
-        assert kf.keyframe is not None
-        state = await self._load_keyframe(kf)
+        state = await self._load_base(chain)
         for manifest, _ in chain[1:]:
             parent_id = self._manifests[manifest.version - 1][1]
             segments = [data async for _, data in self.fetcher.fetch_objects(list(manifest.segments))]  # any order
@@ -309,6 +307,31 @@ class Subscriber:
                 assert views is not None
             await self.fetcher.fetch_into(part, views)
         return state
+
+    async def _load_base(self, chain: list[tuple[Manifest, str]]) -> dict[str, Any]:
+        """The state of ``chain[0]``'s keyframe. One that no source delivers intact (or that does not
+        load) is skipped with a warning naming it: the chain is extended down to an older keyframe,
+        whose deltas lead back up (every version stores its delta)."""
+        while True:
+            kf = chain[0][0]
+            assert kf.keyframe is not None
+            try:
+                return await self._load_keyframe(kf)
+            except (TransferError, ValueError, RuntimeError) as err:  # FormatError, safetensors errors
+                older: list[tuple[Manifest, str]] = []
+                for v in range(kf.version - 1, -1, -1):
+                    manifest, vid = await self.manifest(v)
+                    parent = older[-1][0].parent if older else kf.parent
+                    if parent != vid:
+                        raise RunError(f"{manifest.key}: broken parent chain at version {v}") from err
+                    older.append((manifest, vid))
+                    if manifest.keyframe is not None:
+                        break
+                if not older or older[-1][0].keyframe is None:
+                    raise
+                log.warning("keyframe of version %d (%s) is unusable (%s); falling back to keyframe %d plus deltas",
+                            kf.version, ", ".join(p.key for p in kf.keyframe.parts), err, older[-1][0].version)
+                chain[:0] = reversed(older)
 
     async def bootstrap(self) -> CommitInfo:
         """Load the newest keyframe and apply deltas up to HEAD, now (for a new actor)."""

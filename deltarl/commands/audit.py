@@ -38,13 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from deltarl.commands._store import open_existing_store
     from deltarl.coordinator.audit import audit_run
     from deltarl.errors import DeltaRLError
-    from deltarl.storage.open import open_store
     from deltarl.trainer.rescore import RescoreFinding, rescore_rollouts
 
     try:
-        store = open_store(args.store)
+        store = open_existing_store(args.store)
     except DeltaRLError as err:
         print(f"deltarl audit: {err}", file=sys.stderr)
         return 2

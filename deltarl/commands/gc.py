@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from deltarl.commands._store import add_store_argument
+from deltarl.commands._store import add_store_argument, open_existing_store, positive_int
 from deltarl.pipeline.inspect import human_bytes
 
 HELP = "remove orphaned objects of a run and, with --keep-last, old versions replay no longer needs"
@@ -13,7 +13,7 @@ HELP = "remove orphaned objects of a run and, with --keep-last, old versions rep
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_store_argument(parser)
-    parser.add_argument("--keep-last", type=int, default=None, metavar="N", help="keep the last N versions replayable; remove older ones")
+    parser.add_argument("--keep-last", type=positive_int, default=None, metavar="N", help="keep the last N versions replayable; remove older ones")
     parser.add_argument("--dry-run", action="store_true", help="report what would be removed, remove nothing")
     parser.add_argument("--force", action="store_true", help="also sweep a publish in flight even if its writer's lease is live")
 
@@ -21,9 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from deltarl.errors import DeltaRLError
     from deltarl.pipeline import gc
-    from deltarl.storage import open_store
 
-    store = open_store(args.store)
+    store = open_existing_store(args.store)
     try:
         report = gc(store, args.run, keep_last=args.keep_last, dry_run=args.dry_run, force=args.force)
     except (DeltaRLError, ValueError) as err:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from deltarl.commands._store import add_store_argument
+from deltarl.commands._store import add_store_argument, non_negative_int, open_existing_store, positive_int
 from deltarl.pipeline.inspect import human_bytes
 
 HELP = "show a run's versions: changed fraction, delta bytes, ratio vs full weights, keyframes, digests"
@@ -14,8 +14,8 @@ HELP = "show a run's versions: changed fraction, delta bytes, ratio vs full weig
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_store_argument(parser)
-    parser.add_argument("--version", type=int, default=None, metavar="N", help="show only version N")
-    parser.add_argument("--last", type=int, default=50, metavar="N", help="show the last N versions (default 50)")
+    parser.add_argument("--version", type=non_negative_int, default=None, metavar="N", help="show only version N")
+    parser.add_argument("--last", type=positive_int, default=50, metavar="N", help="show the last N versions (default 50)")
     parser.add_argument("--all", action="store_true", help="show every version still stored")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -26,9 +26,8 @@ def run(args: argparse.Namespace) -> int:
 
     from deltarl.errors import DeltaRLError
     from deltarl.pipeline import inspect_run
-    from deltarl.storage import open_store
 
-    store = open_store(args.store)
+    store = open_existing_store(args.store)
     try:
         summary = inspect_run(store, args.run, version=args.version, last=None if args.all else args.last)
     except DeltaRLError as err:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from deltarl.commands._store import add_store_argument
+from deltarl.commands._store import add_store_argument, non_negative_int, open_existing_store
 
 HELP = "rebuild a version of a run bit for bit (keyframe + deltas, every hash checked) into a safetensors file"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_store_argument(parser)
-    parser.add_argument("--version", type=int, default=None, metavar="N", help="version to rebuild (default: HEAD)")
+    parser.add_argument("--version", type=non_negative_int, default=None, metavar="N", help="version to rebuild (default: HEAD)")
     parser.add_argument("--out", required=True, metavar="FILE", help="output .safetensors file")
     parser.add_argument(
         "--verify", action="store_true", help="also check the state digest wherever one is recorded (sha256 and the parent chain are always checked)"
@@ -23,11 +24,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
-    from deltarl.errors import DeltaRLError
+    from deltarl.errors import ConfigError, DeltaRLError
     from deltarl.pipeline import RunReader, replay
-    from deltarl.storage import open_store
 
-    store = open_store(args.store)
+    out = os.path.abspath(os.path.expanduser(args.out))
+    if os.path.isdir(out):
+        raise ConfigError(f"--out {args.out!r} is a directory; give a file name")
+    if not os.path.isdir(os.path.dirname(out)):
+        raise ConfigError(f"--out {args.out!r}: folder {os.path.dirname(out)!r} does not exist")
+    store = open_existing_store(args.store)
     try:
         reader = RunReader(store, args.run)
         version = args.version if args.version is not None else reader.head().version

@@ -52,6 +52,10 @@ class ServiceConfig(BaseModel):
     tick_interval_s: float = Field(default=0.5, gt=0.0, description="period of the expiry/death check")
     keep_closed_steps: int = Field(default=4, ge=0, description="closed steps whose results stay in memory")
     io_threads: int = Field(default=32, ge=1, le=1024, description="threads for store writes (fsyncs overlap)")
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, le=1 << 31,
+        description="largest request body accepted; a larger one (or Content-Length) gets 413 at once",
+    )
 
 
 class CoordinatorConfig(BaseModel):

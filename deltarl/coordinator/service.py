@@ -2,24 +2,33 @@
 
 Routes (JSON bodies are the models in :mod:`deltarl.protocol.records`)::
 
-    POST /register            actor    RegisterRequest  -> Registered
-    POST /lease               actor    LeaseRequest     -> LeaseResponse
-    POST /result              actor    RolloutResult    -> Ack (409 with the Ack's reason if rejected)
-    POST /heartbeat           actor    HeartbeatRequest -> {}
+    POST /register            actor    RegisterRequest  -> Registered (with the actor's secret)
+    POST /lease               secret   LeaseRequest     -> LeaseResponse
+    POST /result              secret   RolloutResult    -> Ack (409 with the Ack's reason if rejected)
+    POST /heartbeat           secret   HeartbeatRequest -> {}
     POST /steps               trainer  StepSpec         -> StepOpened
     GET  /steps/{n}/results   trainer  ?timeout=S       -> StepResults (long-poll until complete or S)
     GET  /status              any      fleet view: actors, EMA speeds, shares, leases, steps, counters
     GET  /metrics             any      the same as Prometheus text
 
 Every request carries ``Authorization: Bearer <token>``; an unknown token gets 401, a token of the
-wrong role 403. Store I/O runs in worker threads; the scheduler is touched only on the event loop.
+wrong role 403. The shared actor token only registers: ``/register`` answers with a per-actor
+secret, and ``/lease``, ``/result`` and ``/heartbeat`` need that secret (403 with the shared token,
+or when the body names another actor). Only the secret's sha256 is stored, in the actor's record.
+
+Input: bodies over ``service.max_body_bytes`` get 413 (a declared Content-Length at once); bad JSON,
+JSON nested too deep, booleans for integers and numbers out of range get 400 ``malformed``; a NaN or
+infinity anywhere gets 400 ``non_finite``. Store I/O runs in worker threads; the scheduler is touched only on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import math
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -38,12 +47,14 @@ from deltarl.errors import (
     CoordinatorError,
     DeltaRLError,
     FormatError,
+    NonFiniteValue,
     RecordConflict,
     StoreError,
     UnknownActor,
     UnknownStep,
 )
 from deltarl.protocol.records import (
+    MAX_STEP,
     Ack,
     AdmittedRecord,
     HeartbeatRequest,
@@ -86,6 +97,7 @@ class Coordinator:
         self._closing: set[int] = set()
         self._tick_task: asyncio.Task[None] | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._secrets: dict[str, str] = {}  # sha256 of an actor's secret -> its actor id
         self.started_at = clock()
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
@@ -99,6 +111,8 @@ class Coordinator:
         rec = await self._io(recover, self.cstore.store, self.run, self.config.scheduler, self._clock)
         self.scheduler = rec.scheduler
         self._results = rec.results
+        self._secrets = {a.record.secret_sha256: aid for aid, a in self.scheduler.actors.items()
+                         if a.record.secret_sha256 is not None}
         for step in rec.to_close:
             await self._close_step(step)
         self._tick_task = asyncio.create_task(self._ticker(), name="coordinator-ticker")
@@ -126,11 +140,20 @@ class Coordinator:
     # --- actors -----------------------------------------------------------------------------------
 
     async def register(self, req: RegisterRequest) -> Registered:
+        secret = secrets.token_urlsafe(32)
+        digest = _secret_digest(secret)
         record = self.scheduler.new_actor(req.region, req.backend, req.capabilities)
+        record = record.model_copy(update={"secret_sha256": digest})
         await self._io(self.cstore.put_actor, record)
         self.scheduler.add_actor(record)
+        self._secrets[digest] = record.actor_id
         log.info("registered actor %s (%s, %s)", record.actor_id, req.region, req.backend)
-        return Registered(actor_id=record.actor_id, heartbeat_interval_s=self.config.scheduler.heartbeat_interval_s)
+        return Registered(actor_id=record.actor_id, heartbeat_interval_s=self.config.scheduler.heartbeat_interval_s,
+                          actor_secret=secret)
+
+    def actor_of_secret(self, secret: str) -> str | None:
+        """The actor a per-actor secret belongs to, or ``None``."""
+        return self._secrets.get(_secret_digest(secret))
 
     async def heartbeat(self, req: HeartbeatRequest) -> None:
         self.scheduler.heartbeat(req.actor_id)
@@ -263,6 +286,10 @@ class Coordinator:
 
 
 
+def _secret_digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
 # --- HTTP ----------------------------------------------------------------------------------------------
 
 COORDINATOR_KEY = web.AppKey("coordinator", Coordinator)
@@ -282,27 +309,54 @@ def _error(status: int, message: str, reason: str | None = None) -> web.Response
     return web.json_response({"error": message, "reason": reason}, status=status)
 
 
+ACTOR_ID_KEY = web.RequestKey("actor_id", str)  # request key: the actor a per-actor secret authenticated
+
+
 async def _body(request: web.Request, cls: type[Record]) -> Any:
-    return decode(cls, await request.read())
+    record = decode(cls, await request.read())
+    bound = request.get(ACTOR_ID_KEY)
+    named = getattr(record, "actor_id", bound)
+    if bound is not None and named != bound:
+        raise web.HTTPForbidden(text=f"this secret belongs to actor {bound!r}, not {named!r}")
+    return record
 
 
-def _roles_for(request: web.Request) -> set[str]:
+def _token_of(request: web.Request) -> str:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _roles_for(request: web.Request, token: str) -> set[str]:
+    """Roles of a token: ``actor``/``trainer`` for shared tokens, ``actor-session`` for an actor's secret."""
+    if not token:
         return set()
-    return set(request.app[TOKENS_KEY].get(token.strip(), set()))
+    roles = set(request.app[TOKENS_KEY].get(token, set()))
+    actor_id = request.app[COORDINATOR_KEY].actor_of_secret(token)
+    if actor_id is not None:
+        request[ACTOR_ID_KEY] = actor_id
+        roles.add("actor-session")
+    return roles
 
 
 def _route(role: str | None, fn: Callable[[Coordinator, web.Request], Awaitable[web.StreamResponse]]) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
-        roles = _roles_for(request)
+        roles = _roles_for(request, _token_of(request))
         if not roles:
-            return _error(401, "unknown or missing bearer token")
+            return _error(401, "unknown or missing bearer token", "auth")
         if role is not None and role not in roles:
-            return _error(403, f"this token may not act as {role}")
+            if role == "actor-session" and "actor" in roles:
+                return _error(403, "the shared actor token only registers: use the secret /register returned", "auth")
+            return _error(403, f"this token may not act as {role}", "auth")
+        limit = request.app[COORDINATOR_KEY].config.service.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return _error(413, f"body of {request.content_length} bytes, the limit is {limit}", "too_large")
         try:
             return await fn(request.app[COORDINATOR_KEY], request)
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"body over the limit of {limit} bytes", "too_large")
+        except NonFiniteValue as err:
+            return _error(400, str(err), "non_finite")
         except FormatError as err:
             return _error(400, str(err), "malformed")
         except (UnknownActor, UnknownStep) as err:
@@ -339,11 +393,16 @@ async def _open_step(c: Coordinator, r: web.Request) -> web.Response:
 
 
 async def _step_results(c: Coordinator, r: web.Request) -> web.Response:
+    raw_step = r.match_info["step"]
     try:
-        step = int(r.match_info["step"])
+        step = int(raw_step) if raw_step.isdigit() and len(raw_step) <= 12 else -1
         timeout = float(r.query.get("timeout", "0"))
     except ValueError as err:
         raise FormatError(f"bad step or timeout: {err}") from err
+    if not 0 <= step <= MAX_STEP:
+        raise FormatError(f"step {raw_step[:40]!r} is not an integer in [0, {MAX_STEP}]")
+    if not math.isfinite(timeout) or timeout < 0:
+        raise FormatError(f"timeout={timeout} is not a finite number >= 0")
     return _json(await c.step_results(step, timeout))
 
 
@@ -366,14 +425,14 @@ def create_app(coordinator: Coordinator, *, start: bool = True) -> web.Applicati
         tokens.setdefault(t, set()).add("actor")
     for t in svc.trainer_tokens:
         tokens.setdefault(t, set()).add("trainer")
-    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app = web.Application(client_max_size=svc.max_body_bytes)
     app[COORDINATOR_KEY] = coordinator
     app[TOKENS_KEY] = tokens
     app[METRICS_KEY] = CoordinatorMetrics()
     app.router.add_post("/register", _route("actor", _register))
-    app.router.add_post("/lease", _route("actor", _lease))
-    app.router.add_post("/result", _route("actor", _result))
-    app.router.add_post("/heartbeat", _route("actor", _heartbeat))
+    app.router.add_post("/lease", _route("actor-session", _lease))
+    app.router.add_post("/result", _route("actor-session", _result))
+    app.router.add_post("/heartbeat", _route("actor-session", _heartbeat))
     app.router.add_post("/steps", _route("trainer", _open_step))
     app.router.add_get("/steps/{step}/results", _route("trainer", _step_results))
     app.router.add_get("/status", _route(None, _status))

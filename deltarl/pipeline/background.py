@@ -45,7 +45,9 @@ class BackgroundPublishing:
     def wait(self) -> VersionInfo | None:
         return self.settle()
 
-    def submit(self, state: Mapping[str, Any], step: int, *, owned: bool) -> Future[VersionInfo]:
+    def submit(
+        self, state: Mapping[str, Any], step: int, *, owned: bool, allow_nonfinite: bool = False
+    ) -> Future[VersionInfo]:
         self.settle()
         if self._publisher._closed:
             raise RunError(f"publisher of run {self._publisher.run!r} is closed")
@@ -53,7 +55,7 @@ class BackgroundPublishing:
             state = {name: cpu_copy(value) for name, value in state.items()}
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="deltarl-publish")
-        fut = self._executor.submit(self._publisher._publish, state, step, True)
+        fut = self._executor.submit(self._publisher._publish, state, step, True, allow_nonfinite)
         fut.add_done_callback(self._log_failure)
         self._inflight = fut
         return fut

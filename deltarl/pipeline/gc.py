@@ -6,7 +6,11 @@ last committed one may belong to a publish still in flight; instead of guessing 
 gc sweeps them only after *fencing* the writer claim (see :mod:`deltarl.pipeline.claim`): it takes
 an expired claim (or any claim with ``force``), so a writer that is still alive fails its next
 renewal instead of committing a manifest that names swept objects. A live claim means "in
-flight": those objects are left alone and reported.
+flight": those objects are left alone and reported (a dry run reports the same without fencing).
+
+gc refuses to act on a run it cannot read safely: a run with no objects at all (a typo'd name),
+and a HEAD that names a version whose manifest is missing (a damaged HEAD would make a live
+writer's in-flight objects look like orphans of committed versions).
 
 ``keep_last=N`` also removes old versions while keeping what replay of the last N needs: the
 newest keyframe at or before the oldest kept version, and every version after it. Versions are removed oldest first, manifest before objects, so a gc that stops half way leaves a contiguous,
@@ -16,10 +20,11 @@ replayable suffix plus orphans that the next gc removes.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
-from deltarl.errors import ObjectNotFound, WriterConflict
-from deltarl.pipeline.claim import fence_claim
+from deltarl.errors import ObjectNotFound, RunError, WriterConflict
+from deltarl.pipeline.claim import fence_claim, read_claim
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.reader import RunReader
 from deltarl.storage.store import ObjectStore
@@ -62,6 +67,7 @@ def gc(
         raise ValueError("keep_last must be >= 1")
     layout = RunLayout(run)
     reader = RunReader(store, run)
+    _check_run(store, reader, layout)
     last = reader.last_committed()
     report = GcReport(run=run, dry_run=dry_run, last_committed=last)
 
@@ -94,7 +100,9 @@ def gc(
 
     if in_flight:
         try:
-            if not dry_run:
+            if dry_run:
+                _check_claim_expired(store, layout, force)
+            else:
                 fenced = fence_claim(store, run, "gc", force=force)
                 if fenced is not None:
                     logger.info("gc fenced the writer claim of %s (was %s)", run, fenced.describe())
@@ -113,6 +121,26 @@ def gc(
         listed = {v for v, keys in by_version.items() if layout.manifest(v) in keys}
         _remove_old_versions(store, reader, layout, last, keep_last, listed, report)
     return report
+
+
+def _check_run(store: ObjectStore, reader: RunReader, layout: RunLayout) -> None:
+    """Refuse a run that does not exist, and a HEAD naming a version whose manifest is missing."""
+    try:
+        head = reader.head()
+    except ObjectNotFound:
+        if not store.exists(layout.run_json) and next(iter(store.list(layout.run + "/")), None) is None:
+            raise RunError(f"no run {layout.run!r} in {store.url}") from None
+        return
+    if not reader.has_manifest(head.version):
+        raise RunError(f"{layout.head} names version {head.version}, whose manifest {layout.manifest(head.version)} "
+                       "is missing: the run needs repair; gc removes nothing")  # fmt: skip
+
+
+def _check_claim_expired(store: ObjectStore, layout: RunLayout, force: bool) -> None:
+    """What fencing would decide, without fencing: WriterConflict if a live writer holds the run."""
+    current = read_claim(store, layout.writer)
+    if current is not None and current[0].expires_at_ms > int(time.time() * 1000) and not force:
+        raise WriterConflict(f"{layout.writer}: a live publisher holds the run ({current[0].describe()})")
 
 
 def _remove_old_versions(

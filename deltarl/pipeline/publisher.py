@@ -32,6 +32,7 @@ from deltarl.errors import (
 )
 from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
+from deltarl.pipeline.finite import check_finite
 from deltarl.pipeline.keyframe import plan_parts, write_part
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import (
@@ -224,7 +225,9 @@ class Publisher:
     def head_version_id(self) -> str | None:
         return self._head_id
 
-    def publish_async(self, state_dict: Mapping[str, Any], step: int, *, owned: bool = False) -> Future[VersionInfo]:
+    def publish_async(
+        self, state_dict: Mapping[str, Any], step: int, *, owned: bool = False, allow_nonfinite: bool = False
+    ) -> Future[VersionInfo]:
         """:meth:`publish` on a background thread; returns at once with the future of its VersionInfo.
 
         At most one publish is in flight: a call while one runs first waits for it (so version N+1
@@ -234,13 +237,14 @@ class Publisher:
         this returns, so the caller may modify it at once; ``owned=True`` hands the tensors over as
         for :meth:`publish` (nothing is copied; the caller must not modify them).
         """
-        return self._background.submit(state_dict, step, owned=owned)
+        return self._background.submit(state_dict, step, owned=owned, allow_nonfinite=allow_nonfinite)
 
     def wait(self) -> VersionInfo | None:
         """Wait for the background publish in flight (if any); its VersionInfo, or raise its failure."""
         return self._background.wait()
 
-    def publish(self, state_dict: Mapping[str, Any], step: int, *, owned: bool = False) -> VersionInfo:
+    def publish(self, state_dict: Mapping[str, Any], step: int, *, owned: bool = False,
+                allow_nonfinite: bool = False) -> VersionInfo:
         """Commit ``state_dict`` as the next version; returns once HEAD names it.
 
         The committed state is the base of the next version, so the publisher keeps it: by default
@@ -248,15 +252,21 @@ class Publisher:
         ``owned=True`` the caller hands ``state_dict`` over instead: it promises not to modify the
         mapping or its tensors afterwards (a fresh export per step, as ``export_bf16`` makes), and
         the publisher keeps references to them, copying nothing (device tensors are copied to CPU).
+        A floating tensor holding NaN or Inf raises ``NonFiniteTensor`` (nothing is written) unless
+        ``allow_nonfinite=True``.
         """
         self._background.settle()
-        return self._publish(state_dict, step, owned)
+        return self._publish(state_dict, step, owned, allow_nonfinite)
 
-    def _publish(self, state_dict: Mapping[str, Any], step: int, owned: bool) -> VersionInfo:
+    def _publish(
+        self, state_dict: Mapping[str, Any], step: int, owned: bool, allow_nonfinite: bool = False
+    ) -> VersionInfo:
         from deltarl.pipeline import check_compatible, state_digest
 
         if self._closed:
             raise RunError(f"publisher of run {self.run!r} is closed")
+        if not allow_nonfinite:
+            check_finite(state_dict)
         t0 = time.perf_counter()
         early: Future[None] | None = None
         try:

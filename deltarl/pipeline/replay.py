@@ -1,7 +1,9 @@
 """Rebuild any committed version bit for bit from the store, and squash a range into one delta.
 
 ``replay`` starts from the nearest keyframe at or before the version, then applies each version's
-delta in order. Every manifest's parent link, every object's sha256, and (with ``verify``) every
+delta in order. A keyframe that is damaged (missing, wrong sha256, unreadable, wrong digest) is
+skipped with a warning naming it: replay falls back to an older keyframe plus the deltas after it
+(every version, keyframes included, also stores its delta). Every manifest's parent link, every object's sha256, and (with ``verify``) every
 recorded state digest are checked; any failure raises before the state is returned, so a caller
 never holds a half-replayed state.
 """
@@ -14,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from deltarl.errors import IntegrityError, RunError
+from deltarl.errors import FormatError, IntegrityError, ObjectNotFound, RunError, TensorMismatch
 from deltarl.pipeline.manifest import Manifest
 from deltarl.pipeline.memory import trim
 from deltarl.pipeline.reader import RunReader
@@ -98,6 +100,32 @@ def apply_versions(
                 bar.update(1)
 
 
+def load_base(reader: RunReader, chain: list[tuple[Manifest, str]], *, verify: bool = True
+              ) -> tuple[dict[str, torch.Tensor], list[tuple[Manifest, str]]]:
+    """The state of ``chain[0]``'s keyframe and the chain to apply onto it; a damaged keyframe falls
+    back to the next older one (the chain grows by the versions in between), with a warning."""
+    while True:
+        base = chain[0][0]
+        try:
+            state = reader.keyframe(base)
+            if verify:
+                _check_keyframe_digest(state, base)
+            return state, chain
+        except (FormatError, ObjectNotFound, TensorMismatch) as err:  # IntegrityError is a FormatError
+            key = ", ".join(p.key for p in base.keyframe.parts) if base.keyframe is not None else base.key
+            if base.version == 0:
+                raise
+            try:
+                older = reader.chain(base.version - 1)
+            except RunError:
+                raise err from None
+            if base.parent != older[-1][1]:
+                raise RunError(f"{base.key}: parent is not the id of version {base.version - 1}") from err
+            logger.warning("keyframe %s is unusable (%s); falling back to keyframe %d plus %d deltas",
+                           key, err, older[0][0].version, len(older) - 1 + len(chain))
+            chain = older + chain
+
+
 def replay(
     store: ObjectStore,
     run: str,
@@ -134,9 +162,7 @@ def replay(
         version = reader.head().version
     chain = reader.chain(version)
     reader.check_head(version, chain[-1][1])
-    state = reader.keyframe(chain[0][0])
-    if verify:
-        _check_keyframe_digest(state, chain[0][0])
+    state, chain = load_base(reader, chain, verify=verify)
     apply_versions(reader, state, chain, verify=verify, progress=progress)
     trim()  # staged updates and segments are gone: give their memory back to the OS
     logger.info("replayed %s version %d from keyframe %d (%d deltas)", run, version, chain[0][0].version, len(chain) - 1)
@@ -163,9 +189,7 @@ def squash(
         raise ValueError(f"squash needs from_version < to_version, got {from_version} >= {to_version}")
     reader = RunReader(store, run)
     reader.info()
-    start = reader.chain(from_version)
-    old = reader.keyframe(start[0][0])
-    _check_keyframe_digest(old, start[0][0])
+    old, start = load_base(reader, reader.chain(from_version))
     apply_versions(reader, old, start)
     new = {name: t.clone() for name, t in old.items()}
     apply_versions(reader, new, reader.chain(to_version, from_version=from_version))

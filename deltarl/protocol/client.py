@@ -1,6 +1,9 @@
 """Typed clients of the coordinator's HTTP API: :class:`CoordinatorClient` (async) and
 :class:`SyncCoordinatorClient` (a blocking wrapper for actor/trainer loops that are not async).
 
+Auth: the client is built with the shared actor token (or the trainer's); :meth:`register` keeps the
+per-actor secret the coordinator returns, and every later call about that actor carries it.
+
 Errors: 401/403 raise :class:`~deltarl.errors.AuthError`; a rejected result raises
 :class:`~deltarl.errors.AdmissionRejected` with the coordinator's reason code; other refusals raise
 :class:`~deltarl.errors.CoordinatorError` (``UnknownActor`` for a 404 on an actor call).
@@ -53,6 +56,7 @@ class CoordinatorClient:
                  timeout_s: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self._secrets: dict[str, str] = {}  # actor id -> the per-actor secret /register returned
         self._own_session = session is None
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -73,16 +77,34 @@ class CoordinatorClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @property
+    def actor_secrets(self) -> dict[str, str]:
+        """``{actor_id: secret}`` of the actors this client registered (to hand to another client)."""
+        return dict(self._secrets)
+
+    def set_actor_secret(self, actor_id: str, secret: str) -> None:
+        """Act as ``actor_id`` with the secret its registration returned (e.g. after a restart)."""
+        self._secrets[actor_id] = secret
+
+    def _headers_for(self, body: Record | None) -> dict[str, str]:
+        secret = self._secrets.get(getattr(body, "actor_id", None) or "")
+        if secret is None:
+            return self._headers
+        return {**self._headers, "Authorization": f"Bearer {secret}"}
+
     async def _call(self, method: str, path: str, body: Record | None = None,
                     timeout: aiohttp.ClientTimeout | None = None) -> tuple[int, bytes]:
         data = encode(body) if body is not None else None
+        headers = self._headers_for(body)
         try:
-            async with self._sess().request(method, self.base_url + path, data=data, headers=self._headers,
+            async with self._sess().request(method, self.base_url + path, data=data, headers=headers,
                                             timeout=timeout or self._timeout) as resp:
                 payload = await resp.read()
                 status = resp.status
         except (aiohttp.ClientError, asyncio.TimeoutError) as err:
             raise CoordinatorError(f"{method} {path}: {err!r}") from err
+        if status == 401 and headers is not self._headers:  # our secret is unknown there: register again
+            raise UnknownActor(f"{method} {path}: the coordinator does not know this actor's secret")
         if status in (401, 403):
             raise AuthError(f"{method} {path}: HTTP {status}: {_message(payload)}")
         return status, payload
@@ -101,7 +123,9 @@ class CoordinatorClient:
 
     async def register(self, region: str = "", backend: str = "", capabilities: dict[str, Any] | None = None) -> Registered:
         req = RegisterRequest(region=region, backend=backend, capabilities=capabilities or {})
-        return await self._typed("POST", "/register", req, Registered)
+        reg = await self._typed("POST", "/register", req, Registered)
+        self._secrets[reg.actor_id] = reg.actor_secret
+        return reg
 
     async def lease(self, actor_id: str, max_prompts: int | None = None) -> LeaseResponse:
         """Ask for work: ``.grant`` is None when there is none now (ask again after ``.retry_after_s``)."""

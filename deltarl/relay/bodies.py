@@ -13,7 +13,7 @@ import hashlib
 import os
 from collections.abc import AsyncIterator, Callable
 
-from deltarl.errors import IntegrityError, TransientStoreError
+from deltarl.errors import CacheFull, IntegrityError, TransientStoreError
 from deltarl.relay.cache import CacheEntry
 from deltarl.relay.pull import Pull
 
@@ -67,13 +67,17 @@ class CachedBody:
 class PullBody:
     """An object still arriving from upstream: serve the bytes that have landed, then wait for more."""
 
-    def __init__(self, pull: Pull, *, cut_through: bool) -> None:
+    def __init__(self, pull: Pull, *, cut_through: bool,
+                 rest: Callable[[int, int, bytes], AsyncIterator[bytes]] | None = None,
+                 verified_only: bool = False) -> None:
         assert pull.size is not None
         assert pull.tmp_path is not None
         self.pull = pull
         self.size = pull.size
         self.etag = pull.etag
         self.cut_through = cut_through
+        self._rest = rest  # (pos, end, bytes sent before pos) -> the rest from upstream, if the cache fills up
+        self.verified_only = verified_only  # send only bytes checked against the manifest's pieces
         self._fd = os.open(pull.tmp_path, os.O_RDONLY)  # same loop step as the lookup: no rename race
 
     def close(self) -> None:
@@ -86,12 +90,19 @@ class PullBody:
         pos = start
         while pos < end:
             event = pull.changed()
+            if isinstance(pull.error, CacheFull) and self._rest is not None:
+                sent = await asyncio.to_thread(os.pread, self._fd, pos, 0) if start == 0 and end == self.size else b""
+                async for data in self._rest(pos, end, sent):  # the file has no room: go on from upstream
+                    yield data
+                return
             if pull.error is not None:
                 raise TransientStoreError(f"upstream pull of {pull.key} failed: {pull.error}") from pull.error
             # Any range is served as soon as its own bytes have landed; the tail of the object (and
             # everything, in store-and-forward mode) waits for the integrity check.
             if pull.done:
                 limit = end
+            elif self.verified_only:  # cut-through at the grain of the manifest's pieces
+                limit = min(pull.verified(pos), end) if self.cut_through else start
             elif self.cut_through:
                 limit = min(pull.available(pos), self.size - HOLDBACK, end)
             else:

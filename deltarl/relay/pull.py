@@ -7,6 +7,8 @@ import contextlib
 import hashlib
 import os
 
+from deltarl.errors import IntegrityError
+
 
 class Pull:
     """Progress of one upstream pull: readers wait on :meth:`changed` and read what has landed.
@@ -18,6 +20,12 @@ class Pull:
     offset 0 (and hashed). ``done`` means all ``size`` bytes arrived and passed the integrity
     check; ``error`` means the pull failed and nothing more will arrive. Only the event-loop
     thread mutates a pull.
+
+    Verification: once the object's manifest ref is known (:meth:`expect`), each of its v2 pieces is
+    hashed as soon as all its bytes have landed; :meth:`verified` says how far the checked bytes run
+    from an offset, and a reader that must not send unchecked bytes serves only those. A piece that
+    differs fails the pull (``IntegrityError``) before any of its bytes reach such a reader. A v1
+    ref (no pieces) is checked whole, when the pull is done.
     """
 
     def __init__(self, key: str) -> None:
@@ -35,6 +43,10 @@ class Pull:
         self._fd = -1
         self._hasher = hashlib.sha256()
         self._event = asyncio.Event()
+        self.expected: tuple[str, tuple[str, ...] | None, int] | None = None  # (sha256, pieces, piece_size)
+        self._checked: list[bool] = []  # per manifest piece
+        self._next_check = 0  # no piece below this one is left unchecked
+        self.bad: IntegrityError | None = None  # a piece that differs from the manifest
 
     @property
     def settled(self) -> bool:
@@ -78,7 +90,58 @@ class Pull:
         if end > self.prefix:  # pieces that landed ahead of the prefix are now contiguous with it
             self._hasher.update(os.pread(self._fd, end - self.prefix, self.prefix))
             self.prefix = end
+        self._check_pieces()
         self.notify()
+        if self.bad is not None:
+            raise self.bad
+
+    # --- verification against the manifest ----------------------------------------------------
+
+    def expect(self, sha256: str, pieces: tuple[str, ...] | None, piece_size: int | None) -> None:
+        """The manifest's ref for this object is known: check what has landed, and all that lands."""
+        if self.expected is not None:
+            return
+        self.expected = (sha256, pieces, piece_size or 0)
+        if pieces is not None:
+            self._checked = [False] * len(pieces)
+            if self.size is not None and self._fd >= 0:
+                self._check_pieces()
+        self.notify()
+
+    def _check_pieces(self) -> None:
+        if self.expected is None or self.size is None or self._fd < 0:
+            return
+        _, pieces, ps = self.expected
+        if pieces is None:
+            return
+        for j in range(self._next_check, len(pieces)):
+            if self._checked[j]:
+                continue
+            start, stop = j * ps, min((j + 1) * ps, self.size)
+            if self.available(start) < stop:
+                continue
+            got = hashlib.sha256(os.pread(self._fd, stop - start, start)).hexdigest()
+            if got != pieces[j]:
+                self.bad = IntegrityError(f"{self.key}: piece {j} (bytes {start}..{stop}) from upstream has sha256 "
+                                     f"{got[:16]}…, its manifest records {pieces[j][:16]}…")
+                return
+            self._checked[j] = True
+        while self._next_check < len(self._checked) and self._checked[self._next_check]:
+            self._next_check += 1
+
+    def verified(self, pos: int) -> int:
+        """End of the manifest-checked bytes that run on from ``pos`` (``pos`` itself if none)."""
+        if self.expected is None or self.size is None:
+            return pos
+        if self.done:
+            return self.size
+        _, pieces, ps = self.expected
+        if pieces is None:
+            return pos  # a v1 ref is checked whole, when the pull is done
+        j = pos // ps
+        while j < len(self._checked) and self._checked[j]:
+            j += 1
+        return max(pos, min(j * ps, self.size))
 
     def digest(self) -> str:
         """sha256 of the whole object (call once ``prefix == size``); closes the file."""

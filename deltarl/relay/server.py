@@ -5,6 +5,10 @@
   Immutable objects carry ``Cache-Control: public, max-age=31536000, immutable``; mutable ones
   (``<run>/HEAD``) ``no-cache``, and a ``GET`` with ``If-None-Match`` and ``?wait=`` is answered
   when the ETag changes (304 if it did not within the wait).
+  Segments and keyframe parts are served verified: only once a committed manifest names them
+  (a plain GET of one not named yet is 404, or waits with ``?wait=``), and no byte before it was
+  checked against the manifest's piece hashes. ``?unverified=1`` serves such objects at once and
+  unchecked, for clients that verify themselves (deltarl's speculative prefetch, chained relays).
 * ``PUT /<key>`` (bearer token) — forwarded upstream: ``If-None-Match: *`` → put-if-absent,
   ``If-Match: "etag"`` → compare-and-swap; 412 when the condition fails. ``DELETE`` likewise.
 * ``GET /?prefix=P`` — ``{"keys": [...]}``; ``GET /metrics`` — Prometheus text; ``GET /healthz``.
@@ -48,21 +52,40 @@ CONFIG = web.AppKey("config", RelayConfig)
 IMMUTABLE_CACHE_CONTROL = "public, max-age=31536000, immutable"
 MUTABLE_CACHE_CONTROL = "no-cache"
 RESERVED = frozenset({"metrics", "healthz"})
+#: Top-level names a store keeps for itself (temp and lock files): never objects, never listed.
+INTERNAL = ".deltarl-tmp"
+#: Longest key served (S3's limit); longer paths get a short 400.
+MAX_KEY_BYTES = 1024
 _ENCODED_SEPARATORS = re.compile(r"%(2e|2f|5c|00)", re.IGNORECASE)
 
 
+def is_internal(key: str) -> bool:
+    """Whether ``key`` (or prefix) lies under a store's internal names."""
+    return key == INTERNAL or key.startswith(INTERNAL + "/")
+
+
 def key_of(request: web.Request) -> str:
-    """The object key a request names, refusing anything outside the namespace (400)."""
+    """The object key a request names, refusing anything outside the namespace (short 400s; an
+    internal name is 404, as if it did not exist)."""
     raw = request.raw_path.split("?", 1)[0]
+    if len(raw) > 3 * MAX_KEY_BYTES:
+        raise web.HTTPBadRequest(text=f"key longer than {MAX_KEY_BYTES} bytes")
     if _ENCODED_SEPARATORS.search(raw):
         raise web.HTTPBadRequest(text="encoded '.', '/', '\\' or NUL in the key")
     if not raw.startswith("/") or any(part in ("", ".", "..") for part in raw[1:].split("/")):
         raise web.HTTPBadRequest(text="key has an empty, '.' or '..' part")
-    key = unquote(raw[1:], errors="strict")
+    try:
+        key = unquote(raw[1:], errors="strict")
+    except UnicodeDecodeError as err:
+        raise web.HTTPBadRequest(text="key is not UTF-8 after percent-decoding") from err
+    if len(key.encode()) > MAX_KEY_BYTES:
+        raise web.HTTPBadRequest(text=f"key longer than {MAX_KEY_BYTES} bytes")
     try:
         validate_key(key)
     except InvalidKey as err:
-        raise web.HTTPBadRequest(text=str(err)) from err
+        raise web.HTTPBadRequest(text=str(err)[:200]) from err
+    if is_internal(key):
+        raise web.HTTPNotFound(text="no such object")
     return key
 
 
@@ -102,16 +125,23 @@ async def handle_get(request: web.Request) -> web.StreamResponse:
             size, etag = await service.stat(key, wait=wait)
         except ObjectNotFound as err:
             raise web.HTTPNotFound(text=str(err)) from err
+        except InvalidKey as err:
+            raise web.HTTPBadRequest(text=str(err)[:200]) from err
+        except StoreError as err:
+            raise web.HTTPBadGateway(text=str(err)[:200]) from err
         resp = web.StreamResponse(headers=_object_headers(key, etag))
         resp.content_length = size
         await resp.prepare(request)
         return resp
+    unverified = request.query.get("unverified", "") in ("1", "true", "yes")
     try:
-        body = await service.open(key, wait=wait)
+        body = await service.open(key, wait=wait, unverified=unverified)
     except ObjectNotFound as err:
         raise web.HTTPNotFound(text=str(err)) from err
+    except InvalidKey as err:  # a key this upstream refuses
+        raise web.HTTPBadRequest(text=str(err)[:200]) from err
     except StoreError as err:
-        raise web.HTTPBadGateway(text=str(err)) from err
+        raise web.HTTPBadGateway(text=str(err)[:200]) from err
     try:
         try:
             rng = parse_range(request.headers.get("Range"), body.size)
@@ -152,6 +182,8 @@ async def _get_mutable(request: web.Request, key: str) -> web.StreamResponse:
             value = await service.mutable.wait(key, etag=etag, wait=wait)
         else:
             value = await service.mutable.get(key)
+    except InvalidKey as err:
+        raise web.HTTPBadRequest(text=str(err)[:200]) from err
     except StoreError as err:
         raise web.HTTPBadGateway(text=str(err)) from err
     if value.data is None:
@@ -170,14 +202,16 @@ async def _get_mutable(request: web.Request, key: str) -> web.StreamResponse:
 
 async def handle_list(request: web.Request) -> web.Response:
     prefix = request.query.get("prefix", "")
+    if len(prefix.encode()) > MAX_KEY_BYTES:
+        raise web.HTTPBadRequest(text=f"prefix longer than {MAX_KEY_BYTES} bytes")
     try:
         validate_prefix(prefix)
-        keys = await request.app[SERVICE].upstream.list(prefix)
+        keys = [] if is_internal(prefix) else await request.app[SERVICE].upstream.list(prefix)
     except InvalidKey as err:
-        raise web.HTTPBadRequest(text=str(err)) from err
+        raise web.HTTPBadRequest(text=str(err)[:200]) from err
     except StoreError as err:
-        raise web.HTTPBadGateway(text=str(err)) from err
-    return web.json_response({"keys": keys})
+        raise web.HTTPBadGateway(text=str(err)[:200]) from err
+    return web.json_response({"keys": [k for k in keys if not is_internal(k)]})
 
 
 async def handle_metrics(request: web.Request) -> web.Response:

@@ -7,17 +7,19 @@ import asyncio
 import json
 import logging
 import re
+import shutil
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any
 
-from deltarl.errors import IntegrityError, ObjectNotFound, StoreError, TransientStoreError
+from deltarl.errors import CacheFull, IntegrityError, ObjectNotFound, StoreError, TransientStoreError
 from deltarl.relay.bodies import CachedBody, PullBody
 from deltarl.relay.cache import CacheEntry, DiskCache, file_sha256
 from deltarl.relay.config import RelayConfig
 from deltarl.relay.metrics import RelayMetrics
 from deltarl.relay.mutable import MutableObjects
+from deltarl.relay.passthrough import PassThroughBody, is_no_room
 from deltarl.relay.pull import Pull
 from deltarl.storage.aio import AsyncSource
 from deltarl.storage.store import ObjectInfo
@@ -35,14 +37,33 @@ def manifest_key_for(key: str) -> str | None:
     return f"{m['run']}/versions/{m['v']}/manifest.json" if m else None
 
 
-def refs_in_manifest(data: bytes) -> dict[str, str]:
-    """``{key: sha256}`` of every object a manifest names (lenient: only the ref fields are read)."""
+#: What a manifest records of an object: sha256, piece hashes (v2, else None) and piece size.
+Ref = tuple[str, "tuple[str, ...] | None", "int | None"]
+
+
+def manifest_refs(data: bytes) -> dict[str, Ref]:
+    """``{key: (sha256, pieces, piece_size)}`` of every object a manifest names (lenient: only the
+    ref fields are read; ``pieces`` is None for a v1 ref or malformed piece fields)."""
     obj = json.loads(data)
     refs = list(obj.get("segments") or [])
     keyframe = obj.get("keyframe")
     if isinstance(keyframe, dict):
         refs.extend(keyframe["parts"] if isinstance(keyframe.get("parts"), list) else [keyframe])  # v2 parts, v1 one ref
-    return {str(r["key"]): str(r["sha256"]) for r in refs if isinstance(r, dict) and "key" in r and "sha256" in r}
+    out: dict[str, Ref] = {}
+    for r in refs:
+        if not (isinstance(r, dict) and "key" in r and "sha256" in r):
+            continue
+        pieces, ps = r.get("pieces"), r.get("piece_size")
+        if isinstance(pieces, list) and isinstance(ps, int) and ps > 0 and all(isinstance(p, str) for p in pieces):
+            out[str(r["key"])] = (str(r["sha256"]), tuple(pieces), ps)
+        else:
+            out[str(r["key"])] = (str(r["sha256"]), None, None)
+    return out
+
+
+def refs_in_manifest(data: bytes) -> dict[str, str]:
+    """``{key: sha256}`` of every object a manifest names (lenient: only the ref fields are read)."""
+    return {key: ref[0] for key, ref in manifest_refs(data).items()}
 
 
 class _Wait:
@@ -67,8 +88,9 @@ class ObjectService:
         self._pulls: dict[str, Pull] = {}
         self._waits: dict[str, _Wait] = {}
         self.mutable = MutableObjects(upstream, config, metrics)
-        self._manifests: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self._manifests: OrderedDict[str, dict[str, Ref]] = OrderedDict()
         self._manifest_misses: dict[str, float] = {}
+        self._uncacheable: OrderedDict[str, None] = OrderedDict()  # keys whose pull found no room on disk
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -86,16 +108,30 @@ class ObjectService:
 
     # --- immutable objects ----------------------------------------------------------------------
 
-    async def open(self, key: str, *, wait: float = 0.0) -> CachedBody | PullBody:
-        """A readable body for ``key``: from the cache, a pull in flight, or a new pull.
+    async def open(self, key: str, *, wait: float = 0.0, unverified: bool = False) -> CachedBody | PullBody | PassThroughBody:
+        """A readable body for ``key``: from the cache, a pull in flight, or a new pull; an object
+        the cache's disk has no room for streams from upstream, in full, uncached.
 
         With ``wait`` > 0 a missing object is waited for (long-poll) before ``ObjectNotFound``.
+
+        Segments and keyframe parts are served *verified*: only once a committed manifest names
+        them, and then no byte goes out before it was checked against the manifest (piece by
+        piece for v2 refs, so cut-through lags by at most one piece; whole for v1 refs). An object
+        no manifest names yet is waited for until ``wait`` (then ``ObjectNotFound``), unless the
+        client asks for it ``unverified`` (speculative fetches, which check the bytes themselves).
         """
         deadline = time.monotonic() + min(wait, self.config.max_wait_s)
+        ref: Ref | None = None
+        if self.config.verify and not unverified and manifest_key_for(key) is not None:
+            ref = await self._committed_ref(key, deadline)
+        if key in self._uncacheable and key not in self.cache:
+            return await self._pass_through(key, ref)
         while True:
             entry = self.cache.get(key)
             if entry is not None and self.config.verify and not entry.verified:
                 entry = await self._check_cached(entry)
+                if entry is not None and ref is not None and not entry.verified:
+                    entry = None  # cached before its manifest and not checkable: pull it again
             if entry is not None:
                 self.metrics.cache_hits.inc()
                 return CachedBody(entry, self._evict_corrupt, check=self.config.check_on_serve)
@@ -117,10 +153,15 @@ class ObjectService:
             else:
                 self.metrics.shared_pulls.inc()
             await pull.wait_ready()
+            if isinstance(pull.error, CacheFull):
+                return await self._pass_through(key, ref)
             if pull.size is not None and pull.tmp_path is not None and not pull.error:
                 if pull.done:
                     continue  # committed between our wake-up and now: read the cache entry
-                return PullBody(pull, cut_through=self.config.cut_through)
+                if ref is not None:
+                    pull.expect(*ref)
+                return PullBody(pull, cut_through=self.config.cut_through, rest=self._rest_of(key, pull, ref),
+                                verified_only=ref is not None)
             if not isinstance(pull.error, ObjectNotFound):
                 raise StoreError(f"upstream {self.upstream.url}: {key}: {pull.error}") from pull.error
             if deadline - time.monotonic() <= 0:
@@ -147,6 +188,64 @@ class ObjectService:
         info = await self.upstream.head(key)
         return info.size, info.etag
 
+    async def _committed_ref(self, key: str, deadline: float) -> Ref:
+        """The manifest ref of ``key``, waiting (until ``deadline``) for a manifest that names it."""
+        mkey = manifest_key_for(key)
+        assert mkey is not None
+        if mkey not in self._manifests:
+            self._manifest_misses.pop(mkey, None)  # a miss remembered from a speculative pull may be stale
+        while True:
+            ref = await self._expected_ref(key)
+            if ref is not None:
+                return ref
+            left = deadline - time.monotonic()
+            if left <= 0 or await self.wait_for(mkey, left) is None:
+                raise ObjectNotFound(f"{key} is not named by a committed manifest (yet): ?wait=S waits for one, "
+                                     "?unverified=1 serves the bytes unchecked")
+            self._manifest_misses.pop(mkey, None)
+            self._manifests.pop(mkey, None)
+            if await self._expected_ref(key) is None:
+                raise ObjectNotFound(f"{key} is not named by its version's manifest {mkey}")
+
+    async def _pass_through(self, key: str, ref: Ref | None = None) -> PassThroughBody:
+        self.metrics.upstream_requests.labels("head").inc()
+        info = await self.upstream.head(key)
+        if ref is None and self.config.verify:
+            ref = await self._expected_ref(key)
+        self.metrics.passthrough.inc()
+        return PassThroughBody(self.upstream, key, info.size, info.etag, ref[0] if ref else None,
+                               pieces=ref[1] if ref else None, piece_size=ref[2] if ref else None,
+                               verified_only=ref is not None)
+
+    def _rest_of(self, key: str, pull: Pull, ref: Ref | None) -> Any:
+        async def rest(pos: int, end: int, sent: bytes) -> Any:
+            assert pull.size is not None
+            r = ref or (await self._expected_ref(key) if self.config.verify else None)
+            self.metrics.passthrough.inc()
+            body = PassThroughBody(self.upstream, key, pull.size, pull.etag, r[0] if r else None,
+                                   pieces=r[1] if r else None, piece_size=r[2] if r else None, verified_only=ref is not None)
+            async for data in body.read(pos, end, sent):
+                yield data
+
+        return rest
+
+    def _check_room(self, key: str, size: int) -> None:
+        """Raise ``CacheFull`` unless the cache's disk has room for ``size`` bytes (after evicting)."""
+        free = shutil.disk_usage(self.cache.directory).free
+        need = size + (64 << 10)
+        if free < need and free + self.cache.bytes >= need:
+            oldest_first = self.cache.keys()
+            for old in oldest_first:
+                if free >= need:
+                    break
+                entry = self.cache.get(old)
+                self.cache.remove(old)
+                self.metrics.evictions.inc()
+                free += entry.size if entry is not None else 0
+            self.metrics.cache_bytes.set(self.cache.bytes)
+        if free < need:
+            raise CacheFull(f"{key}: {size} bytes, the relay cache's disk has {free} free")
+
     def _start_pull(self, key: str, info: ObjectInfo | None = None) -> Pull:
         pull = self._pulls[key] = Pull(key)
         self._spawn(self._run_pull(pull, info))
@@ -166,9 +265,17 @@ class ObjectService:
             return
         self.metrics.upstream_pulls.inc()
         # Look the expected sha256 up while the bytes travel, so the check at the end costs no round trip.
-        expected_task = asyncio.ensure_future(self._expected_sha256(key)) if self.config.verify else None
+        expected_task = asyncio.ensure_future(self._expected_ref(key)) if self.config.verify else None
+
+        def learned(task: asyncio.Future[Ref | None]) -> None:  # check pieces as they land from now on
+            if not task.cancelled() and task.exception() is None and (ref := task.result()) is not None:
+                pull.expect(*ref)
+
+        if expected_task is not None:
+            expected_task.add_done_callback(learned)
         size = info.size
         try:
+            self._check_room(key, size)
             pull.begin(size, info.etag, self.cache.temp_path(), self.config.piece_bytes)
             # Up to pull_streams pieces stream in at once, each written as its bytes arrive; a new
             # piece starts as soon as any finishes (no head-of-line wait). pull_streams is the number
@@ -189,7 +296,10 @@ class ObjectService:
                 await asyncio.gather(*inflight, return_exceptions=True)
                 raise
             sha = pull.digest()
-            expected = await expected_task if expected_task is not None else None
+            ref = await expected_task if expected_task is not None else None
+            expected = ref[0] if ref is not None else None
+            if pull.bad is not None:
+                raise pull.bad
             if expected is not None and expected != sha:
                 self.metrics.integrity_failures.inc()
                 raise IntegrityError(f"{key} from {self.upstream.url} has sha256 {sha}, its manifest says {expected}")
@@ -197,6 +307,14 @@ class ObjectService:
             if expected_task is not None and not expected_task.done():
                 expected_task.cancel()
             self._pulls.pop(key, None)
+            if err is pull.bad:
+                self.metrics.integrity_failures.inc()
+            if is_no_room(err):
+                err = CacheFull(f"{key}: the relay cache's disk is full: {err}")
+            if isinstance(err, CacheFull):
+                self._uncacheable[key] = None
+                while len(self._uncacheable) > 1024:
+                    self._uncacheable.popitem(last=False)
             pull.fail(err)
             if not isinstance(err, Exception):
                 raise
@@ -217,7 +335,7 @@ class ObjectService:
         for attempt in range(_PIECE_ATTEMPTS):
             try:
                 self.metrics.upstream_requests.labels("get_range").inc()
-                async for data in self.upstream.stream_range(pull.key, pos, end):
+                async for data in self.upstream.stream_range(pull.key, pos, end, unverified=True):
                     data = data[: end - pos]
                     if data:
                         pull.write(pos, data)
@@ -251,6 +369,11 @@ class ObjectService:
         return self.cache.get(entry.key)
 
     async def _expected_sha256(self, key: str) -> str | None:
+        ref = await self._expected_ref(key)
+        return None if ref is None else ref[0]
+
+    async def _expected_ref(self, key: str) -> Ref | None:
+        """What the manifest of ``key``'s version records for it, or None (no manifest yet, not named)."""
         mkey = manifest_key_for(key)
         if mkey is None:
             return None
@@ -266,7 +389,7 @@ class ObjectService:
                 else:
                     self.metrics.upstream_requests.labels("get").inc()
                     data, _ = await self.upstream.get_with_etag(mkey)
-                refs = refs_in_manifest(data)
+                refs = manifest_refs(data)
             except ObjectNotFound:
                 self._manifest_misses[mkey] = time.monotonic()
                 return None

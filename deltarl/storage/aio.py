@@ -44,12 +44,14 @@ class AsyncSource(abc.ABC):
         """Size and ETag; ``ObjectNotFound`` if still missing after ``wait`` seconds."""
 
     @abc.abstractmethod
-    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0) -> bytes:
+    async def get_range(
+        self, key: str, start: int, end: int | None, *, wait: float = 0.0, unverified: bool = False
+    ) -> bytes:
         """Bytes ``[start, end)`` (``end=None``: to the end); a missing object is waited for up to ``wait``."""
 
-    async def stream_range(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
+    async def stream_range(self, key: str, start: int, end: int, *, unverified: bool = False) -> AsyncIterator[bytes]:
         """Bytes ``[start, end)`` in order, as they arrive (may end short: the caller checks)."""
-        yield await self.get_range(key, start, end)
+        yield await self.get_range(key, start, end, unverified=unverified)
 
     @abc.abstractmethod
     async def get_mutable(self, key: str, *, etag: str | None = None, wait: float = 0.0) -> tuple[bytes, str] | None:
@@ -98,7 +100,9 @@ class StoreSource(AsyncSource):
     async def head(self, key: str, *, wait: float = 0.0) -> ObjectInfo:
         return await self._polling(lambda: self.store.head(key), wait)
 
-    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0) -> bytes:
+    async def get_range(
+        self, key: str, start: int, end: int | None, *, wait: float = 0.0, unverified: bool = False
+    ) -> bytes:
         return await self._polling(lambda: self.store.get_range(key, start, end), wait)
 
     def _read_mutable(self, key: str) -> tuple[bytes, str]:
@@ -149,11 +153,13 @@ class RelaySource(AsyncSource):
     async def head(self, key: str, *, wait: float = 0.0) -> ObjectInfo:
         return await self.client.head(key, wait=wait or None)
 
-    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0) -> bytes:
-        return await self.client.get_range(key, start, end, wait=wait or None)
+    async def get_range(
+        self, key: str, start: int, end: int | None, *, wait: float = 0.0, unverified: bool = False
+    ) -> bytes:
+        return await self.client.get_range(key, start, end, wait=wait or None, unverified=unverified)
 
-    async def stream_range(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
-        async for chunk in self.client.stream(key, start, end):
+    async def stream_range(self, key: str, start: int, end: int, *, unverified: bool = False) -> AsyncIterator[bytes]:
+        async for chunk in self.client.stream(key, start, end, unverified=unverified):
             yield chunk
 
     async def get_mutable(self, key: str, *, etag: str | None = None, wait: float = 0.0) -> tuple[bytes, str] | None:

@@ -100,8 +100,11 @@ class RelayClient:
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
-    def _url(self, key: str, wait: float | None = None) -> URL:
-        return object_url(self.base_url, key, **({"wait": f"{wait:.3f}"} if wait else {}))
+    def _url(self, key: str, wait: float | None = None, unverified: bool = False) -> URL:
+        query = {"wait": f"{wait:.3f}"} if wait else {}
+        if unverified:
+            query["unverified"] = "1"
+        return object_url(self.base_url, key, **query)
 
     # --- reads --------------------------------------------------------------------------------
 
@@ -116,16 +119,19 @@ class RelayClient:
         except NETWORK_ERRORS as err:
             raise TransientStoreError(f"HEAD {self.base_url}/{key}: {err!r}") from err
 
-    async def get_range(self, key: str, start: int = 0, end: int | None = None, *, wait: float | None = None) -> bytes:
-        """Bytes ``[start, end)`` of ``key``; a short or dropped response is ``TransientStoreError``."""
-        chunks = [c async for c in self.stream(key, start, end, wait=wait)]
+    async def get_range(self, key: str, start: int = 0, end: int | None = None, *, wait: float | None = None,
+                        unverified: bool = False) -> bytes:
+        """Bytes ``[start, end)`` of ``key``; a short or dropped response is ``TransientStoreError``.
+        ``unverified``: a segment no committed manifest names yet, unchecked (the caller checks)."""
+        chunks = [c async for c in self.stream(key, start, end, wait=wait, unverified=unverified)]
         return b"".join(chunks)
 
-    async def get(self, key: str, *, wait: float | None = None) -> bytes:
-        return await self.get_range(key, 0, None, wait=wait)
+    async def get(self, key: str, *, wait: float | None = None, unverified: bool = False) -> bytes:
+        return await self.get_range(key, 0, None, wait=wait, unverified=unverified)
 
     async def stream(
-        self, key: str, start: int = 0, end: int | None = None, *, wait: float | None = None, chunk_bytes: int = 256 << 10
+        self, key: str, start: int = 0, end: int | None = None, *, wait: float | None = None, chunk_bytes: int = 256 << 10,
+        unverified: bool = False,
     ) -> AsyncIterator[bytes]:
         """Yield the bytes of ``[start, end)`` as they arrive; raise if the response ends short."""
         what = f"GET {self.base_url}/{key} [{start}, {end})"
@@ -135,7 +141,7 @@ class RelayClient:
                 raise InvalidRange(f"{what}: empty or inverted range")
             headers["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))
         try:
-            async with self.session.get(self._url(key, wait), headers=headers) as resp:
+            async with self.session.get(self._url(key, wait, unverified), headers=headers) as resp:
                 if resp.status not in (200, 206):
                     raise_for_status(resp.status, what, await resp.text(errors="replace"))
                 expected = resp.content_length

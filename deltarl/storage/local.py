@@ -303,6 +303,8 @@ class LocalStore(ObjectStore):
 
     def list(self, prefix: str = "") -> Iterator[str]:
         validate_prefix(prefix)
+        if prefix.startswith(TMP_DIR + "/"):
+            return  # temp and lock files are not objects
         head, _, _ = prefix.rpartition("/")
         base = self.root / head if head else self.root
         keys: list[str] = []

@@ -10,14 +10,16 @@ are corrected and clipped. An optional KL penalty to a frozen reference uses the
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from deltarl.errors import NonFiniteStep
 from deltarl.model.build import export_bf16
 from deltarl.trainer.logprobs import completion_logprobs
 
@@ -162,8 +164,18 @@ class GRPOTrainer:
         """The BF16 inference state to publish (see :func:`deltarl.model.build.export_bf16`)."""
         return export_bf16(self.model)
 
+    def _refuse(self, why: str, **what: Any) -> NoReturn:
+        """Drop the accumulated gradients and raise: the weights and optimiser state stay unchanged."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        log.error("grpo step %d skipped, weights unchanged: %s (%s)", self.steps_done + 1, why, what)
+        raise NonFiniteStep(f"step {self.steps_done + 1} not applied, weights unchanged: {why} ({what})")
+
     def train_step(self, results: Sequence[ResultLike]) -> TrainStats:
-        """Train on every sample of ``results`` (one optimiser step) and return its statistics."""
+        """Train on every sample of ``results`` (one optimiser step) and return its statistics.
+
+        A non-finite reward, loss or gradient norm raises ``NonFiniteStep`` before the optimiser
+        steps: the weights are unchanged, the step is logged as skipped."""
         import torch
 
         cfg = self.config
@@ -172,6 +184,8 @@ class GRPOTrainer:
         if not samples:
             raise ValueError("train_step needs at least one sample with a non-empty completion")
         rewards = [float(self.reward_fn(s)) if self.reward_fn else float(s.reward) for s in samples]
+        if not all(math.isfinite(r) for r in rewards):
+            self._refuse("a reward is not finite", rewards=[r for r in rewards if not math.isfinite(r)][:4])
         adv = group_advantages(rewards, [s.prompt_id for s in samples], eps=cfg.adv_eps)
         n_tokens = sum(len(s.completion_token_ids) for s in samples)
         self.model.train()
@@ -211,6 +225,8 @@ class GRPOTrainer:
             tot_clip += float((clipped * mask).sum())
             tot_ratio += float((ratio.detach() * mask).sum())
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+        if not (math.isfinite(tot_loss) and math.isfinite(grad_norm)):
+            self._refuse("the loss or the gradient is not finite", loss=tot_loss, grad_norm=grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()

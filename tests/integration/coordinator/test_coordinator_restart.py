@@ -41,11 +41,14 @@ async def test_sigkill_mid_step_then_restart_continues(
         await asyncio.sleep(0.01)
         first.kill()
         outcomes = await asyncio.gather(*inflight, return_exceptions=True)
+        kept = c.actor_secrets  # the actors' secrets outlive the coordinator process
     acked_before = [acked] + [o for o in outcomes if isinstance(o, Ack)]
     assert all(isinstance(o, (Ack, CoordinatorError)) for o in outcomes), outcomes
 
     second = coordinator_process(store_url, probe_prompts=4, lease_margin_s=60.0)
     async with CoordinatorClient(second.url, TRAINER_TOKEN) as trainer, CoordinatorClient(second.url, ACTOR_TOKEN) as c:
+        for aid, secret in kept.items():
+            c.set_actor_secret(aid, secret)
         status = await c.status()
         assert {x["actor_id"] for x in status["actors"]} == {a, b}
         # Every result acknowledged before the crash survived: re-reporting it is a duplicate.

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from deltarl.coordinator.persistence import CoordinatorStore, recover
-from deltarl.errors import AdmissionRejected, AuthError, CoordinatorError
+from deltarl.errors import AdmissionRejected, AuthError, CoordinatorError, UnknownActor
 from deltarl.protocol.client import CoordinatorClient
 from deltarl.protocol.records import AdmittedRecord, StepManifest, decode
 from deltarl.storage.store import ObjectStore
@@ -138,12 +138,32 @@ async def test_concurrent_duplicate_reports_admit_once(coordinator_service: Runn
     assert len(rec.results[1]) == 1
 
 
-async def test_unknown_actor_is_404(coordinator_service: RunningCoordinator) -> None:
-    async with CoordinatorClient(coordinator_service.url, ACTOR_TOKEN) as actor:
-        with pytest.raises(CoordinatorError, match="unknown actor"):
-            await actor.heartbeat("actor-never")
-        with pytest.raises(CoordinatorError):
-            await actor.lease("actor-never")
+async def test_actor_calls_need_the_actors_own_secret(coordinator_service: RunningCoordinator) -> None:
+    """The shared token only registers; a secret acts only for its own actor; an unknown secret is
+    an unknown actor to the client (it registers again)."""
+    url = coordinator_service.url
+    async with CoordinatorClient(url, ACTOR_TOKEN) as actor:
+        with pytest.raises(AuthError, match="only registers"):
+            await actor.heartbeat("actor-never")  # no secret for it: the shared token is refused
+        a = await actor.register()
+        b = await actor.register()
+        assert a.actor_secret != b.actor_secret
+        await actor.heartbeat(a.actor_id)
+    async with aiohttp.ClientSession() as s:
+        for token, who, want in ((a.actor_secret, b.actor_id, 403), (ACTOR_TOKEN, a.actor_id, 403),
+                                 (a.actor_secret, a.actor_id, 200), ("made-up-secret", a.actor_id, 401)):
+            async with s.post(url + "/heartbeat", json={"format_version": 1, "actor_id": who},
+                              headers={"Authorization": f"Bearer {token}"}) as r:
+                assert r.status == want, (token, who, await r.text())
+        async with s.post(url + "/register", json={"format_version": 1},
+                          headers={"Authorization": f"Bearer {a.actor_secret}"}) as r:
+            assert r.status == 403  # a secret does not register new actors
+    stored = coordinator_service.store.get(f"{RUN}/coordinator/actors/{a.actor_id}.json")
+    assert a.actor_secret.encode() not in stored  # only its sha256 is kept
+    async with CoordinatorClient(url, ACTOR_TOKEN) as other:
+        other.set_actor_secret(a.actor_id, "forgotten-by-the-coordinator")
+        with pytest.raises(UnknownActor):
+            await other.heartbeat(a.actor_id)
 
 
 async def test_long_poll_partial_death_and_closed_steps_from_store(coordinator_store: ObjectStore) -> None:

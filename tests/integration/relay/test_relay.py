@@ -30,21 +30,21 @@ async def test_get_range_head_and_cache_headers(start_relay: StartRelay) -> None
     origin.put("r/HEAD", b"1")
     relay = await start_relay(origin)
     async with aiohttp.ClientSession() as s:
-        async with s.get(f"{relay.url}/{SEG}") as resp:
+        async with s.get(f"{relay.url}/{SEG}?unverified=1") as resp:
             assert resp.status == 200
             assert await resp.read() == data
             assert "immutable" in resp.headers["Cache-Control"]
             assert resp.headers["ETag"] == f'"{origin.head(SEG).etag}"'
-        async with s.get(f"{relay.url}/{SEG}", headers={"Range": "bytes=10-19"}) as resp:
+        async with s.get(f"{relay.url}/{SEG}?unverified=1", headers={"Range": "bytes=10-19"}) as resp:
             assert resp.status == 206
             assert resp.headers["Content-Range"] == f"bytes 10-19/{len(data)}"
             assert await resp.read() == data[10:20]
-        async with s.get(f"{relay.url}/{SEG}", headers={"Range": "bytes=-5"}) as resp:
+        async with s.get(f"{relay.url}/{SEG}?unverified=1", headers={"Range": "bytes=-5"}) as resp:
             assert (resp.status, await resp.read()) == (206, data[-5:])
-        async with s.get(f"{relay.url}/{SEG}", headers={"Range": f"bytes={len(data)}-"}) as resp:
+        async with s.get(f"{relay.url}/{SEG}?unverified=1", headers={"Range": f"bytes={len(data)}-"}) as resp:
             assert resp.status == 416
             assert resp.headers["Content-Range"] == f"bytes */{len(data)}"
-        async with s.head(f"{relay.url}/{SEG}") as resp:
+        async with s.head(f"{relay.url}/{SEG}?unverified=1") as resp:
             assert (resp.status, resp.headers["Content-Length"]) == (200, str(len(data)))
         async with s.get(f"{relay.url}/r/versions/000000000001/seg-00009.bin") as resp:
             assert resp.status == 404
@@ -87,14 +87,14 @@ async def test_long_poll_answers_when_the_object_lands(start_relay: StartRelay) 
 
     async with RelayClient(relay.url) as client:
         with pytest.raises(FileNotFoundError):
-            await client.get(SEG)
+            await client.get(SEG, unverified=True)
         t0 = time.monotonic()
         with pytest.raises(FileNotFoundError):
-            await client.get(SEG, wait=0.2)
+            await client.get(SEG, unverified=True, wait=0.2)
         assert time.monotonic() - t0 >= 0.19
         task = asyncio.ensure_future(upload_later())
         t0 = time.monotonic()
-        got = await asyncio.gather(*(client.get(SEG, wait=10) for _ in range(5)))
+        got = await asyncio.gather(*(client.get(SEG, unverified=True, wait=10) for _ in range(5)))
         elapsed = time.monotonic() - t0
         await task
     assert got == [b"late"] * 5
@@ -108,7 +108,7 @@ async def test_push_wakes_long_polls_and_needs_the_token(start_relay: StartRelay
     async with RelayClient(relay.url) as anon, RelayClient(relay.url, token="tok") as pusher:
         with pytest.raises(StoreError, match="401"):
             await anon.put(SEG, b"x")
-        waiter = asyncio.ensure_future(anon.get(SEG, wait=10))
+        waiter = asyncio.ensure_future(anon.get(SEG, unverified=True, wait=10))
         await asyncio.sleep(0.1)
         t0 = time.monotonic()
         etag = await pusher.put(SEG, b"pushed", if_none_match=True)
@@ -154,7 +154,7 @@ class SlowUpstream(StoreSource):
         super().__init__(store, poll_interval_s=0.02)
         self.delay = delay
 
-    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0) -> bytes:
+    async def get_range(self, key: str, start: int, end: int | None, *, wait: float = 0.0, unverified: bool = False) -> bytes:
         await asyncio.sleep(self.delay)
         return await super().get_range(key, start, end, wait=wait)
 
@@ -166,7 +166,7 @@ async def test_cut_through_serves_bytes_before_the_pull_completes(start_relay: S
     relay = await start_relay(SlowUpstream(origin, 0.1), piece_bytes=64 << 10, pull_streams=1)  # 16 pieces: ~1.6 s
 
     async def read(first_byte_at: list[float]) -> bytes:
-        async with aiohttp.ClientSession() as s, s.get(f"{relay.url}/{SEG}") as resp:
+        async with aiohttp.ClientSession() as s, s.get(f"{relay.url}/{SEG}?unverified=1") as resp:
             chunks = []
             async for chunk in resp.content.iter_any():
                 if not chunks:
@@ -197,11 +197,11 @@ async def test_integrity_mismatch_is_never_served_and_refetched(start_relay: Sta
     relay = await start_relay(origin)
     async with RelayClient(relay.url) as client:
         with pytest.raises(TransientStoreError):  # cut short (payload error) or 502: never the whole bad object
-            await client.get(SEG)
+            await client.get(SEG, unverified=True)
         assert relay.counters()["deltarl_relay_integrity_failures_total"] == 1
         assert SEG not in relay.service.cache
         origin.put(SEG, good)  # the origin is repaired: the relay fetches again
-        assert await client.get(SEG) == good
+        assert await client.get(SEG, unverified=True) == good
     entry = relay.service.cache.get(SEG)
     assert entry is not None
     assert entry.verified
@@ -216,7 +216,7 @@ async def test_cache_is_bounded_and_survives_restart(start_relay: StartRelay, tm
     relay = await start_relay(origin, cache_dir=cache_dir, cache_bytes=1_000_000)
     async with RelayClient(relay.url) as client:
         for key, blob in blobs.items():
-            assert await client.get(key) == blob
+            assert await client.get(key, unverified=True) == blob
     assert relay.counters()["deltarl_relay_evictions_total"] == 2
     assert relay.service.cache.bytes <= 1_000_000
     await relay.stop()
@@ -226,9 +226,9 @@ async def test_cache_is_bounded_and_survives_restart(start_relay: StartRelay, tm
     keys = list(blobs)
     async with RelayClient(again.url) as client:
         for key in keys[2:]:
-            assert await client.get(key) == blobs[key]
+            assert await client.get(key, unverified=True) == blobs[key]
         with pytest.raises(FileNotFoundError):
-            await client.get(keys[0])
+            await client.get(keys[0], unverified=True)
     assert again.counters()["deltarl_relay_upstream_pulls_total"] == 0
 
 
@@ -236,7 +236,7 @@ async def test_chained_relays_carry_one_copy_per_hop(relay_chain: RelayChain) ->
     data = os.urandom(700_000)
     relay_chain.origin.put(SEG, data)
     async with RelayClient(relay_chain.b.url, connections=8) as client:
-        got = await asyncio.gather(*(client.get(SEG) for _ in range(8)))
+        got = await asyncio.gather(*(client.get(SEG, unverified=True) for _ in range(8)))
     assert got == [data] * 8
     a, b = relay_chain.a.counters(), relay_chain.b.counters()
     assert b["deltarl_relay_served_bytes_total"] == 8 * len(data)
@@ -254,7 +254,7 @@ async def test_long_poll_through_a_chain(relay_chain: RelayChain) -> None:
 
     async with RelayClient(relay_chain.b.url) as client:
         task = asyncio.ensure_future(upload_later())
-        info, got = await asyncio.gather(client.head(SEG, wait=10), client.get(SEG, wait=10))
+        info, got = await asyncio.gather(client.head(SEG, wait=10), client.get(SEG, unverified=True, wait=10))
         await task
     assert (info.size, got) == (len(data), data)
     assert relay_chain.a.counters()["deltarl_relay_upstream_pulls_total"] == 1
@@ -271,7 +271,7 @@ async def test_a_long_poll_starts_the_pull_at_every_hop_without_a_plain_head(rel
         while SEG not in relay_chain.a.service.cache or SEG not in relay_chain.b.service.cache:
             assert time.monotonic() < deadline, "a long-poll HEAD did not prefetch the object along the chain"
             await asyncio.sleep(0.02)
-        assert await client.get(SEG) == data
+        assert await client.get(SEG, unverified=True) == data
     a, b = relay_chain.a.counters(), relay_chain.b.counters()
     assert a["deltarl_relay_upstream_pulls_total"] == b["deltarl_relay_upstream_pulls_total"] == 1
     assert b.get("deltarl_relay_upstream_requests_total{op=head}", 0) == 0  # the long-poll itself asked A
@@ -279,7 +279,7 @@ async def test_a_long_poll_starts_the_pull_at_every_hop_without_a_plain_head(rel
 
 async def test_a_client_leaving_a_long_poll_releases_it_along_the_chain(relay_chain: RelayChain) -> None:
     async with RelayClient(relay_chain.b.url) as client:
-        task = asyncio.ensure_future(client.get(SEG, wait=30))
+        task = asyncio.ensure_future(client.get(SEG, unverified=True, wait=30))
         await asyncio.sleep(0.3)
         assert relay_chain.a.counters()["deltarl_relay_waiters"] >= 1  # B asked A to wait too
         task.cancel()

@@ -179,3 +179,28 @@ def test_export_bf16_handles_tied_weights(tiny_model: Any) -> None:
     # copies, not views of the master weights
     p = dict(tiny_model.named_parameters())["model.norm.weight"]
     assert state["model.norm.weight"].data_ptr() != p.data_ptr()
+
+
+@pytest.mark.parametrize("poison", ["logprob-nan", "logprob-ninf", "reward-inf"])
+def test_non_finite_step_is_refused_and_weights_stay(tiny_model: Any, poison: str, caplog: pytest.LogCaptureFixture) -> None:
+    from deltarl.errors import NonFiniteStep
+
+    prompts = {"p": [257, 49, 43]}
+    results = _on_policy_results(tiny_model, prompts, {"p": [([51, 258], 1.0), ([120, 121], 0.0)]})
+    s = results[0].samples[0]
+    if poison == "reward-inf":
+        s.reward = float("inf")
+    else:
+        s.logprobs[1] = float("nan") if poison == "logprob-nan" else float("-inf")
+    trainer = GRPOTrainer(tiny_model, GRPOConfig(lr=1e-2), pad_token_id=256)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with pytest.raises(NonFiniteStep, match="weights unchanged"):
+        trainer.train_step(results)
+    assert "skipped, weights unchanged" in caplog.text
+    after = trainer.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in trainer.model.parameters())
+    assert not trainer.optimizer.state  # AdamW moments were not touched either
+    s.reward, s.logprobs[1] = 1.0, -0.5
+    trainer.train_step(results)  # the next finite step trains
+    assert any(not torch.equal(before[k], trainer.model.state_dict()[k]) for k in before)

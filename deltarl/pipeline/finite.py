@@ -1,0 +1,84 @@
+"""The finite-values check every publish runs: one NaN or Inf in a published state poisons every actor.
+
+A float is NaN or Inf exactly when its exponent bits are all ones, so the check reads each floating
+tensor as raw integers in 1M-element chunks: ``max(bits & exponent_mask)`` per chunk (numpy SIMD,
+two chunk-sized buffers, no numba import: a keyframe-only publish stays as lean as before). Only a
+tensor that has such an element pays for an exact count. A dtype without a known layout (or a
+device tensor) falls back to one float32 sum (NaN or Inf anywhere makes it non-finite).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from deltarl.errors import NonFiniteTensor
+
+# raw-bits dtype and exponent mask of each float dtype (by itemsize and numpy kind)
+_MASKS = {"bfloat16": (np.uint16, 0x7F80), "float16": (np.uint16, 0x7C00),
+          "float32": (np.uint32, 0x7F800000), "float64": (np.uint64, 0x7FF0000000000000)}
+
+
+_CHUNK = 1 << 20
+
+
+def _count_bits(bits: np.ndarray, mask: int) -> int:
+    """Elements of ``bits`` (the raw integer view of a float array) whose exponent bits are all ones."""
+    flat = bits.reshape(-1)
+    m = flat.dtype.type(mask)
+    buf = np.empty(min(_CHUNK, flat.size), dtype=flat.dtype)
+    bad = 0
+    for lo in range(0, flat.size, _CHUNK):
+        chunk = flat[lo : lo + _CHUNK]
+        out = buf[: chunk.size]
+        np.bitwise_and(chunk, m, out=out)
+        if out.max() == m:
+            bad += int(np.count_nonzero(out == m))
+    return bad
+
+
+def _torch_nonfinite(t: Any) -> int:
+    import torch
+
+    if not t.is_floating_point() or t.numel() == 0:
+        return 0
+    spec = _MASKS.get(str(t.dtype).removeprefix("torch."))
+    if spec is not None and t.device.type == "cpu" and t.is_contiguous():
+        int_dtype = {np.uint16: torch.int16, np.uint32: torch.int32, np.uint64: torch.int64}[spec[0]]
+        return _count_bits(t.view(int_dtype).numpy().view(spec[0]), spec[1])
+    if bool(torch.isfinite(t.sum(dtype=torch.float32))):
+        return 0
+    return int((~torch.isfinite(t)).sum())
+
+
+def _numpy_nonfinite(a: np.ndarray) -> int:
+    if a.dtype.kind != "f" or a.size == 0:
+        return 0
+    spec = _MASKS.get(a.dtype.name)
+    if spec is not None and a.flags.c_contiguous:
+        return _count_bits(a.view(spec[0]), spec[1])
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(a.sum(dtype=np.float64)):
+            return 0
+    return int(a.size - np.count_nonzero(np.isfinite(a)))
+
+
+def check_finite(state_dict: Mapping[str, Any]) -> None:
+    """Raise :class:`~deltarl.errors.NonFiniteTensor` naming the first floating tensor that holds NaN
+    or Inf (torch tensors and numpy arrays; other values are not checked)."""
+    for name, value in state_dict.items():
+        if isinstance(value, np.ndarray):
+            bad = _numpy_nonfinite(value)
+        elif hasattr(value, "is_floating_point") and hasattr(value, "numel"):
+            bad = _torch_nonfinite(value)
+        else:
+            continue
+        if bad:
+            raise NonFiniteTensor(f"tensor {name!r} holds {bad} NaN/Inf values of {_numel(value)}; "
+                                  "refusing to publish it (pass allow_nonfinite=True to publish anyway)")
+
+
+def _numel(value: Any) -> int:
+    return int(value.size) if isinstance(value, np.ndarray) else int(value.numel())

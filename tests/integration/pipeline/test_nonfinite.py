@@ -1,0 +1,67 @@
+"""A state holding NaN or Inf is never published unless the caller opts in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from deltarl.errors import DeltaRLError, NonFiniteTensor
+from deltarl.pipeline import Publisher, RunReader, replay
+from deltarl.pipeline.finite import check_finite
+from deltarl.storage import MemoryStore
+from tests.fixtures.runs import TinyTrainer, states_equal
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("name", ["layers.0.attn.weight", "layers.0.norm.bias", "lm_head.weight"])
+def test_publish_refuses_non_finite_tensors(memory_store: MemoryStore, poison: float, name: str) -> None:
+    trainer = TinyTrainer(0)
+    with Publisher(memory_store, "r") as pub:
+        first = trainer.export()
+        pub.publish(first, step=0)
+        trainer.step()
+        bad = trainer.export()
+        bad[name].view(-1)[7] = poison
+        with pytest.raises(NonFiniteTensor, match=name) as err:
+            pub.publish(bad, step=1)
+        assert isinstance(err.value, DeltaRLError)
+        assert RunReader(memory_store, "r").head().version == 0  # nothing was committed
+        trainer.step()
+        good = trainer.export()
+        assert pub.publish(good, step=1).version == 1  # the publisher goes on with a finite state
+    assert states_equal(replay(memory_store, "r", 1), good)
+
+
+def test_allow_nonfinite_publishes_it_bit_exact(memory_store: MemoryStore) -> None:
+    state = TinyTrainer(1).export()
+    state["embed.weight"].view(-1)[:3] = float("nan")
+    with Publisher(memory_store, "r") as pub:
+        pub.publish(state, step=0, allow_nonfinite=True)
+    assert states_equal(replay(memory_store, "r", 0), state)
+
+
+@pytest.mark.parametrize("contiguous", [True, False])  # raw-bits path / float32-sum fallback
+def test_check_finite_both_paths(contiguous: bool) -> None:
+    import torch
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        t = torch.linspace(-60000, 60000, 2997).to(dtype).reshape(999, 3)
+        if not contiguous:
+            t = t.t()  # a transposed view: not contiguous
+        check_finite({"t": t})
+        for poison in (float("nan"), float("inf"), float("-inf")):
+            bad = t.contiguous().clone()
+            bad.view(-1)[500] = poison
+            if not contiguous:
+                bad = bad.t().contiguous().t()
+            assert bad.is_contiguous() == contiguous
+            with pytest.raises(NonFiniteTensor, match="'t' holds 1 NaN/Inf values of 2997"):
+                check_finite({"ok": t, "t": bad})
+
+    big = torch.full((1000,), 3.0e38, dtype=torch.float32)  # finite, but its sum overflows
+    check_finite({"w": big if contiguous else big[::2], "ids": torch.arange(5), "meta": "x"})
+    arr = np.zeros(3 << 20, dtype=np.float16)  # several 1M-element chunks, the bad one last
+    check_finite({"a": arr})
+    arr[-1] = np.inf
+    with pytest.raises(NonFiniteTensor, match="'a' holds 1 NaN/Inf"):
+        check_finite({"a": arr if contiguous else arr[::-1]})
