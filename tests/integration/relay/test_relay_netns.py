@@ -49,7 +49,7 @@ print(hashlib.sha256(data).hexdigest(), len(data) * 8 / dt)
 
 def test_relay_across_a_shaped_region_link(regions: str, tmp_path: Path) -> None:
     data = os.urandom(4 << 20)
-    key = "r/versions/000000000001/seg-00000.bin"
+    key = "r/blobs/payload.bin"  # not a segment: a relay serves a segment only once a manifest names it
     LocalStore(str(tmp_path / "store")).put(key, data)
     relay = subprocess.Popen(
         ["ip", "netns", "exec", f"{regions}-origin", sys.executable, "-m", "deltarl.cli", "relay", "--upstream",
