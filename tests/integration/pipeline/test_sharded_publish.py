@@ -152,3 +152,80 @@ def test_killed_rank_leaves_no_half_version_and_resume_at_other_world_size() -> 
         _check_replays(tmp, range(5))
         keys = [ref.key for ref in reader.manifest(2)[0].segments]
         assert all("/e000002-seg-" in k for k in keys), keys
+
+
+def _local_worker(rank: int, world: int, tmp: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from deltarl.errors import ShardedPublishError
+    from deltarl.pipeline.sharded import ShardedPublisher
+    from deltarl.storage import LocalStore
+
+    try:
+        _init(rank, world, os.path.join(tmp, "init-local"))
+        g = torch.Generator().manual_seed(0)
+        full = {"a": torch.randn(10, 300, generator=g).bfloat16(), "b": torch.randn(3, generator=g)}
+        fulls = []
+
+        def shards(state: dict, bad: bool = False) -> dict:
+            out = {}
+            for name, t in state.items():
+                per = -(-t.shape[0] // world)
+                lo = min(per * rank, t.shape[0])
+                hi = min(lo + per, t.shape[0])
+                local = t[lo:hi].clone()
+                out[name] = (local.float() if bad and name == "a" else local, tuple(t.shape), lo)
+            return out
+
+        store = LocalStore(os.path.join(tmp, "store"))
+        with ShardedPublisher(store, "r", **KW) as pub:
+            for step in range(4):
+                if step:
+                    full = {k: torch.where(torch.rand(v.shape, generator=g) < 0.1, v * 1.5, v).to(v.dtype) for k, v in full.items()}
+                if step == 2:  # one rank hands over a float32 shard of a bfloat16 tensor: nobody commits
+                    with pytest.raises(ShardedPublishError, match="rank 1: TensorMismatch|rank 0: RunError"):
+                        pub.publish_local(shards(full, bad=rank == 1), step)
+                    assert pub.next_version == 2
+                pub.publish_local(shards(full), step)
+                fulls.append(full)
+            mesh = init_device_mesh("cpu", (world,))
+            layer = torch.nn.Linear(4, 6)
+            layer.weight = torch.nn.Parameter(distribute_tensor(layer.weight.data, mesh, [Shard(1)]))
+            layer.bias = torch.nn.Parameter(distribute_tensor(layer.bias.data, mesh, [Shard(0)]))
+            with pytest.raises(ShardedPublishError, match=r"'weight': placement Shard\(dim=1\)"):
+                pub.publish_model(layer, 9)
+            assert pub.next_version == 4
+        if rank == 0:
+            torch.save(fulls, os.path.join(tmp, "fulls.pt"))
+        dist.destroy_process_group()
+    except BaseException:
+        Path(tmp, f"error-local-{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def test_publish_local_and_a_failed_rank_fails_the_version_everywhere() -> None:
+    import torch
+    import torch.multiprocessing as mp
+
+    from deltarl.pipeline import replay
+    from deltarl.storage import LocalStore
+
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_local_worker, args=(r, 3, str(tmp))) for r in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(240)
+        for err in sorted(tmp.glob("error-local-*.txt")):
+            pytest.fail(err.read_text())
+        assert [p.exitcode for p in procs] == [0, 0, 0]
+        fulls = torch.load(tmp / "fulls.pt")
+        store = LocalStore(tmp / "store")
+        for v, want in enumerate(fulls):
+            got = replay(store, "r", v)
+            assert all(torch.equal(got[k].view(torch.uint8), want[k].view(torch.uint8)) for k in want), v
