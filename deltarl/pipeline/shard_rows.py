@@ -14,12 +14,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from deltarl.errors import IntegrityError, TensorMismatch, UnsupportedPlacement
-from deltarl.pipeline.canonical import canonical_json
-from deltarl.pipeline.tensors import TensorSpec, dtype_of
+from deltarl.pipeline.tensors import DTYPES, TensorSpec, dtype_of
 
 Rows = dict[str, tuple[TensorSpec, int]]  # name -> (global spec, first element)
 TensorRange = tuple[str, int, int]  # (name, first element, count)
-PART_FORMAT = "keyframe-part/2"
 PART_BYTES = 512 << 20
 
 
@@ -47,6 +45,10 @@ def local_rows(tensors: Mapping[str, tuple[Any, Sequence[int], int]]) -> tuple[d
         local[name] = value
         rows[name] = (spec, offset * row)
     return local, rows
+
+
+def _width(spec: TensorSpec) -> int:
+    return DTYPES[spec.dtype][1] // 8
 
 
 def numel(value: Any) -> int:
@@ -132,31 +134,37 @@ def held_ranges(local: Mapping[str, Any], rows: Rows) -> list[TensorRange]:
     return [(name, rows[name][1], numel(local[name])) for name in sorted(rows) if numel(local[name])]
 
 
-def keyframe_parts(local: Mapping[str, Any], rows: Rows, part_bytes: int = PART_BYTES) -> Iterator[tuple[bytes, list[TensorRange]]]:
-    """This rank's keyframe parts: safetensors files of at most ~``part_bytes`` and their ranges."""
-    from safetensors.torch import save
-
-    from deltarl.pipeline.uploads import as_torch
-
-    entries: dict[str, Any] = {}
-    ranges: list[TensorRange] = []
-    size = 0
+def plan_local_parts(local: Mapping[str, Any], rows: Rows, part_bytes: int = PART_BYTES) -> list[list[TensorRange]]:
+    """This rank's keyframe parts: its held ranges cut at tensor boundaries into ~``part_bytes`` parts."""
+    parts: list[list[TensorRange]] = []
+    current: list[TensorRange] = []
+    fill = 0
     for name, start, count in held_ranges(local, rows):
-        spec = rows[name][0]
-        t = as_torch(local[name])
-        entries[name] = t.reshape(spec.shape) if count == spec.numel else t.reshape(-1)
-        ranges.append((name, start, count))
-        size += t.numel() * t.element_size()
-        if size >= part_bytes:
-            yield _part(save, entries, ranges), ranges
-            entries, ranges, size = {}, [], 0
-    if entries:
-        yield _part(save, entries, ranges), ranges
+        nbytes = count * _width(rows[name][0])
+        if current and fill + nbytes > part_bytes:
+            parts.append(current)
+            current, fill = [], 0
+        current.append((name, start, count))
+        fill += nbytes
+    if current:
+        parts.append(current)
+    return parts
 
 
-def _part(save: Any, entries: dict[str, Any], ranges: list[TensorRange]) -> bytes:
-    meta = {"deltarl.format": PART_FORMAT, "deltarl.ranges": canonical_json([list(r) for r in ranges]).decode()}
-    return bytes(save(entries, metadata=meta))
+def iter_local_part(local: Mapping[str, Any], rows: Rows, ranges: Sequence[TensorRange], chunk: int = 8 << 20) -> Iterator[memoryview]:
+    """The bytes of one keyframe part (docs/FORMAT.md) of this rank's rows: the header, then
+    zero-copy views of the local tensors (``ranges`` hold global element positions)."""
+    from deltarl.pipeline.keyframe import part_header
+    from deltarl.pipeline.tensors import flat_bits
+
+    specs = {name: rows[name][0] for name, _, _ in ranges}
+    yield memoryview(part_header(ranges, specs))
+    for name, start, count in ranges:
+        view = memoryview(flat_bits(name, local[name])).cast("B")
+        size = _width(rows[name][0])
+        lo = (start - rows[name][1]) * size
+        for a in range(lo, lo + count * size, chunk):
+            yield view[a : min(a + chunk, lo + count * size)]
 
 
 def slice_rows(full: Mapping[str, Any], like: Mapping[str, Any], rows: Rows) -> dict[str, Any]:

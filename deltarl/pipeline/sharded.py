@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +38,7 @@ from deltarl.pipeline.manifest import (
     RunInfo,
     StateDigest,
 )
+from deltarl.pipeline.pieces import PieceHasher
 from deltarl.pipeline.reader import RunReader
 from deltarl.pipeline.shard_digest import ALGO, combine_digest, shard_hashes
 from deltarl.pipeline.uploads import CrashPoint, UploadPool
@@ -265,9 +266,9 @@ class ShardedPublisher:
             te = time.perf_counter()
             report.update(self._encode(local, rows, version, uploads) if version > 0 else {"chunks": [], "changed": 0})
             if keyframe:
-                for i, (data, ranges) in enumerate(sr.keyframe_parts(local, rows)):
+                for i, ranges in enumerate(sr.plan_local_parts(local, rows)):
                     key = self.layout.keyframe_part(version, i, epoch=self.epoch, rank=self.rank)
-                    uploads.submit(self._upload_part, key, data, ranges)
+                    uploads.submit(self._upload_part, key, local, rows, ranges)
             report["digest"] = shard_hashes(local, rows) if digest else None
             encode_s = time.perf_counter() - te
             refs = uploads.results()
@@ -332,12 +333,18 @@ class ShardedPublisher:
         self.store.put_if_absent(key, data)
         return ref
 
-    def _upload_part(self, key: str, data: bytes, ranges: list[sr.TensorRange]) -> KeyframePart:
-        ref = ObjectRef.of(key, data)
-        self.store.put_if_absent(key, data)
-        return KeyframePart(
-            key=ref.key, sha256=ref.sha256, size=ref.size, piece_size=ref.piece_size, pieces=ref.pieces, tensors=tuple(ranges)
-        )
+    def _upload_part(self, key: str, local: dict[str, Any], rows: sr.Rows, ranges: list[sr.TensorRange]) -> KeyframePart:
+        """Stream one keyframe part of this rank's rows to ``key``, hashed in the same pass."""
+        hasher = PieceHasher()
+
+        def hashed() -> Iterator[memoryview]:
+            for buf in sr.iter_local_part(local, rows, ranges):
+                hasher.update(buf)
+                yield buf
+
+        self.store.put_stream_if_absent(key, hashed())
+        sha, size, pieces = hasher.finish()
+        return KeyframePart(key=key, sha256=sha, size=size, piece_size=hasher.piece_size, pieces=tuple(pieces), tensors=tuple(ranges))
 
     def _discard(self, uploads: UploadPool) -> None:
         for f in uploads.futures:
