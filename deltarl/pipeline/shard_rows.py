@@ -76,7 +76,7 @@ def dtensor_rows(model: Any, rank_of_group: int, world: int) -> tuple[dict[str, 
                 for dim, pl in enumerate(placements):
                     if not (isinstance(pl, Replicate) or (isinstance(pl, Shard) and pl.dim == 0 and type(pl) is Shard)):
                         raise UnsupportedPlacement(
-                            f"parameter {name!r}: placement {pl} on mesh dimension {dim} is not a row shard; "
+                            f"parameter {name!r}: placement {pl!r} on mesh dimension {dim} is not a row shard; "
                             "redistribute it to Shard(0) (or Replicate) before publishing"
                         )
                 local_shape, offset = compute_local_shape_and_global_offset(shape, mesh, placements)

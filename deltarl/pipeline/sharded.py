@@ -277,7 +277,7 @@ class ShardedPublisher:
             self._crash.at(version, "gathered")
         except Exception as err:
             self._discard(uploads)
-            report = {"error": f"rank {self.rank}: {type(err).__name__}: {err}"}
+            report = {"error": f"{type(err).__name__}: {err}"}
         try:
             reports = self._gather(report)
             outcome: dict[str, Any] = {"error": None}
@@ -367,9 +367,12 @@ class ShardedPublisher:
         from deltarl.pipeline.publisher import utc_now
         from deltarl.pipeline.tensors import TensorSpec
 
-        errors = [r["error"] for r in reports if r["error"] is not None]
+        errors: dict[str, list[int]] = {}
+        for rank, r in enumerate(reports):
+            if r["error"] is not None:
+                errors.setdefault(r["error"], []).append(rank)
         if errors:
-            return {"error": "; ".join(errors)}
+            return {"error": "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {e}" for e, rs in errors.items())}
         try:
             specs = {tuple(s) for r in reports for s in r["specs"]}
             table = [TensorSpec(n, d, tuple(sh)) for n, d, sh in sorted(specs)]
