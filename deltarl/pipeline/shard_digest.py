@@ -47,7 +47,7 @@ def shard_hashes(
         value = local[name]
         if is_cuda(value):
             value = value.cpu()
-        raw = memoryview(flat_bits(name, value)).cast("B")
+        raw = flat_bits(name, value).data.cast("B")
         width = _byte_width(spec)
         b0 = start * width
         b1 = b0 + len(raw)
@@ -56,7 +56,7 @@ def shard_hashes(
         if b1 > b0:
             jlo, jhi = b0 // BLOCK_BYTES, (b1 - 1) // BLOCK_BYTES
 
-            def whole(j: int) -> bool:
+            def whole(j: int, b0: int = b0, b1: int = b1, total: int = total) -> bool:
                 return j * BLOCK_BYTES >= b0 and min((j + 1) * BLOCK_BYTES, total) <= b1
 
             first = jlo if whole(jlo) else jlo + 1

@@ -160,7 +160,7 @@ def iter_local_part(local: Mapping[str, Any], rows: Rows, ranges: Sequence[Tenso
     specs = {name: rows[name][0] for name, _, _ in ranges}
     yield memoryview(part_header(ranges, specs))
     for name, start, count in ranges:
-        view = memoryview(flat_bits(name, local[name])).cast("B")
+        view = flat_bits(name, local[name]).data.cast("B")
         size = _width(rows[name][0])
         lo = (start - rows[name][1]) * size
         for a in range(lo, lo + count * size, chunk):
@@ -170,7 +170,7 @@ def iter_local_part(local: Mapping[str, Any], rows: Rows, ranges: Sequence[Tenso
 def slice_rows(full: Mapping[str, Any], like: Mapping[str, Any], rows: Rows) -> dict[str, Any]:
     """Private copies of this rank's rows of a full state, shaped like the local tensors ``like``."""
     out: dict[str, Any] = {}
-    for name, (spec, start) in rows.items():
+    for name, (_, start) in rows.items():
         count = numel(like[name])
         flat = full[name].reshape(-1)
         out[name] = flat[start : start + count].clone().reshape(like[name].shape)

@@ -258,7 +258,8 @@ class ShardedPublisher:
         try:
             if early is not None:
                 raise early
-            assert local is not None and rows is not None
+            assert local is not None
+            assert rows is not None
             report = {"error": None, "specs": sorted((s.name, s.dtype, s.shape) for s, _ in rows.values())}
             report["ranges"] = sr.held_ranges(local, rows)
             if version > 0 and self._prev is None:
@@ -311,7 +312,8 @@ class ShardedPublisher:
         from deltarl.pipeline.encode import iter_encode_rows
         from deltarl.pipeline.segment import read_segment_header
 
-        assert self._prev is not None and self._head_id is not None
+        assert self._prev is not None
+        assert self._head_id is not None
         chunks: list[tuple[str, int, int]] = []
         bases: set[str] = set()
         changed = 0

@@ -83,10 +83,10 @@ def test_rank_by_rank_digest_equals_whole_state(world: int) -> None:
     table = tensor_table(old)
     shares = [shard_hashes(*_shard(old, r, world)) for r in range(world)]
     assert combine_digest(table, shares) == _reference_digest(old)
-    with pytest.raises(IntegrityError, match="not covered|ends at byte"):
+    with pytest.raises(IntegrityError, match=r"not covered|ends at byte"):
         combine_digest(table, shares[:-1] if world > 1 else [{}])
     if world > 1:
-        with pytest.raises(IntegrityError, match="two shards|gap or overlap|both whole"):
+        with pytest.raises(IntegrityError, match=r"two shards|gap or overlap|both whole"):
             combine_digest(table, [*shares, shares[0]])
 
 
