@@ -20,13 +20,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
 from deltarl.errors import DeltaRLError, ObjectNotFound, TransferError
-from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -65,7 +64,7 @@ class VersionStaging:
         self._limit = count
         self._limit_set.set()
 
-    async def speculate(self, fetcher: Fetcher, layout: RunLayout, version: int, *, window: int, wait_s: float) -> None:
+    async def speculate(self, fetcher: Fetcher, key_of: Callable[[int], str], *, window: int, wait_s: float) -> None:
         """Long-poll and decode segments 0, 1, … of ``version``, until cancelled, or until those below
         :meth:`limit` are done (or one is not a delta on our base)."""
         next_index = 0
@@ -73,7 +72,7 @@ class VersionStaging:
         limit_wait: asyncio.Task[Any] = asyncio.ensure_future(self._limit_set.wait())
 
         async def one(index: int) -> None:
-            key = layout.segment(version, index)
+            key = key_of(index)
             while True:
                 try:
                     data = await fetcher.fetch_key(key, wait_s=wait_s)

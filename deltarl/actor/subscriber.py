@@ -37,8 +37,8 @@ from typing import Any
 from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.staging import VersionStaging
 from deltarl.errors import IntegrityError, ObjectNotFound, RunError, StagingError, TransferError
-from deltarl.pipeline.layout import RunLayout
-from deltarl.pipeline.manifest import HeadRecord, Manifest, version_id
+from deltarl.pipeline.layout import RunLayout, key_epoch
+from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo, version_id
 
 log = logging.getLogger(__name__)
 
@@ -122,14 +122,15 @@ class _DigestCheck:
 
     def matches(self) -> bool:
         """Whether the digest equals the manifest's (waits for it; False if computing it failed)."""
-        return self.future.exception() is None and self.future.result()[0] == self.staged.manifest.state_digest
+        recorded = self.staged.manifest.state_digest
+        return self.future.exception() is None and recorded is not None and self.future.result()[0] == recorded.value
 
 
-def _timed_digest(state: Mapping[str, Any]) -> tuple[str, float]:
+def _timed_digest(state: Mapping[str, Any], algo: str) -> tuple[str, float]:
     from deltarl.pipeline import state_digest
 
     t0 = time.monotonic()
-    return state_digest(state), time.monotonic() - t0
+    return state_digest(state, algo), time.monotonic() - t0
 
 
 class Subscriber:
@@ -173,6 +174,7 @@ class Subscriber:
         self._task: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
         self._manifests: dict[int, tuple[Manifest, str]] = {}
+        self._info: RunInfo | None = None
         self.speculate = speculate
         self._spec: tuple[int, VersionStaging, asyncio.Task[None] | None] | None = None
         #: Segments staged before their manifest was visible (verified against it afterwards).
@@ -207,8 +209,6 @@ class Subscriber:
 
     async def _catch_up_state(self, target: int) -> tuple[dict[str, Any], Manifest, str]:
         """A fresh state at ``target``: the newest keyframe at or before it, then the deltas after."""
-        from safetensors.torch import load
-
         from deltarl.pipeline import stage_delta
 
         chain: list[tuple[Manifest, str]] = []
@@ -226,7 +226,7 @@ class Subscriber:
         chain.reverse()
         kf = chain[0][0]
         assert kf.keyframe is not None
-        state: dict[str, Any] = await asyncio.to_thread(load, await self.fetcher.fetch(kf.keyframe))
+        state = await self._load_keyframe(kf)
         for manifest, _ in chain[1:]:
             parent_id = self._manifests[manifest.version - 1][1]
             segments = [data async for _, data in self.fetcher.fetch_objects(list(manifest.segments))]  # any order
@@ -236,6 +236,35 @@ class Subscriber:
         if last.state_digest is not None:
             await self._check_digest(state, last)
         return state, last, vid
+
+    async def _run_info(self) -> RunInfo:
+        if self._info is None:
+            key = self.layout.run_json
+            info = RunInfo.from_bytes(await self.fetcher.fetch_key(key), where=key)
+            if info.run != self.layout.run:
+                raise RunError(f"{key}: run.json names run {info.run!r}, not {self.layout.run!r}")
+            self._info = info
+        return self._info
+
+    async def _load_keyframe(self, manifest: Manifest) -> dict[str, Any]:
+        """The full state of a keyframe version: each part fetched (checked) and copied into fresh tensors."""
+        from deltarl.pipeline.keyframe import empty_state, load_part_bytes
+
+        assert manifest.keyframe is not None
+        if manifest.format_version < 2:
+            from safetensors.torch import load
+
+            state: dict[str, Any] = await asyncio.to_thread(load, await self.fetcher.fetch(manifest.keyframe.parts[0]))
+            return state
+        info = await self._run_info()
+        manifest.keyframe.check_covers(info.tensors, manifest.key)
+        specs = {t.name: t for t in info.tensors}
+        state = await asyncio.to_thread(empty_state, info.tensors)
+        for part in manifest.keyframe.parts:
+            data = await self.fetcher.fetch(part)
+            await asyncio.to_thread(load_part_bytes, part, data, specs, state, named_by=manifest.key)
+            del data
+        return state
 
     async def bootstrap(self) -> CommitInfo:
         """Load the newest keyframe and apply deltas up to HEAD, now (for a new actor)."""
@@ -303,6 +332,16 @@ class Subscriber:
                 await asyncio.gather(task, return_exceptions=True)
             staging.close()
 
+    def _predicted_segment_keys(self, version: int) -> Callable[[int], str]:
+        """Segment keys of ``version`` as its writer will most likely name them: the epoch of the last
+        manifest's objects (a new writer's epoch only makes speculation miss, never misapply)."""
+        last = self._manifests.get(version - 1)
+        refs = [] if last is None else [*last[0].segments, *(last[0].keyframe.parts if last[0].keyframe else ())]
+        epoch = next((e for ref in refs if (e := key_epoch(ref.key)) is not None), None)
+        if last is not None and last[0].format_version < 2:
+            return lambda i: self.layout.segment_v1(version, i)
+        return lambda i: self.layout.segment(version, i, epoch=epoch or 1)
+
     async def _stage_next(self) -> None:
         assert self.version is not None
         assert self.version_id is not None
@@ -320,7 +359,8 @@ class Subscriber:
             task = None
             if self.speculate:  # fetch + decode segments as they are uploaded, before the manifest exists
                 window = max(1, self.fetcher.streams)
-                task = asyncio.ensure_future(staging.speculate(self.fetcher, self.layout, target, window=window, wait_s=self.poll_wait_s))
+                key_of = self._predicted_segment_keys(target)
+                task = asyncio.ensure_future(staging.speculate(self.fetcher, key_of, window=window, wait_s=self.poll_wait_s))
             self._spec = (target, staging, task)
         manifest, vid = await self.manifest(target, wait_s=self.poll_wait_s)  # ObjectNotFound: keep speculating
         visible = time.monotonic()
@@ -415,7 +455,7 @@ class Subscriber:
         if check:
             if self._digests is None:
                 self._digests = ThreadPoolExecutor(1, thread_name_prefix="deltarl-digest")
-            self._check = _DigestCheck(staged, previous, info, self._digests.submit(_timed_digest, self.state))
+            self._check = _DigestCheck(staged, previous, info, self._digests.submit(_timed_digest, self.state, staged.manifest.state_digest.algo))  # type: ignore[union-attr]  # recorded
         self.commits.append(info)
         self._wake.set()
         return info
@@ -488,6 +528,8 @@ class Subscriber:
     async def _check_digest(self, state: dict[str, Any], manifest: Manifest) -> None:
         from deltarl.pipeline import state_digest
 
-        got = await asyncio.to_thread(state_digest, state)
-        if got != manifest.state_digest:
+        recorded = manifest.state_digest
+        assert recorded is not None
+        got = await asyncio.to_thread(state_digest, state, recorded.algo)
+        if got != recorded.value:
             raise IntegrityError(f"{manifest.key}: caught-up state digest {got[:16]}… differs from the manifest")

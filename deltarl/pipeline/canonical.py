@@ -46,6 +46,8 @@ class Fields:
             raise FormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
         self.obj = dict(obj)
         self.where = where
+        #: The record's ``format_version`` (set by :func:`load_record`).
+        self.format_version = 0
 
     def _pop(self, name: str) -> Any:
         if name not in self.obj:
@@ -90,8 +92,10 @@ class Fields:
             raise FormatError(f"{self.where}: unknown fields {sorted(self.obj)}")
 
 
-def load_record(data: bytes, where: str, cap: int, format_version: int) -> Fields:
-    """Parse a record's bytes: checked size, format version and canonical form; its fields to pop."""
+def load_record(data: bytes, where: str, cap: int, format_version: int | tuple[int, ...]) -> Fields:
+    """Parse a record's bytes: checked size, format version (one, or any of several a reader
+    accepts; ``Fields.format_version`` says which) and canonical form; its fields to pop."""
+    accepted = (format_version,) if isinstance(format_version, int) else format_version
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise FormatError(f"{where}: expected bytes, got {type(data).__name__}")
     data = bytes(data)
@@ -103,9 +107,11 @@ def load_record(data: bytes, where: str, cap: int, format_version: int) -> Field
         raise FormatError(f"{where}: not valid UTF-8 JSON: {err}") from err
     fields = Fields(obj, where)
     got = fields.obj.get("format_version")
-    if got != format_version or isinstance(got, bool):
-        raise UnsupportedFormatVersion(f"{where}: format_version {got!r} is not supported (this build reads {format_version})")
+    if isinstance(got, bool) or got not in accepted:
+        readable = " and ".join(str(v) for v in accepted)
+        raise UnsupportedFormatVersion(f"{where}: format_version {got!r} is not supported (this build reads {readable})")
     fields.obj.pop("format_version")
+    fields.format_version = got
     if canonical_json(obj) != data:
         raise FormatError(f"{where}: bytes are not canonical JSON (sorted keys, no spaces, UTF-8)")
     return fields

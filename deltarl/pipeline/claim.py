@@ -24,14 +24,23 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from deltarl.errors import FormatError, ObjectExists, ObjectNotFound, PreconditionFailed, WriterConflict
+from deltarl.errors import (
+    FormatError,
+    ObjectExists,
+    ObjectNotFound,
+    PreconditionFailed,
+    UnsupportedFormatVersion,
+    WriterConflict,
+)
 from deltarl.pipeline.canonical import canonical_json, load_record
 from deltarl.pipeline.layout import RunLayout
 from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
 
-CLAIM_FORMAT_VERSION = 1
+CLAIM_FORMAT_VERSION = 2
+#: WRITER versions this build reads (a v1 claim has epoch 0: the next acquire writes epoch 1).
+READABLE_CLAIM_VERSIONS = (1, 2)
 MAX_CLAIM_BYTES = 4096
 
 
@@ -42,43 +51,58 @@ def new_writer_id() -> str:
 
 @dataclass(frozen=True)
 class WriterClaim:
-    """The content of ``<run>/WRITER``. Times are Unix milliseconds."""
+    """The content of ``<run>/WRITER``. Times are Unix milliseconds.
+
+    ``epoch`` (v2) is 1 on the first acquire of a run and the previous epoch + 1 on every acquire
+    after it (restart or takeover); every object key the holder writes carries it. A v1 claim
+    reads as epoch 0.
+    """
 
     writer_id: str
     acquired_at_ms: int
     expires_at_ms: int
     host: str
     pid: int
+    epoch: int = 1
     format_version: int = CLAIM_FORMAT_VERSION
 
+    def __post_init__(self) -> None:
+        if self.format_version not in READABLE_CLAIM_VERSIONS:
+            raise UnsupportedFormatVersion(f"WRITER: format_version {self.format_version} is not supported")
+        if self.format_version >= 2 and self.epoch < 1:
+            raise FormatError("WRITER: epoch must be >= 1")
+
     def to_bytes(self) -> bytes:
-        return canonical_json(
-            {
-                "format_version": self.format_version,
-                "writer_id": self.writer_id,
-                "acquired_at_ms": self.acquired_at_ms,
-                "expires_at_ms": self.expires_at_ms,
-                "host": self.host,
-                "pid": self.pid,
-            }
-        )
+        obj: dict[str, object] = {
+            "format_version": self.format_version,
+            "writer_id": self.writer_id,
+            "acquired_at_ms": self.acquired_at_ms,
+            "expires_at_ms": self.expires_at_ms,
+            "host": self.host,
+            "pid": self.pid,
+        }
+        if self.format_version >= 2:
+            obj["epoch"] = self.epoch
+        return canonical_json(obj)
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "WRITER") -> WriterClaim:
-        f = load_record(data, where, MAX_CLAIM_BYTES, CLAIM_FORMAT_VERSION)
+        f = load_record(data, where, MAX_CLAIM_BYTES, READABLE_CLAIM_VERSIONS)
         claim = cls(
             writer_id=f.str_("writer_id"),
             acquired_at_ms=f.int_("acquired_at_ms"),
             expires_at_ms=f.int_("expires_at_ms"),
             host=f.str_("host"),
             pid=f.int_("pid"),
+            epoch=f.int_("epoch", minimum=1) if f.format_version >= 2 else 0,
+            format_version=f.format_version,
         )
         f.done()
         return claim
 
     def describe(self) -> str:
         expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.expires_at_ms / 1000))
-        return f"writer {self.writer_id!r} (host {self.host}, pid {self.pid}, lease until {expires})"
+        return f"writer {self.writer_id!r} (epoch {self.epoch}, host {self.host}, pid {self.pid}, lease until {expires})"
 
 
 def read_claim(store: ObjectStore, key: str) -> tuple[WriterClaim, str] | None:
@@ -120,14 +144,17 @@ class WriterLease:
         self._etag: str | None = None
         self._valid_until = 0.0  # time.monotonic()
         self._acquired_at_ms = 0
+        #: The claim epoch this writer holds (0 until acquired); every key it writes carries it.
+        self.epoch = 0
 
-    def _record(self, now_ms: int, expires_ms: int | None = None) -> bytes:
+    def _record(self, now_ms: int, expires_ms: int | None = None, epoch: int | None = None) -> bytes:
         return WriterClaim(
             writer_id=self.writer_id,
             acquired_at_ms=self._acquired_at_ms or now_ms,
             expires_at_ms=now_ms + int(self.lease_s * 1000) if expires_ms is None else expires_ms,
             host=socket.gethostname(),
             pid=os.getpid(),
+            epoch=self.epoch if epoch is None else epoch,
         ).to_bytes()
 
     @property
@@ -140,9 +167,11 @@ class WriterLease:
             start = time.monotonic()
             now_ms = int(time.time() * 1000)
             current = read_claim(self.store, self.key)
+            epoch = 1 if current is None else current[0].epoch + 1
+            self._acquired_at_ms = 0
             try:
                 if current is None:
-                    self._etag = self.store.cas(self.key, self._record(now_ms), None)
+                    self._etag = self.store.cas(self.key, self._record(now_ms, epoch=epoch), None)
                 else:
                     claim, etag = current
                     expired = claim.expires_at_ms <= now_ms
@@ -154,10 +183,11 @@ class WriterLease:
                         )
                     if claim.writer_id != self.writer_id:
                         logger.warning("taking the writer claim of %s over from %s", self.key, claim.describe())
-                    self._etag = self.store.cas(self.key, self._record(now_ms), etag)
+                    self._etag = self.store.cas(self.key, self._record(now_ms, epoch=epoch), etag)
             except (PreconditionFailed, ObjectExists, ObjectNotFound):
                 logger.debug("writer claim %s changed while acquiring; retrying", self.key)
                 continue
+            self.epoch = epoch
             self._acquired_at_ms = now_ms
             self._valid_until = start + self.lease_s
             return
@@ -175,9 +205,10 @@ class WriterLease:
             self._etag = None
             current = read_claim(self.store, self.key)
             holder = current[0].describe() if current else "nobody"
+            fenced = f", fenced by epoch {current[0].epoch}" if current and current[0].epoch > self.epoch else ""
             raise WriterConflict(
-                f"lost the writer claim {self.key} ({self.writer_id!r}): it is now held by {holder}; "
-                "this publisher stops so history does not fork"
+                f"lost the writer claim {self.key} ({self.writer_id!r}, epoch {self.epoch}{fenced}): it is now held by "
+                f"{holder}; this publisher stops so history does not fork"
             ) from err
         self._valid_until = start + self.lease_s
 
@@ -215,7 +246,7 @@ def fence_claim(store: ObjectStore, run: str, holder: str, *, force: bool = Fals
     now_ms = int(time.time() * 1000)
     if claim.expires_at_ms > now_ms and not force:
         raise WriterConflict(f"{key}: a live publisher holds the run ({claim.describe()})")
-    record = WriterClaim(holder, now_ms, now_ms, socket.gethostname(), os.getpid()).to_bytes()
+    record = WriterClaim(holder, now_ms, now_ms, socket.gethostname(), os.getpid(), epoch=claim.epoch + 1).to_bytes()
     try:
         store.cas(key, record, etag)
     except (PreconditionFailed, ObjectNotFound) as err:

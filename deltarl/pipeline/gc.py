@@ -70,21 +70,23 @@ def gc(
         parsed = layout.parse_version_key(key)
         if parsed is not None:
             by_version.setdefault(parsed[0], []).append(key)
-    keyframes = {v: key for key in store.list(layout.keyframes_prefix) if (v := layout.parse_keyframe_key(key)) is not None}
+    keyframes: dict[int, list[str]] = {}
+    for key in store.list(layout.keyframes_prefix):
+        if (v := layout.parse_keyframe_key(key)) is not None:
+            keyframes.setdefault(v, []).append(key)
 
     in_flight: list[str] = []
     for version in sorted(set(by_version) | set(keyframes)):
         keys = by_version.get(version, [])
-        kf = keyframes.get(version)
+        kf = keyframes.get(version, [])
         manifest_key = layout.manifest(version)
         if manifest_key in keys:
             manifest, _ = reader.manifest(version)
             wanted = {ref.key for ref in manifest.segments} | {manifest_key}
-            dead = [k for k in keys if k not in wanted]
-            if kf is not None and (manifest.keyframe is None or manifest.keyframe.key != kf):
-                dead.append(kf)
+            wanted |= set(manifest.keyframe.keys if manifest.keyframe is not None else ())
+            dead = [k for k in keys + kf if k not in wanted]  # e.g. a fenced writer's late uploads
         else:
-            dead = keys + ([kf] if kf is not None else [])
+            dead = keys + kf
             if last is None or version > last:
                 in_flight.extend(dead)
                 continue
@@ -137,7 +139,7 @@ def _remove_old_versions(
         keys = [manifest.key, *(ref.key for ref in manifest.segments)]
         report.freed_bytes += _size(store, manifest.key) + sum(ref.size for ref in manifest.segments)
         if manifest.keyframe is not None:
-            keys.append(manifest.keyframe.key)
+            keys.extend(manifest.keyframe.keys)
             report.freed_bytes += manifest.keyframe.size
         report.removed_versions.append(version)
         report.removed_keys.extend(keys)

@@ -53,7 +53,7 @@ class VersionRow:
             encoded_bytes=s.encoded_bytes,
             full_bytes=s.full_bytes,
             keyframe_bytes=None if manifest.keyframe is None else manifest.keyframe.size,
-            state_digest=manifest.state_digest,
+            state_digest=None if manifest.state_digest is None else manifest.state_digest.value,
             created_at=manifest.created_at,
         )
 

@@ -3,15 +3,18 @@
 One prefix per run (see DESIGN.md)::
 
     <run>/run.json                                   immutable: tensor table, codec, intervals
-    <run>/versions/000000000042/seg-00000.bin        immutable delta segments of version 42
-    <run>/versions/000000000042/manifest.json        immutable commit record, written LAST
-    <run>/keyframes/000000000040.safetensors         immutable full snapshot
+    <run>/versions/000000000042/e000003-seg-r000-00000.bin   immutable delta segments of version 42 (v2)
+    <run>/versions/000000000042/manifest.json                immutable commit record, written LAST
+    <run>/keyframes/000000000040/e000003-part-r000-000.safetensors  immutable full snapshot, in parts (v2)
     <run>/HEAD                                       mutable hint: latest committed version (CAS)
     <run>/WRITER                                     mutable: the publisher's writer claim (CAS)
     <run>/rollouts/step-000000000042/…               immutable admitted results
     <run>/coordinator/…                              immutable coordinator records
 
-Versions and steps are written with 12 zero-padded digits so keys sort in numeric order.
+Versions and steps are written with 12 zero-padded digits so keys sort in numeric order. Keys v2
+carry the writer's claim epoch (``e<epoch:06d>``) and rank (``r<rank:03d>``), so a fenced writer's
+late uploads never land on a key its successor writes. v1 runs (``seg-00000.bin``,
+``keyframes/<v>.safetensors``) are still read.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ MUTABLE_NAMES = frozenset({"HEAD", "WRITER"})
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SEGMENT_NAME = re.compile(r"^seg-(\d{5,})\.bin$")
+_SEGMENT_NAME_V2 = re.compile(r"^e(\d{6})-seg-r(\d{3})-(\d{5})\.bin$")
+_PART_NAME_V2 = re.compile(r"^e(\d{6})-part-r(\d{3})-(\d{3})\.safetensors$")
+MAX_EPOCH = 999_999
+MAX_RANK = 999
 
 
 def validate_run_name(run: str) -> str:
@@ -38,10 +45,17 @@ def validate_run_name(run: str) -> str:
     return run
 
 
-def _check_number(what: str, n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_VERSION:
-        raise InvalidKey(f"{what} must be an int in [0, {MAX_VERSION}], got {n!r}")
+def _check_number(what: str, n: int, top: int = MAX_VERSION, low: int = 0) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not low <= n <= top:
+        raise InvalidKey(f"{what} must be an int in [{low}, {top}], got {n!r}")
     return n
+
+
+def key_epoch(key: str) -> int | None:
+    """The writer epoch a v2 segment or keyframe-part key carries, else ``None``."""
+    name = key.rsplit("/", 1)[-1]
+    m = _SEGMENT_NAME_V2.match(name) or _PART_NAME_V2.match(name)
+    return int(m.group(1)) if m else None
 
 
 def is_immutable(key: str) -> bool:
@@ -91,12 +105,31 @@ class RunLayout:
     def manifest(self, version: int) -> str:
         return self.version_prefix(version) + "manifest.json"
 
-    def segment(self, version: int, index: int) -> str:
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= 99999:
-            raise InvalidKey(f"segment index must be an int in [0, 99999], got {index!r}")
+    def segment(self, version: int, index: int, *, epoch: int, rank: int = 0) -> str:
+        """Key v2 of delta segment ``index`` written by ``rank`` under claim ``epoch``."""
+        _check_number("segment index", index, 99999)
+        _check_number("epoch", epoch, MAX_EPOCH, 1)
+        _check_number("rank", rank, MAX_RANK)
+        return self.version_prefix(version) + f"e{epoch:06d}-seg-r{rank:03d}-{index:05d}.bin"
+
+    def segment_v1(self, version: int, index: int) -> str:
+        """Key v1 of segment ``index`` (read-compat only: writers write :meth:`segment`)."""
+        _check_number("segment index", index, 99999)
         return self.version_prefix(version) + f"seg-{index:05d}.bin"
 
+    def keyframe_prefix(self, version: int) -> str:
+        """Where the parts of version ``version``'s keyframe live (v2)."""
+        return f"{self.run}/keyframes/{_check_number('version', version):0{VERSION_DIGITS}d}/"
+
+    def keyframe_part(self, version: int, index: int, *, epoch: int, rank: int = 0) -> str:
+        """Key v2 of keyframe part ``index`` written by ``rank`` under claim ``epoch``."""
+        _check_number("keyframe part index", index, 999)
+        _check_number("epoch", epoch, MAX_EPOCH, 1)
+        _check_number("rank", rank, MAX_RANK)
+        return self.keyframe_prefix(version) + f"e{epoch:06d}-part-r{rank:03d}-{index:03d}.safetensors"
+
     def keyframe(self, version: int) -> str:
+        """Key v1 of a whole-state keyframe (read-compat only)."""
         return f"{self.run}/keyframes/{_check_number('version', version):0{VERSION_DIGITS}d}.safetensors"
 
     def rollouts_prefix(self, step: int) -> str:
@@ -114,15 +147,25 @@ class RunLayout:
         return int(digits), name
 
     def parse_keyframe_key(self, key: str) -> int | None:
-        """The version of a key under ``keyframes/``, else ``None``."""
+        """The version of a keyframe key (v1 ``keyframes/<v>.safetensors`` or v2 ``keyframes/<v>/<part>``),
+        else ``None``."""
         if not key.startswith(self.keyframes_prefix) or not key.endswith(".safetensors"):
             return None
-        digits = key[len(self.keyframes_prefix) : -len(".safetensors")]
+        rest = key[len(self.keyframes_prefix) : -len(".safetensors")]
+        digits, sep, name = rest.partition("/")
         if len(digits) != VERSION_DIGITS or not digits.isdigit():
+            return None
+        if sep and not _PART_NAME_V2.match(name + ".safetensors"):
             return None
         return int(digits)
 
-    def is_segment_key(self, key: str, version: int) -> bool:
-        """Whether ``key`` names a segment of ``version`` (``…/versions/<v>/seg-NNNNN.bin``)."""
+    def is_segment_key(self, key: str, version: int, *, format_version: int = 2) -> bool:
+        """Whether ``key`` names a segment of ``version`` (v2 ``e<epoch>-seg-r<rank>-<i>.bin``, v1 ``seg-<i>.bin``)."""
         parsed = self.parse_version_key(key)
-        return parsed is not None and parsed[0] == version and bool(_SEGMENT_NAME.match(parsed[1]))
+        pattern = _SEGMENT_NAME_V2 if format_version >= 2 else _SEGMENT_NAME
+        return parsed is not None and parsed[0] == version and bool(pattern.match(parsed[1]))
+
+    def is_keyframe_part_key(self, key: str, version: int) -> bool:
+        """Whether ``key`` names a v2 keyframe part of ``version``."""
+        prefix = self.keyframe_prefix(version)
+        return key.startswith(prefix) and bool(_PART_NAME_V2.match(key[len(prefix) :]))

@@ -15,6 +15,13 @@ from typing import Any, Literal
 from deltarl.errors import FormatError, UnsupportedFormatVersion
 from deltarl.pipeline.canonical import Fields, canonical_json, check_run, is_sha256, load_record
 from deltarl.pipeline.layout import RunLayout
+from deltarl.pipeline.pieces import (
+    DEFAULT_PIECE_SIZE,
+    PieceHasher,
+    PieceVerifier,
+    check_piece_size,
+    piece_count,
+)
 from deltarl.pipeline.run_records import (
     DTYPE_NAMES,
     HEAD_FORMAT_VERSION,
@@ -25,6 +32,7 @@ from deltarl.pipeline.run_records import (
     RunInfo,
     TensorEntry,
 )
+from deltarl.pipeline.tensors import DIGEST_ALGOS, SEQ_V1
 
 __all__ = [
     "DTYPE_NAMES",
@@ -33,19 +41,26 @@ __all__ = [
     "MAX_HEAD_BYTES",
     "MAX_MANIFEST_BYTES",
     "MAX_RUN_INFO_BYTES",
+    "READABLE_MANIFEST_VERSIONS",
     "RUN_INFO_FORMAT_VERSION",
     "DeltaStatsRecord",
     "HeadRecord",
+    "Keyframe",
+    "KeyframePart",
     "Kind",
     "Manifest",
     "ObjectRef",
     "RunInfo",
+    "StateDigest",
     "TensorEntry",
+    "TensorRange",
     "canonical_json",
     "version_id",
 ]
 
-MANIFEST_FORMAT_VERSION = 1
+MANIFEST_FORMAT_VERSION = 2
+#: Manifest versions this build reads (writers write only MANIFEST_FORMAT_VERSION).
+READABLE_MANIFEST_VERSIONS = (1, 2)
 MAX_MANIFEST_BYTES = 8 << 20
 Kind = Literal["keyframe", "delta"]
 
@@ -60,11 +75,17 @@ def version_id(manifest_bytes: bytes) -> str:
 
 @dataclass(frozen=True)
 class ObjectRef:
-    """A stored object a manifest depends on: its key, sha256 (hex) and size in bytes."""
+    """A stored object a manifest depends on: key, sha256 (hex), size, and (v2) piece hashes.
+
+    A v1 ref has ``piece_size`` and ``pieces`` ``None``; a v2 ref has both, ``pieces[i]`` being the
+    sha256 of bytes ``[i * piece_size, min((i + 1) * piece_size, size))`` (:mod:`.pieces`).
+    """
 
     key: str
     sha256: str
     size: int
+    piece_size: int | None = None
+    pieces: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
@@ -73,21 +94,201 @@ class ObjectRef:
             raise FormatError(f"object ref {self.key}: sha256 must be 64 lowercase hex digits")
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
             raise FormatError(f"object ref {self.key}: bad size {self.size!r}")
+        if (self.piece_size is None) != (self.pieces is None):
+            raise FormatError(f"object ref {self.key}: piece_size and pieces go together")
+        if self.piece_size is not None and self.pieces is not None:
+            try:
+                check_piece_size(self.piece_size, f"object ref {self.key}")
+            except ValueError as err:
+                raise FormatError(str(err)) from None
+            if len(self.pieces) != piece_count(self.size, self.piece_size):
+                raise FormatError(
+                    f"object ref {self.key}: {len(self.pieces)} pieces, a {self.size}-byte object has "
+                    f"{piece_count(self.size, self.piece_size)} of {self.piece_size} bytes"
+                )
+            if not all(is_sha256(p) for p in self.pieces):
+                raise FormatError(f"object ref {self.key}: every piece must be 64 lowercase hex digits")
+
+    @property
+    def has_pieces(self) -> bool:
+        return self.pieces is not None
 
     @classmethod
-    def of(cls, key: str, data: bytes) -> ObjectRef:
-        """The ref of ``data`` stored at ``key``."""
-        return cls(key=key, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    def of(cls, key: str, data: Any, *, piece_size: int = DEFAULT_PIECE_SIZE) -> ObjectRef:
+        """The v2 ref of ``data`` stored at ``key`` (sha256 and pieces in one pass)."""
+        hasher = PieceHasher(piece_size)
+        hasher.update(data)
+        return cls.from_hasher(key, hasher)
+
+    @classmethod
+    def from_hasher(cls, key: str, hasher: PieceHasher) -> ObjectRef:
+        """The v2 ref of the bytes fed through ``hasher``."""
+        sha, size, pieces = hasher.finish()
+        return cls(key=key, sha256=sha, size=size, piece_size=hasher.piece_size, pieces=tuple(pieces))
+
+    def verifier(self, named_by: str) -> PieceVerifier:
+        """A :class:`PieceVerifier` for this object's bytes, read in order."""
+        return PieceVerifier(self.key, self.size, self.sha256, self.pieces, self.piece_size, named_by)
 
     def to_obj(self) -> dict[str, Any]:
-        return {"key": self.key, "sha256": self.sha256, "size": self.size}
+        obj: dict[str, Any] = {"key": self.key, "sha256": self.sha256, "size": self.size}
+        if self.pieces is not None:
+            obj["piece_size"] = self.piece_size
+            obj["pieces"] = list(self.pieces)
+        return obj
+
+    @staticmethod
+    def _fields(f: Fields, format_version: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": f.str_("key"), "sha256": f.str_("sha256"), "size": f.int_("size")}
+        if format_version >= 2:
+            out["piece_size"] = f.int_("piece_size", minimum=1)
+            pieces = f.list_("pieces")
+            if not all(isinstance(p, str) for p in pieces):
+                raise FormatError(f"{f.where}: pieces must be strings")
+            out["pieces"] = tuple(pieces)
+        return out
 
     @classmethod
-    def from_obj(cls, obj: object, where: str) -> ObjectRef:
+    def from_obj(cls, obj: object, where: str, format_version: int = MANIFEST_FORMAT_VERSION) -> ObjectRef:
         f = Fields(obj, where)
-        ref = cls(key=f.str_("key"), sha256=f.str_("sha256"), size=f.int_("size"))
+        ref = cls(**cls._fields(f, format_version))
         f.done()
         return ref
+
+
+#: One element range of a keyframe part: (tensor name, first element, element count).
+TensorRange = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class KeyframePart(ObjectRef):
+    """One part of a keyframe: an ObjectRef plus the element ranges it holds, in stored order.
+
+    ``tensors`` is ``None`` only for a v1 keyframe (one safetensors file holding the whole state).
+    """
+
+    tensors: tuple[TensorRange, ...] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tensors is None:
+            return
+        names = set()
+        for item in self.tensors:
+            if (
+                not isinstance(item, tuple)
+                or len(item) != 3
+                or not isinstance(item[0], str)
+                or not item[0]
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in item[1:])
+            ):
+                raise FormatError(f"keyframe part {self.key}: bad range {item!r} (want [name, start, count])")
+            if item[0] in names:
+                raise FormatError(f"keyframe part {self.key}: tensor {item[0]!r} appears twice in one part")
+            names.add(item[0])
+
+    def to_obj(self) -> dict[str, Any]:
+        obj = super().to_obj()
+        if self.tensors is not None:
+            obj["tensors"] = [list(t) for t in self.tensors]
+        return obj
+
+    @classmethod
+    def from_obj(cls, obj: object, where: str, format_version: int = MANIFEST_FORMAT_VERSION) -> KeyframePart:
+        f = Fields(obj, where)
+        fields = cls._fields(f, format_version)
+        tensors: tuple[TensorRange, ...] | None = None
+        if format_version >= 2:
+            items = f.list_("tensors")
+            if not all(isinstance(t, list) for t in items):
+                raise FormatError(f"{where}: tensors must be [name, start, count] lists")
+            tensors = tuple((t[0], t[1], t[2]) if len(t) == 3 else tuple(t) for t in items)  # checked in __post_init__
+        f.done()
+        return cls(**fields, tensors=tensors)
+
+
+@dataclass(frozen=True)
+class Keyframe:
+    """The full state of a keyframe version: one part (v1) or parts with element ranges (v2)."""
+
+    parts: tuple[KeyframePart, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(p.size for p in self.parts)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(p.key for p in self.parts)
+
+    def check_covers(self, tensors: Any, where: str) -> None:
+        """FormatError unless the parts' ranges cover every element of ``tensors`` (run.json's
+        TensorSpec rows) exactly once: no unknown tensor, no gap, no overlap. v1: nothing to check."""
+        if any(p.tensors is None for p in self.parts):
+            return
+        numel = {t.name: t.numel for t in tensors}
+        ranges: dict[str, list[tuple[int, int, str]]] = {name: [] for name in numel}
+        for part in self.parts:
+            for name, start, count in part.tensors or ():
+                if name not in numel:
+                    raise FormatError(f"{where}: keyframe part {part.key} holds {name!r}, which run.json does not list")
+                ranges[name].append((start, count, part.key))
+        for name, items in ranges.items():
+            pos = 0
+            for start, count, key in sorted(items):
+                if start < pos:
+                    raise FormatError(f"{where}: keyframe part {key} overlaps elements {start}..{pos} of {name!r}")
+                if start > pos:
+                    raise FormatError(f"{where}: keyframe parts leave elements {pos}..{start} of {name!r} uncovered")
+                pos = start + count
+            if pos != numel[name]:
+                what = "beyond the" if pos > numel[name] else f"leave elements {pos}..{numel[name]} of"
+                raise FormatError(f"{where}: keyframe parts {what} {numel[name]} elements of {name!r}")
+
+    def to_obj(self, format_version: int) -> Any:
+        if format_version < 2:
+            return ObjectRef.to_obj(self.parts[0])
+        return {"parts": [p.to_obj() for p in self.parts]}
+
+    @classmethod
+    def from_obj(cls, obj: object, where: str, format_version: int) -> Keyframe:
+        if format_version < 2:
+            return cls((KeyframePart.from_obj(obj, where, format_version),))
+        f = Fields(obj, where)
+        parts = tuple(KeyframePart.from_obj(p, f"{where} part {i}", format_version) for i, p in enumerate(f.list_("parts")))
+        f.done()
+        return cls(parts)
+
+
+@dataclass(frozen=True)
+class StateDigest:
+    """A whole-state digest: its algorithm (:data:`~deltarl.pipeline.tensors.DIGEST_ALGOS`) and hex value."""
+
+    algo: str
+    value: str
+
+    def __post_init__(self) -> None:
+        if self.algo not in DIGEST_ALGOS:
+            raise FormatError(f"state digest: unknown algo {self.algo!r} (known: {', '.join(DIGEST_ALGOS)})")
+        if not is_sha256(self.value):
+            raise FormatError("state digest: value must be 64 lowercase hex digits")
+
+    def to_obj(self, format_version: int) -> Any:
+        return self.value if format_version < 2 else {"algo": self.algo, "value": self.value}
+
+    @classmethod
+    def from_obj(cls, obj: object, where: str, format_version: int) -> StateDigest:
+        if format_version < 2:
+            if not isinstance(obj, str):
+                raise FormatError(f"{where}: state_digest must be a string")
+            return cls(SEQ_V1, obj)
+        f = Fields(obj, where)
+        digest = cls(f.str_("algo"), f.str_("value"))
+        f.done()
+        return digest
+
+    def short(self) -> str:
+        return self.value[:16] + "…"
 
 
 @dataclass(frozen=True)
@@ -133,6 +334,8 @@ class Manifest:
     Version 0 is a keyframe with no parent and no segments. Every later version names its parent's
     version id (a hash chain) and carries the delta from version ``v - 1`` as segments whose base is
     that parent id; a version that is also a keyframe additionally names its full snapshot.
+    ``format_version`` 2 (written) and 1 (read) differ in their refs, keyframe, digest and keys
+    (docs/RUN_NAMESPACE.md).
     """
 
     run: str
@@ -142,9 +345,9 @@ class Manifest:
     kind: Kind
     base_version: int | None
     segments: tuple[ObjectRef, ...]
-    keyframe: ObjectRef | None
+    keyframe: Keyframe | None
     stats: DeltaStatsRecord
-    state_digest: str | None
+    state_digest: StateDigest | None
     codec: str
     created_at: str
     writer_id: str
@@ -152,8 +355,9 @@ class Manifest:
 
     def __post_init__(self) -> None:
         where = f"manifest of {self.run!r} version {self.version}"
-        if self.format_version != MANIFEST_FORMAT_VERSION:
+        if self.format_version not in READABLE_MANIFEST_VERSIONS:
             raise UnsupportedFormatVersion(f"{where}: format_version {self.format_version} is not supported")
+        v2 = self.format_version >= 2
         check_run(self.run, where)
         layout = RunLayout(self.run)
         if self.version == 0:
@@ -170,36 +374,67 @@ class Manifest:
             raise FormatError(f"{where}: unknown kind {self.kind!r}")
         if (self.kind == "keyframe") != (self.keyframe is not None):
             raise FormatError(f"{where}: kind {self.kind!r} disagrees with the keyframe field")
-        if self.keyframe is not None and self.keyframe.key != layout.keyframe(self.version):
-            raise FormatError(f"{where}: keyframe key {self.keyframe.key!r} is not {layout.keyframe(self.version)!r}")
+        refs: list[ObjectRef] = [*self.segments, *(self.keyframe.parts if self.keyframe is not None else ())]
+        for ref in refs:
+            if ref.has_pieces != v2:
+                raise FormatError(f"{where}: {ref.key}: format_version {self.format_version} refs {'need' if v2 else 'have no'} pieces")
+        if self.keyframe is not None:
+            self._check_keyframe(self.keyframe, layout, where)
         keys = [ref.key for ref in self.segments]
         if len(set(keys)) != len(keys):
             raise FormatError(f"{where}: duplicate segment keys")
         for key in keys:
-            if not layout.is_segment_key(key, self.version):
-                raise FormatError(f"{where}: segment key {key!r} is outside {layout.version_prefix(self.version)}")
-        if self.state_digest is not None and not is_sha256(self.state_digest):
-            raise FormatError(f"{where}: state_digest must be 64 hex digits")
+            if not layout.is_segment_key(key, self.version, format_version=self.format_version):
+                raise FormatError(f"{where}: segment key {key!r} is not a v{self.format_version} segment key of this version")
+        if self.state_digest is not None and not v2 and self.state_digest.algo != SEQ_V1:
+            raise FormatError(f"{where}: a format_version 1 state_digest is {SEQ_V1}")
         if self.kind == "keyframe" and self.state_digest is None:
             raise FormatError(f"{where}: a keyframe must record its state digest")
+
+    def _check_keyframe(self, keyframe: Keyframe, layout: RunLayout, where: str) -> None:
+        if self.format_version < 2:
+            if len(keyframe.parts) != 1 or keyframe.parts[0].tensors is not None:
+                raise FormatError(f"{where}: a format_version 1 keyframe is one object")
+            if keyframe.parts[0].key != layout.keyframe(self.version):
+                raise FormatError(f"{where}: keyframe key {keyframe.parts[0].key!r} is not {layout.keyframe(self.version)!r}")
+            return
+        if not keyframe.parts:
+            raise FormatError(f"{where}: a keyframe has at least one part")
+        if len(set(keyframe.keys)) != len(keyframe.keys):
+            raise FormatError(f"{where}: duplicate keyframe part keys")
+        seen: dict[str, list[tuple[int, int, str]]] = {}
+        for part in keyframe.parts:
+            if part.tensors is None:
+                raise FormatError(f"{where}: keyframe part {part.key} lists no tensors")
+            if not layout.is_keyframe_part_key(part.key, self.version):
+                raise FormatError(f"{where}: keyframe part key {part.key!r} is not a v2 part key of this version")
+            for name, start, count in part.tensors:
+                seen.setdefault(name, []).append((start, count, part.key))
+        for name, items in seen.items():
+            end = 0
+            for start, count, key in sorted(items):
+                if start < end:
+                    raise FormatError(f"{where}: keyframe part {key} overlaps elements {start}..{end} of {name!r}")
+                end = start + count
 
     @property
     def key(self) -> str:
         return RunLayout(self.run).manifest(self.version)
 
     def to_obj(self) -> dict[str, Any]:
+        fv = self.format_version
         return {
-            "format_version": self.format_version,
+            "format_version": fv,
             "run": self.run,
             "version": self.version,
             "step": self.step,
             "parent": self.parent,
             "kind": self.kind,
             "base_version": self.base_version,
-            "segments": [ref.to_obj() for ref in self.segments],
-            "keyframe": None if self.keyframe is None else self.keyframe.to_obj(),
+            "segments": [ObjectRef.to_obj(ref) for ref in self.segments],
+            "keyframe": None if self.keyframe is None else self.keyframe.to_obj(fv),
             "stats": self.stats.to_obj(),
-            "state_digest": self.state_digest,
+            "state_digest": None if self.state_digest is None else self.state_digest.to_obj(fv),
             "codec": self.codec,
             "created_at": self.created_at,
             "writer_id": self.writer_id,
@@ -215,11 +450,13 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "manifest") -> Manifest:
-        """Parse and validate strictly; raises FormatError / UnsupportedFormatVersion."""
-        f = load_record(data, where, MAX_MANIFEST_BYTES, MANIFEST_FORMAT_VERSION)
+        """Parse and validate strictly (v1 or v2); raises FormatError / UnsupportedFormatVersion."""
+        f = load_record(data, where, MAX_MANIFEST_BYTES, READABLE_MANIFEST_VERSIONS)
+        fv = f.format_version
         kind = f.str_("kind")
         seg_objs = f.list_("segments")
         kf_obj = f.any_("keyframe")
+        digest_obj = f.any_("state_digest")
         manifest = cls(
             run=f.str_("run"),
             version=f.int_("version"),
@@ -227,13 +464,14 @@ class Manifest:
             parent=f.opt_str("parent"),
             kind=kind,  # type: ignore[arg-type]  # checked in __post_init__
             base_version=f.opt_int("base_version"),
-            segments=tuple(ObjectRef.from_obj(o, f"{where} segment {i}") for i, o in enumerate(seg_objs)),
-            keyframe=None if kf_obj is None else ObjectRef.from_obj(kf_obj, f"{where} keyframe"),
+            segments=tuple(ObjectRef.from_obj(o, f"{where} segment {i}", fv) for i, o in enumerate(seg_objs)),
+            keyframe=None if kf_obj is None else Keyframe.from_obj(kf_obj, f"{where} keyframe", fv),
             stats=DeltaStatsRecord.from_obj(f.any_("stats"), f"{where} stats"),
-            state_digest=f.opt_str("state_digest"),
+            state_digest=None if digest_obj is None else StateDigest.from_obj(digest_obj, f"{where} state_digest", fv),
             codec=f.str_("codec"),
             created_at=f.str_("created_at"),
             writer_id=f.str_("writer_id"),
+            format_version=fv,
         )
         f.done()
         return manifest

@@ -32,10 +32,22 @@ from deltarl.errors import (
     WriterConflict,
 )
 from deltarl.pipeline.claim import WriterLease, new_writer_id
+from deltarl.pipeline.keyframe import DEFAULT_PART_BYTES, plan_parts, write_part
 from deltarl.pipeline.layout import RunLayout
-from deltarl.pipeline.manifest import DeltaStatsRecord, HeadRecord, Manifest, ObjectRef, RunInfo
+from deltarl.pipeline.manifest import (
+    DeltaStatsRecord,
+    HeadRecord,
+    Keyframe,
+    KeyframePart,
+    Manifest,
+    ObjectRef,
+    RunInfo,
+    StateDigest,
+)
+from deltarl.pipeline.pieces import DEFAULT_PIECE_SIZE, check_piece_size
 from deltarl.pipeline.reader import RunReader, entries_of, table_of
-from deltarl.pipeline.uploads import CrashPoint, UploadPool, as_torch, copy_into, cpu_copy
+from deltarl.pipeline.tensors import BLOCKS_V2
+from deltarl.pipeline.uploads import CrashPoint, UploadPool, copy_into, cpu_copy
 from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -54,8 +66,8 @@ class VersionInfo:
     manifest_key: str
     stats: DeltaStatsRecord
     segment_keys: tuple[str, ...]
-    keyframe_key: str | None
-    state_digest: str | None
+    keyframe_keys: tuple[str, ...]
+    state_digest: StateDigest | None
     encode_s: float
     upload_s: float
     wall_s: float
@@ -86,6 +98,9 @@ class Publisher:
         lease_s: float = 300.0,
         takeover: bool = False,
         previous_state: Mapping[str, Any] | None = None,
+        digest_on_resume: bool = False,
+        piece_size: int = DEFAULT_PIECE_SIZE,
+        keyframe_part_bytes: int = DEFAULT_PART_BYTES,
     ) -> None:
         if keyframe_interval < 1 or digest_interval < 1 or segment_bytes < 1 or upload_workers < 1:
             raise ValueError("keyframe_interval, digest_interval, segment_bytes and upload_workers must be >= 1")
@@ -98,6 +113,11 @@ class Publisher:
         self.codec = codec
         self.max_in_flight = max_in_flight or upload_workers + 2
         self.writer_id = writer_id or new_writer_id()
+        #: Record a state digest on the first version after a resume (off by default: a whole-state pass).
+        self.digest_on_resume = digest_on_resume
+        check_piece_size(piece_size, "Publisher")
+        self.piece_size = piece_size
+        self.keyframe_part_bytes = keyframe_part_bytes
         self.reader = RunReader(store, run)
         self._crash = CrashPoint()
         self._crash_lock = threading.Lock()
@@ -145,7 +165,8 @@ class Publisher:
 
             check_compatible(previous_state, table_of(self.reader.info()))
             manifest, _ = self.reader.manifest(head_version)
-            if manifest.state_digest is not None and state_digest(previous_state) != manifest.state_digest:
+            recorded = manifest.state_digest
+            if recorded is not None and state_digest(previous_state, recorded.algo) != recorded.value:
                 raise RunError(f"previous_state is not version {head_version} (digest differs from {manifest.key})")
             self._prev = {name: cpu_copy(value) for name, value in previous_state.items()}
         else:
@@ -153,7 +174,7 @@ class Publisher:
 
             logger.info("run %s: replaying version %d to resume publishing", self.run, head_version)
             self._prev = dict(replay(self.store, self.run, head_version))
-        self._force_digest = True  # the first version after a resume records a digest
+        self._force_digest = self.digest_on_resume  # a whole-state pass only when asked
         logger.info("run %s: resuming after version %d as writer %s", self.run, head_version, self.writer_id)
 
     def _roll_forward(self) -> None:
@@ -167,7 +188,11 @@ class Publisher:
 
     def _remove_orphans(self, version: int) -> None:
         """Delete objects of an uncommitted publish of ``version`` (we hold the writer claim)."""
-        keys = [*self.store.list(self.layout.version_prefix(version)), self.layout.keyframe(version)]
+        keys = [
+            *self.store.list(self.layout.version_prefix(version)),
+            *self.store.list(self.layout.keyframe_prefix(version)),
+            self.layout.keyframe(version),
+        ]
         for key in keys:
             if self.store.exists(key):
                 logger.info("removing orphan %s of an interrupted publish", key)
@@ -218,16 +243,13 @@ class Publisher:
             if version > 0:
                 encode_s, changed, encoded = self._encode_delta(state_dict, version, uploads)
             digest = None
-            kf_ref: ObjectRef | None = None
-            if is_keyframe:
-                t = time.perf_counter()
-                kf_data = self._serialize(state_dict)
-                kf_ref = ObjectRef.of(self.layout.keyframe(version), kf_data)
-                encode_s += time.perf_counter() - t
-                uploads.submit(self._upload, version, "keyframe", kf_ref.key, kf_data)
-                del kf_data
+            if is_keyframe:  # each part streams from the state, hashed as it is written, on the pool
+                specs = {t.name: t for t in self._info.tensors}
+                for i, ranges in enumerate(plan_parts(self._info.tensors, self.keyframe_part_bytes)):
+                    key = self.layout.keyframe_part(version, i, epoch=self._lease.epoch)
+                    uploads.submit(self._upload_part, version, key, state_dict, ranges, specs)
             if is_keyframe or version % self.digest_interval == 0 or self._force_digest:
-                digest = state_digest(state_dict)
+                digest = StateDigest(BLOCKS_V2, state_digest(state_dict, BLOCKS_V2))
             refs = uploads.results()
         except BaseException:
             if early is not None and early.exception() is not None:
@@ -235,7 +257,9 @@ class Publisher:
             else:
                 self._discard(uploads)
             raise
-        seg_refs = tuple(r for r in refs if r.key.endswith(".bin"))
+        seg_refs = tuple(r for r in refs if not isinstance(r, KeyframePart))
+        parts = tuple(r for r in refs if isinstance(r, KeyframePart))
+        kf_ref = Keyframe(tuple(sorted(parts, key=lambda p: p.key))) if parts else None
         full = self._info.total_elements, sum(t.numel * _DTYPE_BYTES[t.dtype] for t in self._info.tensors)
         if version == 0:
             stats = DeltaStatsRecord(full[0], full[0], kf_ref.size if kf_ref else 0, full[1])
@@ -282,7 +306,7 @@ class Publisher:
             manifest_key=manifest.key,
             stats=stats,
             segment_keys=tuple(r.key for r in seg_refs),
-            keyframe_key=None if kf_ref is None else kf_ref.key,
+            keyframe_keys=() if kf_ref is None else kf_ref.keys,
             state_digest=digest,
             encode_s=encode_s,
             upload_s=uploads.busy_s,
@@ -327,12 +351,21 @@ class Publisher:
             encode_s += time.perf_counter() - t
             if seg is None:
                 return encode_s, changed, encoded
-            uploads.submit(self._upload, version, "segments", self.layout.segment(version, index), seg)
+            key = self.layout.segment(version, index, epoch=self._lease.epoch)
+            uploads.submit(self._upload, version, "segments", key, seg)
             index += 1
             del seg
 
+    def _upload_part(self, version: int, key: str, state: Mapping[str, Any], ranges: Any, specs: Any) -> KeyframePart:
+        try:
+            part = write_part(self.store, key, state, ranges, specs, piece_size=self.piece_size)
+        except ObjectExists as err:  # our epoch is in the key: only a retry of our own write lands here
+            raise WriterConflict(f"{key} already exists: another writer with this epoch is publishing this run") from err
+        self._crash_after_upload(version, "keyframe")
+        return part
+
     def _upload(self, version: int, point: str, key: str, data: bytes) -> ObjectRef:
-        ref = ObjectRef.of(key, data)
+        ref = ObjectRef.of(key, data, piece_size=self.piece_size)
         try:
             self.store.put_if_absent(key, data)
         except ObjectExists as err:
@@ -347,11 +380,6 @@ class Publisher:
             with self._crash_lock:
                 self._crash_count += 1
                 self._crash.at(version, point, self._crash_count)
-
-    def _serialize(self, state: Mapping[str, Any]) -> bytes:
-        from safetensors.torch import save
-
-        return save({name: as_torch(value) for name, value in state.items()}, metadata={"run": self.run})
 
     def _discard(self, uploads: UploadPool) -> None:
         """After a failed publish: wait for in-flight uploads and delete what they wrote (best effort)."""

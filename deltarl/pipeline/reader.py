@@ -8,7 +8,6 @@ its manifest records. Every error names the offending object's key.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections.abc import Iterator
@@ -20,19 +19,20 @@ from deltarl.pipeline.manifest import HeadRecord, Manifest, ObjectRef, RunInfo, 
 from deltarl.storage.store import ObjectStore
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 logger = logging.getLogger(__name__)
 
 
 def check_ref(ref: ObjectRef, data: bytes, *, named_by: str) -> bytes:
-    """Return ``data`` if it has the size and sha256 ``ref`` records, else raise IntegrityError."""
+    """Return ``data`` if it has the size and the pieces (v2) or sha256 (v1) ``ref`` records, else
+    raise IntegrityError. One sha256 pass either way: a v2 object is checked by its pieces only."""
     if len(data) != ref.size:
         what = "truncated" if len(data) < ref.size else "oversized"
         raise IntegrityError(f"{ref.key}: {what}: {len(data)} bytes, {named_by} records {ref.size}")
-    got = hashlib.sha256(data).hexdigest()
-    if got != ref.sha256:
-        raise IntegrityError(f"{ref.key}: sha256 {got[:16]}… differs from {ref.sha256[:16]}… recorded in {named_by}")
+    verifier = ref.verifier(named_by)
+    verifier.update(data)
+    verifier.finish()
     return data
 
 
@@ -154,30 +154,68 @@ class RunReader:
         ref = manifest.segments[index]
         return check_ref(ref, self._get(ref.key, f"segment {index} of version {manifest.version}"), named_by=manifest.key)
 
-    def keyframe_bytes(self, manifest: Manifest) -> bytes:
+    def keyframe(self, manifest: Manifest, into: dict[str, Any] | None = None, *, workers: int = 2) -> dict[str, Any]:
+        """The full state of a keyframe version, checked (pieces or sha256, tensor table of run.json).
+
+        v2 parts are read straight into ``into`` (writable CPU tensors of run.json's table; default:
+        fresh ones), ``workers`` parts at a time, each piece checked as it lands: no whole-object
+        bytes, no second copy. A v1 keyframe is read whole and loaded (it has no parts).
+        """
+        from deltarl.pipeline import check_compatible
+        from deltarl.pipeline.keyframe import empty_state, read_part_into
+
         if manifest.keyframe is None:
             raise RunError(f"{manifest.key}: version {manifest.version} has no keyframe")
-        ref = manifest.keyframe
-        return check_ref(ref, self._get(ref.key, f"keyframe of version {manifest.version}"), named_by=manifest.key)
+        info = self.info()
+        keyframe = manifest.keyframe
+        if manifest.format_version < 2:
+            return self._keyframe_v1(manifest, into)
+        keyframe.check_covers(info.tensors, manifest.key)
+        state = empty_state(info.tensors) if into is None else into
+        check_compatible(state, table_of(info))
+        specs = {t.name: t for t in info.tensors}
 
-    def keyframe(self, manifest: Manifest) -> dict[str, torch.Tensor]:
-        """The full state of a keyframe version, checked (sha256, tensor table of run.json)."""
+        def read(part: Any) -> None:
+            try:
+                read_part_into(self.store, part, specs, state, named_by=manifest.key)
+            except ObjectNotFound as err:
+                raise ObjectNotFound(f"{part.key}: keyframe part of version {manifest.version} of run {self.run!r} is missing") from err
+
+        if workers <= 1 or len(keyframe.parts) == 1:
+            for part in keyframe.parts:
+                read(part)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(workers, len(keyframe.parts)), thread_name_prefix="deltarl-keyframe") as pool:
+                for _ in pool.map(read, keyframe.parts):
+                    pass
+        return state
+
+    def _keyframe_v1(self, manifest: Manifest, into: dict[str, Any] | None) -> dict[str, Any]:
         from safetensors import SafetensorError
         from safetensors.torch import load
 
         from deltarl.pipeline import check_compatible
+        from deltarl.pipeline.uploads import copy_into
 
-        data = self.keyframe_bytes(manifest)
-        key = manifest.keyframe.key  # type: ignore[union-attr]  # checked in keyframe_bytes
+        assert manifest.keyframe is not None
+        ref = manifest.keyframe.parts[0]
+        data = check_ref(ref, self._get(ref.key, f"keyframe of version {manifest.version}"), named_by=manifest.key)
         try:
             state = load(data)
         except (SafetensorError, ValueError, RuntimeError) as err:
-            raise FormatError(f"{key}: not a readable safetensors file: {err}") from err
+            raise FormatError(f"{ref.key}: not a readable safetensors file: {err}") from err
+        del data
         try:
             check_compatible(state, table_of(self.info()))
         except TensorMismatch as err:
-            raise TensorMismatch(f"{key}: keyframe disagrees with {self.layout.run_json}: {err}") from err
-        return state
+            raise TensorMismatch(f"{ref.key}: keyframe disagrees with {self.layout.run_json}: {err}") from err
+        if into is None:
+            return state
+        for name, value in state.items():
+            copy_into(into[name], value, name)
+        return into
 
     def chain(self, to_version: int, *, from_version: int | None = None) -> list[tuple[Manifest, str]]:
         """Manifests from ``from_version`` (default: the nearest keyframe at or before ``to_version``)

@@ -30,12 +30,13 @@ FETCH_WORKERS = 8
 def _check_digest(state: Any, manifest: Manifest) -> None:
     from deltarl.pipeline import state_digest
 
-    if manifest.state_digest is None:
+    recorded = manifest.state_digest
+    if recorded is None:
         return
-    got = state_digest(state)
-    if got != manifest.state_digest:
+    got = state_digest(state, recorded.algo)
+    if got != recorded.value:
         raise IntegrityError(
-            f"{manifest.key}: replayed state digest {got[:16]}… differs from the recorded {manifest.state_digest[:16]}…"
+            f"{manifest.key}: replayed state digest {got[:16]}… ({recorded.algo}) differs from the recorded {recorded.short()}"
         )
 
 

@@ -24,8 +24,8 @@ from deltarl.storage.store import ObjectInfo
 
 log = logging.getLogger(__name__)
 
-_SEGMENT = re.compile(r"^(?P<run>[^/]+)/versions/(?P<v>\d+)/seg-\d+\.bin$")
-_KEYFRAME = re.compile(r"^(?P<run>[^/]+)/keyframes/(?P<v>\d+)\.safetensors$")
+_SEGMENT = re.compile(r"^(?P<run>[^/]+)/versions/(?P<v>\d+)/(?:seg-\d+|e\d{6}-seg-r\d{3}-\d{5})\.bin$")
+_KEYFRAME = re.compile(r"^(?P<run>[^/]+)/keyframes/(?P<v>\d+)(?:/e\d{6}-part-r\d{3}-\d{3})?\.safetensors$")
 _PIECE_ATTEMPTS = 4
 
 
@@ -39,8 +39,9 @@ def refs_in_manifest(data: bytes) -> dict[str, str]:
     """``{key: sha256}`` of every object a manifest names (lenient: only the ref fields are read)."""
     obj = json.loads(data)
     refs = list(obj.get("segments") or [])
-    if obj.get("keyframe"):
-        refs.append(obj["keyframe"])
+    keyframe = obj.get("keyframe")
+    if isinstance(keyframe, dict):
+        refs.extend(keyframe["parts"] if isinstance(keyframe.get("parts"), list) else [keyframe])  # v2 parts, v1 one ref
     return {str(r["key"]): str(r["sha256"]) for r in refs if isinstance(r, dict) and "key" in r and "sha256" in r}
 
 

@@ -36,9 +36,10 @@ import stat
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from deltarl.errors import InvalidKey, ObjectExists, ObjectNotFound, PreconditionFailed, StoreError
 from deltarl.storage.keys import clamp_range, etag_of, validate_key, validate_prefix
@@ -251,6 +252,51 @@ class LocalStore(ObjectStore):
             if current != expected_etag:
                 raise PreconditionFailed(f"{self.url}: {key!r} has ETag {current}, expected {expected_etag}")
             return self._install(key, data, os.replace)
+
+    def put_stream_if_absent(self, key: str, chunks: Iterable[Any]) -> str:
+        """Stream ``chunks`` to a temp file (fsynced), then link it to ``key`` (``ObjectExists`` if
+        taken). The ETag is a random token, as for an S3 multipart upload: nothing hashes the bytes
+        a second time (the caller hashes them as it produces them)."""
+        path = self._path(key)
+        etag = uuid.uuid4().hex
+        tmp = self._tmp / f"{uuid.uuid4().hex}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                for chunk in chunks:
+                    mv = memoryview(chunk).cast("B")
+                    while mv:
+                        mv = mv[os.write(fd, mv) :]
+                if self.fsync:
+                    os.fsync(fd)
+                _remember_etag(fd, etag)
+            finally:
+                os.close(fd)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.link(tmp, path)
+            if self.fsync:
+                self._fsync_dir(path.parent)
+        except FileExistsError as err:
+            raise ObjectExists(f"{self.url}: object {key!r} already exists") from err
+        except OSError as err:
+            raise StoreError(f"{self.url}: cannot write {key!r}: {err}") from err
+        finally:
+            tmp.unlink(missing_ok=True)
+        return etag
+
+    def get_range_into(self, key: str, start: int, buf: Any) -> int:
+        mv = memoryview(buf).cast("B")
+        fd = self._open(key)
+        try:
+            done = 0
+            while done < len(mv):
+                n = os.preadv(fd, [mv[done:]], start + done)
+                if n == 0:
+                    break
+                done += n
+            return done
+        finally:
+            os.close(fd)
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()

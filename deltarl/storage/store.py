@@ -39,8 +39,9 @@ Contract shared by all backends (memory, local directory, S3, relay client):
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,20 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object; a missing key is not an error."""
+
+    def put_stream_if_absent(self, key: str, chunks: Iterable[Any]) -> str:
+        """Create the object from ``chunks`` (buffers, in order) only if absent, like ``put_if_absent``:
+        it appears whole or not at all. Backends override this to stream without holding the whole
+        object (a temp file locally, a multipart upload on S3); this default joins the chunks."""
+        return self.put_if_absent(key, b"".join(bytes(c) for c in chunks))
+
+    def get_range_into(self, key: str, start: int, buf: Any) -> int:
+        """Read bytes ``[start, start + len(buf))`` into the writable buffer ``buf``; return how many
+        were read (fewer at the object's end). Backends override this to skip the intermediate bytes."""
+        mv = memoryview(buf).cast("B")
+        data = self.get_range(key, start, start + len(mv))
+        mv[: len(data)] = data
+        return len(data)
 
     def close(self) -> None:  # noqa: B027 - optional hook, default does nothing
         """Release connections or background resources."""

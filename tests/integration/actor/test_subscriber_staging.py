@@ -31,11 +31,11 @@ async def test_a_speculative_segment_that_disagrees_with_the_manifest_is_restage
     bad = encode_delta(old, other, base=BASE, segment_bytes=1 << 10)
     layout = RunLayout("spec")
     store = MemoryStore()
-    store.put(layout.segment(1, 0), bad[0])  # what a speculative reader sees first
+    store.put(layout.segment(1, 0, epoch=1), bad[0])  # what a speculative reader sees first
     state = {k: t.clone() for k, t in old.items()}
     staging = VersionStaging(state, BASE)
     async with Fetcher([store]) as fetcher:
-        task = asyncio.ensure_future(staging.speculate(fetcher, layout, 1, window=2, wait_s=0.2))
+        task = asyncio.ensure_future(staging.speculate(fetcher, lambda i: layout.segment(1, i, epoch=1), window=2, wait_s=0.2))
         for _ in range(200):
             if staging._pending:
                 break
@@ -44,8 +44,8 @@ async def test_a_speculative_segment_that_disagrees_with_the_manifest_is_restage
         await asyncio.gather(task, return_exceptions=True)
         refs = []
         for i, seg in enumerate(good):
-            store.put(layout.segment(1, i), seg)
-            refs.append(ObjectRef.of(layout.segment(1, i), seg))
+            store.put(layout.segment(1, i, epoch=1), seg)
+            refs.append(ObjectRef.of(layout.segment(1, i, epoch=1), seg))
         manifest = types.SimpleNamespace(key=layout.manifest(1), segments=tuple(refs))
         update = await staging.complete(fetcher, manifest)  # type: ignore[arg-type]
     staging.close()

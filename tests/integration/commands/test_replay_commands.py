@@ -39,7 +39,7 @@ def test_replay_command(run_dir, tmp_path, capsys):
 
 def test_replay_command_reports_corruption(run_dir, tmp_path, capsys):
     root, _ = run_dir
-    key = RunLayout("demo").segment(3, 0)
+    key = RunLayout("demo").segment(3, 0, epoch=1)
     path = root / key
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
@@ -70,7 +70,7 @@ def test_inspect_command(run_dir, capsys):
 def test_gc_command(run_dir, capsys):
     root, _ = run_dir
     store = LocalStore(root)
-    stray = RunLayout("demo").segment(2, 9)
+    stray = RunLayout("demo").segment(2, 9, epoch=1)
     store.put(stray, b"junk")
     assert main(["gc", "demo", "--store", str(root), "--dry-run", "--keep-last", "2"]) == 0
     text = capsys.readouterr().out

@@ -65,7 +65,7 @@ def _assert_only_complete_versions(store) -> int | None:
         for i in range(len(manifest.segments)):
             reader.segment(manifest, i)
         if manifest.keyframe is not None:
-            reader.keyframe_bytes(manifest)
+            reader.keyframe(manifest)
     return committed[-1] if committed else None
 
 
@@ -100,7 +100,7 @@ def test_crash_then_resume(tmp_path, crash_at, head, committed, orphans):
     assert bool(swept.orphans) == orphans
     nxt = 0 if committed is None else committed + 1
     assert list(store.list(LAY.version_prefix(nxt))) == []
-    assert not store.exists(LAY.keyframe(nxt))
+    assert list(store.list(LAY.keyframe_prefix(nxt))) == []
 
     with Publisher(store, "r", writer_id="trainer-1", **KW) as pub:  # resumes (rolls HEAD forward)
         assert pub.next_version == nxt

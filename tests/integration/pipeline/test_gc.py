@@ -28,7 +28,8 @@ def test_clean_run_has_no_orphans(memory_store):
 def test_orphans_removed_and_dry_run(memory_store):
     publish_run(memory_store, "r", 6, keyframe_interval=3)
     stray = {
-        LAY.segment(2, 7),  # not named by version 2's manifest
+        LAY.segment(2, 7, epoch=1),  # not named by version 2's manifest
+        LAY.segment(2, 0, epoch=9),  # a fenced writer's late upload
         LAY.keyframe(4),  # version 4 is not a keyframe
         LAY.version_prefix(3) + "junk.tmp",
     }
@@ -36,7 +37,7 @@ def test_orphans_removed_and_dry_run(memory_store):
         memory_store.put(key, b"x" * 10)
     dry = gc(memory_store, "r", dry_run=True)
     assert set(dry.orphans) == stray
-    assert dry.freed_bytes == 30
+    assert dry.freed_bytes == 40
     assert stray <= _keys(memory_store)
     report = gc(memory_store, "r")
     assert set(report.orphans) == stray
@@ -48,7 +49,7 @@ def test_in_flight_objects_wait_for_the_writer_lease(memory_store):
     trainer = TinyTrainer(0)
     pub = Publisher(memory_store, "r", writer_id="w")
     pub.publish(trainer.export(), step=0)
-    pending = {LAY.segment(1, 0), LAY.segment(1, 1)}
+    pending = {LAY.segment(1, 0, epoch=1), LAY.segment(1, 1, epoch=1)}
     for key in pending:
         memory_store.put(key, b"partial")
     report = gc(memory_store, "r")
@@ -68,10 +69,11 @@ def test_in_flight_objects_wait_for_the_writer_lease(memory_store):
 
 def test_released_claim_lets_gc_sweep(memory_store):
     publish_run(memory_store, "r", 2)
-    memory_store.put(LAY.segment(2, 0), b"partial")
-    memory_store.put(LAY.keyframe(2), b"partial")
+    stray = {LAY.segment(2, 0, epoch=1), LAY.keyframe(2), LAY.keyframe_part(2, 0, epoch=1)}
+    for key in stray:
+        memory_store.put(key, b"partial")
     report = gc(memory_store, "r")
-    assert set(report.orphans) == {LAY.segment(2, 0), LAY.keyframe(2)}
+    assert set(report.orphans) == stray
 
 
 def test_keep_last_keeps_what_replay_needs(local_store):
@@ -83,7 +85,7 @@ def test_keep_last_keeps_what_replay_needs(local_store):
     assert report.oldest_kept == 20
     assert report.removed_versions == list(range(20))
     assert report.freed_bytes > 0
-    assert not any(k.startswith((LAY.version_prefix(5), LAY.keyframe(10))) for k in _keys(local_store))
+    assert not any(k.startswith((LAY.version_prefix(5), LAY.keyframe_prefix(10))) for k in _keys(local_store))
     for v in range(20, 30):
         assert states_equal(replay(local_store, "r", v), exports[v])
     with pytest.raises(ObjectNotFound, match=LAY.manifest(19)):

@@ -36,7 +36,7 @@ def test_versions_keyframes_digests_and_chain(memory_store):
     assert all(m.segments for m, _ in chain[1:])
     m5 = chain[5][0]
     assert m5.keyframe is not None
-    assert m5.keyframe.key == RunLayout("r").keyframe(5)
+    assert m5.keyframe.keys == (RunLayout("r").keyframe_part(5, 0, epoch=1),)
     assert 0 < m5.stats.changed_elements < m5.stats.total_elements // 10
     assert states_equal(replay(memory_store, "r", 11), exports[11])
 
@@ -48,10 +48,10 @@ def test_version_info(memory_store):
         trainer.step()
         v1 = pub.publish(trainer.export(), step=8)
     assert (v0.version, v0.kind, v0.step, v0.segment_keys) == (0, "keyframe", 7, ())
-    assert v0.keyframe_key == RunLayout("r").keyframe(0)
+    assert v0.keyframe_keys == (RunLayout("r").keyframe_part(0, 0, epoch=1),)
     assert v0.state_digest is not None
     assert (v1.version, v1.kind) == (1, "delta")
-    assert v1.segment_keys == (RunLayout("r").segment(1, 0),)
+    assert v1.segment_keys == (RunLayout("r").segment(1, 0, epoch=1),)
     assert v1.manifest_key == RunLayout("r").manifest(1)
     assert v1.wall_s >= v1.encode_s > 0
     _, vid = RunReader(memory_store, "r").manifest(1)
@@ -148,10 +148,11 @@ def test_resume_replays_or_takes_previous_state(memory_store):
         assert pub.next_version == 6
         trainer.step()
         info = pub.publish(trainer.export(), step=6)
-        assert info.state_digest is not None  # first version after a resume records a digest
-    with Publisher(memory_store, "r", previous_state=trainer.export()) as pub:
+        assert info.state_digest is None  # not asked: no whole-state pass on the first version after a resume
+        assert info.segment_keys[0] == RunLayout("r").segment(6, 0, epoch=2)  # a new acquire, a new epoch
+    with Publisher(memory_store, "r", previous_state=trainer.export(), digest_on_resume=True) as pub:
         trainer.step()
-        pub.publish(trainer.export(), step=7)
+        assert pub.publish(trainer.export(), step=7).state_digest is not None  # asked for
     assert states_equal(replay(memory_store, "r", 7), trainer.export())
     with pytest.raises(RunError, match="digest"):
         Publisher(memory_store, "r", previous_state=prev)  # version 7 records a digest; prev is version 5

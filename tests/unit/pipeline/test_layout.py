@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deltarl.errors import InvalidKey
-from deltarl.pipeline.layout import RunLayout, is_immutable, validate_run_name
+from deltarl.pipeline.layout import RunLayout, is_immutable, key_epoch, validate_run_name
 
 
 def test_keys_match_design():
@@ -15,7 +15,10 @@ def test_keys_match_design():
     assert lay.writer == "run-1/WRITER"
     assert lay.version_prefix(42) == "run-1/versions/000000000042/"
     assert lay.manifest(42) == "run-1/versions/000000000042/manifest.json"
-    assert lay.segment(42, 0) == "run-1/versions/000000000042/seg-00000.bin"
+    assert lay.segment(42, 0, epoch=3) == "run-1/versions/000000000042/e000003-seg-r000-00000.bin"
+    assert lay.segment(42, 7, epoch=12, rank=5) == "run-1/versions/000000000042/e000012-seg-r005-00007.bin"
+    assert lay.keyframe_part(40, 2, epoch=3, rank=1) == "run-1/keyframes/000000000040/e000003-part-r001-002.safetensors"
+    assert lay.segment_v1(42, 0) == "run-1/versions/000000000042/seg-00000.bin"  # v1 keys: read-compat
     assert lay.keyframe(40) == "run-1/keyframes/000000000040.safetensors"
     assert lay.rollouts_prefix(42) == "run-1/rollouts/step-000000000042/"
     assert lay.coordinator_prefix == "run-1/coordinator/"
@@ -29,14 +32,23 @@ def test_keys_sort_numerically():
 
 def test_parse_roundtrip():
     lay = RunLayout("r")
-    assert lay.parse_version_key(lay.segment(7, 3)) == (7, "seg-00003.bin")
+    assert lay.parse_version_key(lay.segment_v1(7, 3)) == (7, "seg-00003.bin")
+    assert lay.parse_version_key(lay.segment(7, 3, epoch=2)) == (7, "e000002-seg-r000-00003.bin")
+    assert lay.parse_keyframe_key(lay.keyframe_part(50, 1, epoch=2)) == 50
+    assert lay.parse_keyframe_key("r/keyframes/000000000050/junk.safetensors") is None
+    assert lay.is_keyframe_part_key(lay.keyframe_part(50, 1, epoch=2), 50)
+    assert not lay.is_keyframe_part_key(lay.keyframe_part(50, 1, epoch=2), 51)
+    assert key_epoch(lay.segment(7, 3, epoch=42)) == 42
+    assert key_epoch(lay.segment_v1(7, 3)) is None
+    assert lay.is_segment_key(lay.segment_v1(7, 3), 7, format_version=1)
+    assert not lay.is_segment_key(lay.segment_v1(7, 3), 7)
     assert lay.parse_version_key(lay.manifest(7)) == (7, "manifest.json")
     assert lay.parse_version_key("r/versions/7/x") is None
     assert lay.parse_version_key("other/versions/000000000007/x") is None
     assert lay.parse_keyframe_key(lay.keyframe(50)) == 50
     assert lay.parse_keyframe_key("r/keyframes/abc.safetensors") is None
-    assert lay.is_segment_key(lay.segment(7, 3), 7)
-    assert not lay.is_segment_key(lay.segment(7, 3), 8)
+    assert lay.is_segment_key(lay.segment(7, 3, epoch=1), 7)
+    assert not lay.is_segment_key(lay.segment(7, 3, epoch=1), 8)
     assert not lay.is_segment_key(lay.manifest(7), 7)
 
 
@@ -44,7 +56,7 @@ def test_immutability():
     lay = RunLayout("r")
     assert not is_immutable(lay.head)
     assert not is_immutable(lay.writer)
-    for key in (lay.run_json, lay.manifest(1), lay.segment(1, 0), lay.keyframe(0)):
+    for key in (lay.run_json, lay.manifest(1), lay.segment(1, 0, epoch=1), lay.keyframe(0)):
         assert is_immutable(key)
 
 
@@ -58,3 +70,9 @@ def test_bad_run_names(bad):
 def test_bad_versions(bad):
     with pytest.raises(InvalidKey):
         RunLayout("r").manifest(bad)
+
+
+@pytest.mark.parametrize("kw", [{"epoch": 0}, {"epoch": 10**6}, {"epoch": 1, "rank": 1000}, {"epoch": 1, "rank": -1}])
+def test_bad_epochs_and_ranks(kw):
+    with pytest.raises(InvalidKey):
+        RunLayout("r").segment(1, 0, **kw)

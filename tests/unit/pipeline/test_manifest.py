@@ -1,4 +1,7 @@
-"""Manifest, run.json and HEAD records: canonical bytes, version ids, strict parsing."""
+"""Manifest, run.json and HEAD records: canonical bytes, version ids, strict parsing.
+
+The manifests here are format_version 1 (read-compat: readers still read v1 runs); the v2 records
+are pinned in test_format_v2.py."""
 
 from __future__ import annotations
 
@@ -12,9 +15,12 @@ from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import (
     DeltaStatsRecord,
     HeadRecord,
+    Keyframe,
+    KeyframePart,
     Manifest,
     ObjectRef,
     RunInfo,
+    StateDigest,
     TensorEntry,
     canonical_json,
     version_id,
@@ -32,13 +38,14 @@ def _manifest(version: int = 1, **kw) -> Manifest:
         parent=None if version == 0 else "cd" * 32,
         kind="keyframe" if version == 0 else "delta",
         base_version=None if version == 0 else version - 1,
-        segments=() if version == 0 else (ObjectRef(LAY.segment(version, 0), SHA, 12),),
-        keyframe=ObjectRef(LAY.keyframe(0), SHA, 100) if version == 0 else None,
+        segments=() if version == 0 else (ObjectRef(LAY.segment_v1(version, 0), SHA, 12),),
+        keyframe=Keyframe((KeyframePart(LAY.keyframe(0), SHA, 100),)) if version == 0 else None,
         stats=DeltaStatsRecord(3, 10, 12, 20),
-        state_digest=SHA if version == 0 else None,
+        state_digest=StateDigest("sha256-seq-v1", SHA) if version == 0 else None,
         codec="auto",
         created_at="2026-12-02T13:00:00.000Z",
         writer_id="w1",
+        format_version=1,
     )
     fields.update(kw)
     return Manifest(**fields)
@@ -78,7 +85,7 @@ def test_non_canonical_bytes_rejected():
         Manifest.from_bytes(pretty)
 
 
-@pytest.mark.parametrize("fv", [0, 2, "1", None, True])
+@pytest.mark.parametrize("fv", [0, 3, "1", None, True])
 def test_unknown_format_version_rejected(fv):
     obj = json.loads(_manifest().to_bytes())
     obj["format_version"] = fv

@@ -17,7 +17,7 @@ def test_claim_record_roundtrip_and_strictness():
     claim = WriterClaim("w", 1, 2, "host", 3)
     assert WriterClaim.from_bytes(claim.to_bytes()) == claim
     with pytest.raises(UnsupportedFormatVersion):
-        WriterClaim.from_bytes(canonical_json({"format_version": 2}))
+        WriterClaim.from_bytes(canonical_json({"format_version": 3}))
     with pytest.raises(FormatError):
         WriterClaim.from_bytes(b'{"format_version":1,"writer_id":"w"}')
 
@@ -60,3 +60,23 @@ def test_unreadable_claim_is_a_conflict():
     store.put(KEY, b"garbage")
     with pytest.raises(WriterConflict, match="unreadable"):
         WriterLease(store, "r", "a").acquire()
+
+
+def test_epoch_increments_on_every_acquire_and_fences():
+    store = MemoryStore()
+    a = WriterLease(store, "r", "a", lease_s=60)
+    a.acquire()
+    assert a.epoch == 1
+    assert read_claim(store, KEY)[0].epoch == 1
+    a.renew()
+    assert read_claim(store, KEY)[0].epoch == 1  # a renew keeps the epoch
+    b = WriterLease(store, "r", "a", lease_s=60)  # a restart with the same writer id
+    b.acquire()
+    assert b.epoch == 2
+    c = WriterLease(store, "r", "c", lease_s=60, takeover=True)
+    c.acquire()
+    assert c.epoch == 3
+    with pytest.raises(WriterConflict, match="fenced by epoch 3"):
+        b.renew()
+    assert fence_claim(store, "r", "gc", force=True).epoch == 3
+    assert read_claim(store, KEY)[0].epoch == 4  # gc's fencing is an acquire too
