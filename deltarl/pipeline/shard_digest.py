@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deltarl.errors import IntegrityError
-from deltarl.pipeline.tensors import DTYPES, TensorSpec, flat_bits, is_cuda
+from deltarl.pipeline.tensors import BLOCKS_V2, DIGEST_BLOCK, DTYPES, TensorSpec, flat_bits, is_cuda
 
-BLOCK_BYTES = 64 << 10
-ALGO = "blocks64k-v2"
+BLOCK_BYTES = DIGEST_BLOCK
+ALGO = BLOCKS_V2
 
 
 @dataclass
