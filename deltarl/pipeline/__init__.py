@@ -32,9 +32,9 @@ from deltarl.pipeline.manifest import (
     version_id,
 )
 from deltarl.pipeline.publisher import Publisher, VersionInfo
-from deltarl.pipeline.sharded import ShardedPublisher, ShardedVersionInfo
 from deltarl.pipeline.reader import RunReader
 from deltarl.pipeline.replay import apply_versions, replay, squash
+from deltarl.pipeline.sharded import ShardedPublisher, ShardedVersionInfo
 
 __all__ = [
     "BF16",
