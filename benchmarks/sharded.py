@@ -119,9 +119,11 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, out: Any
         triples[name] = (torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16), shape, a)
     model_bytes = sum(int(np.prod(s)) * 2 for _, s in shapes)
     store = LocalStore(os.path.join(root, "store"))
-    walls, sizes, encodes, cpus = [], [], [], []
+    walls, sizes, encodes, cpus, phases = [], [], [], [], []
     with ShardedPublisher(store, "bench", keyframe_interval=10_000, digest_interval=10_000, encode_threads=1, upload_workers=2) as pub:
         pub.publish_local(triples, 0, owned=True)
+        os.sync()  # flush the keyframe's dirty pages now, not into the fsyncs of the timed versions
+        dist.barrier()
         for v in range(1, args.versions + 1):
             triples = {}
             for k, (name, shape) in enumerate(shapes):
@@ -137,12 +139,13 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, out: Any
             walls.append(time.perf_counter() - t)
             cpus.append(time.process_time() - c)
             encodes.append(info.encode_s)
+            phases.append({"encode_s": info.encode_s, "upload_wait_s": info.upload_wait_s, "commit_s": info.commit_s})
             sizes.append(info.stats.encoded_bytes)
             del triples
     peak = _rss_bytes() - base_rss
     rec = {"rank": rank, "shard_bytes": shard_bytes, "peak_data_bytes": peak, "peak_rss_bytes": _rss_bytes(),
            "budget_bytes": 2 * shard_bytes + model_bytes // 10, "model_bytes": model_bytes, "walls": walls, "sizes": sizes,
-           "encode_s": encodes, "cpu_s": cpus}  # fmt: skip
+           "encode_s": encodes, "cpu_s": cpus, "phases": phases}  # fmt: skip
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, rec)
     if rank == 0:
@@ -177,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--name", default="sharded")
     args = ap.parse_args(argv)
     rows = {}
+    load_before = os.getloadavg()
     for world in (1, args.ranks):
         recs = run(world, args)
         walls = recs[0]["walls"]
@@ -194,13 +198,16 @@ def main(argv: list[str] | None = None) -> None:
         cpu = " ".join(f"{min(x['cpu_s']):.2f}" for x in r["ranks"])
         print(f"{world:>5} {r['wall_best_s']:>11.3f} {r['wall_median_s']:>9.3f} {cpu:>12} {r['bytes_per_version']:>14.0f} {peaks:>19} {r['ranks'][0]['budget_bytes'] / gib:>10.2f}")
     speed = many["wall_best_s"] / one["wall_best_s"]
+    cpu_ratio = max(min(x["cpu_s"]) for x in many["ranks"]) / min(one["ranks"][0]["cpu_s"])
     size = many["bytes_per_version"] / one["bytes_per_version"]
     memory_ok = all(x["peak_data_bytes"] <= x["budget_bytes"] for x in many["ranks"])
-    targets = {"wall_ratio": speed, "wall_ratio_met": speed <= 0.6, "bytes_ratio": size, "bytes_met": abs(size - 1) <= 0.03,
+    targets = {"wall_ratio": speed, "cpu_critical_path_ratio": cpu_ratio, "wall_ratio_met": speed <= 0.6, "bytes_ratio": size, "bytes_met": abs(size - 1) <= 0.03,
                "memory_met": memory_ok}  # fmt: skip
-    print(f"{args.ranks} ranks / 1 rank wall (best): {speed:.2f}x (target <= 0.6); bytes {size:.4f}x (within 3%); "
+    print(f"{args.ranks} ranks / 1 rank wall (best): {speed:.2f}x (target <= 0.6), busiest rank's CPU time {cpu_ratio:.2f}x; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"bytes {size:.4f}x (within 3%); "
           f"memory within shard+previous+10%: {memory_ok}")  # fmt: skip
-    load = os.getloadavg()
+    load = (load_before, os.getloadavg())
     out = {"model": args.model, "ranks": args.ranks, "versions": args.versions, "cpus": os.cpu_count(), "load_avg": load,
            "results": {str(k): v for k, v in rows.items()}, "targets": targets}  # fmt: skip
     RESULTS.mkdir(exist_ok=True)

@@ -61,6 +61,8 @@ class ShardedVersionInfo:
     segments: int
     local_encoded_bytes: int
     encode_s: float
+    upload_wait_s: float
+    commit_s: float
     wall_s: float
 
 
@@ -254,7 +256,7 @@ class ShardedPublisher:
         digest = keyframe or version % self.digest_interval == 0 or self._force_digest
         uploads = UploadPool(self._pool, self.max_in_flight)
         report: dict[str, Any]
-        encode_s = 0.0
+        encode_s = upload_wait_s = 0.0
         try:
             if early is not None:
                 raise early
@@ -272,13 +274,16 @@ class ShardedPublisher:
                     uploads.submit(self._upload_part, key, local, rows, ranges)
             report["digest"] = shard_hashes(local, rows) if digest else None
             encode_s = time.perf_counter() - te
+            tu = time.perf_counter()
             refs = uploads.results()
+            upload_wait_s = time.perf_counter() - tu
             report["segments"] = [r for r in refs if not isinstance(r, KeyframePart)]
             report["parts"] = [r for r in refs if isinstance(r, KeyframePart)]
             self._crash.at(version, "gathered")
         except Exception as err:
             self._discard(uploads)
             report = {"error": f"{type(err).__name__}: {err}"}
+        tc = time.perf_counter()
         try:
             reports = self._gather(report)
             outcome: dict[str, Any] = {"error": None}
@@ -305,6 +310,8 @@ class ShardedPublisher:
             segments=outcome["segments"],
             local_encoded_bytes=sum(r.size for r in report["segments"]),
             encode_s=encode_s,
+            upload_wait_s=upload_wait_s,
+            commit_s=time.perf_counter() - tc,
             wall_s=time.perf_counter() - t0,
         )
 
