@@ -284,16 +284,22 @@ class ShardedPublisher:
             self._discard(uploads)
             report = {"error": f"{type(err).__name__}: {err}"}
         tc = time.perf_counter()
+        outcome: dict[str, Any] = {"error": "not reached"}
         try:
             reports = self._gather(report)
-            outcome: dict[str, Any] = {"error": None}
             if self.rank == 0:
                 assert reports is not None
                 outcome = self._commit(version, step, reports, keyframe, digest)
             outcome = self._bcast(outcome)
-        except Exception as err:  # a rank died: the group is broken and nothing was committed by us
+        except Exception as err:  # a rank died: the process group is broken
             self._closed = True
-            raise ShardedPublishError(f"version {version} not committed: the process group failed: {err}") from err
+            if self.rank == 0 and outcome["error"] is None:
+                raise ShardedPublishError(
+                    f"version {version} was committed, but the process group failed before every rank learned it: {err}"
+                ) from err
+            if self.rank == 0:  # only rank 0 knows nothing was committed; other ranks leave their objects to gc
+                self._discard(uploads)
+            raise ShardedPublishError(f"version {version} not committed (or not known to be): the process group failed: {err}") from err
         if outcome["error"] is not None:
             self._discard(uploads)
             raise ShardedPublishError(f"version {version} not committed: {outcome['error']}")
@@ -356,7 +362,9 @@ class ShardedPublisher:
         return KeyframePart(key=key, sha256=sha, size=size, piece_size=hasher.piece_size, pieces=tuple(pieces), tensors=tuple(ranges))
 
     def _discard(self, uploads: UploadPool) -> None:
-        for f in uploads.futures:
+        """After a failed version: wait for this rank's uploads and delete what they wrote (best effort)."""
+        futures, uploads.futures = uploads.futures, []
+        for f in futures:
             if f.exception() is None:
                 try:
                     self.store.delete(f.result().key)

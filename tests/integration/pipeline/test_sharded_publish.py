@@ -137,7 +137,7 @@ def test_fsdp2_versions_replay_bit_exact() -> None:
 
 
 def test_killed_rank_leaves_no_half_version_and_resume_at_other_world_size() -> None:
-    from deltarl.pipeline import RunReader
+    from deltarl.pipeline import RunReader, gc
     from deltarl.storage import LocalStore
 
     with tempfile.TemporaryDirectory() as d:
@@ -158,6 +158,11 @@ def test_killed_rank_leaves_no_half_version_and_resume_at_other_world_size() -> 
         assert len(manifest.keyframe.parts) == 2
         keys = [ref.key for ref in [*reader.manifest(4)[0].segments, *manifest.keyframe.parts]]
         assert all("/e000002-" in k for k in keys), keys
+        # what the killed job left of version 3 (epoch 1) is an orphan gc removes; the run stays whole
+        report = gc(LocalStore(tmp / "store"), "r")
+        assert all("/e000001-" in k for k in report.orphans), report.orphans
+        assert not [k for k in LocalStore(tmp / "store").list("r/versions/000000000003/") if "/e000001-" in k]
+        _check_replays(tmp, range(6))
 
 
 def _local_worker(rank: int, world: int, tmp: str) -> None:
