@@ -21,9 +21,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from _e2e.netns import ShapedRegions
 from aiohttp import web
 
-from _e2e.netns import ShapedRegions
 from deltarl.relay import RelayConfig, RelayServer, create_app
 from deltarl.storage import LocalStore
 from deltarl.testing.wan import EmulatedLink

@@ -10,8 +10,9 @@ is skipped for ``cooldown_s``. Ranges that already arrived are kept: a failover 
 what is missing. A 404 is final, not a fault: a relay says "not found" only after asking its own
 upstream (or after a long-poll ``wait`` ran out), so the origin is not hammered by waiting actors.
 
-Integrity is checked per object: only the whole object's sha256 is known (from the manifest), so
-a mismatch cannot be pinned on one range. On a mismatch the whole object is fetched again from
+Integrity is checked per object, by its piece hashes (format v2) or its sha256 (v1), one pass.
+``fetch_into`` lands the ranges straight in the caller's memory (keyframe parts into the
+tensors), so a whole-model bootstrap holds no object-sized buffer. On a mismatch the whole object is fetched again from
 the next source after every source that contributed to it, and an object no source can deliver
 intact raises :class:`~deltarl.errors.TransferError`. A verified object is never fetched again.
 """
@@ -19,8 +20,8 @@ intact raises :class:`~deltarl.errors.TransferError`. A verified object is never
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
-import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -67,6 +68,36 @@ class _Object:
     source: int = 0  # first source index this object may use
     used: set[int] = field(default_factory=set)
     failed: BaseException | None = None
+    #: fetch_into: (object offset, writable view) covering [0, size) in order; no buffer of its own
+    views: list[tuple[int, memoryview]] | None = None
+
+    def write(self, start: int, data: bytes) -> None:
+        """Put one arrived range where it belongs: the object's buffer, or the caller's views."""
+        if self.views is None:
+            if len(self.buf) != self.ref.size:
+                self.buf = bytearray(self.ref.size)  # allocated when the first range lands
+            self.buf[start : start + len(data)] = data
+            return
+        i = bisect.bisect_right(self.views, start, key=lambda v: v[0]) - 1
+        pos, src = start, memoryview(data)
+        while src:
+            off, view = self.views[i]
+            take = min(len(src), off + len(view) - pos)
+            view[pos - off : pos - off + take] = src[:take]
+            src, pos, i = src[take:], pos + take, i + 1
+
+    def verified(self) -> bool:
+        """Whether the caller's views hold exactly the object (pieces for v2, sha256 for v1): one pass."""
+        assert self.views is not None
+        verifier = self.ref.verifier("its manifest")
+        try:
+            for _, view in self.views:
+                verifier.update(view)
+            verifier.finish()
+        except IntegrityError as err:
+            log.warning("%s", err)
+            return False
+        return True
 
 
 class Fetcher:
@@ -160,7 +191,31 @@ class Fetcher:
         ``wait_s`` > 0 long-polls objects that do not exist yet (relays hold the request; the
         origin is polled). Raises :class:`TransferError` if an object cannot be delivered intact.
         """
-        objects = [self._plan(ref) for ref in refs]
+        async for obj in self._run([self._plan(ref) for ref in refs], wait_s):
+            data = bytes(obj.buf)
+            obj.buf = bytearray()  # release memory early
+            yield obj.ref, data
+
+    async def fetch_into(self, ref: ObjectRef, views: Sequence[tuple[int, memoryview]], *, wait_s: float = 0.0) -> None:
+        """Fetch ``ref`` straight into the caller's memory: ``views`` are ``(object offset, writable
+        memoryview)`` pairs covering ``[0, ref.size)`` contiguously, in order (e.g. a keyframe part's
+        header buffer, then slices of the tensors its ranges fill). Each range is copied once, into
+        place; the object is then checked by its pieces (v2) or sha256 (v1) over the views, and
+        fetched again from the next source on a mismatch. Never allocates the whole object."""
+        pos = 0
+        for off, view in views:
+            if off != pos:
+                raise ValueError(f"{ref.key}: views must cover [0, {ref.size}) contiguously (gap or overlap at {pos})")
+            pos += len(view)
+        if pos != ref.size:
+            raise ValueError(f"{ref.key}: views cover {pos} bytes, the object has {ref.size}")
+        obj = self._plan(ref)
+        obj.views = [(off, view.cast("B")) for off, view in views if len(view)]
+        async for _ in self._run([obj], wait_s):
+            pass
+
+    async def _run(self, objects: list[_Object], wait_s: float) -> AsyncIterator[_Object]:
+        """Yield each object once all its ranges arrived and it checked out."""
         work: asyncio.Queue[tuple[_Object, int] | None] = asyncio.Queue()
         done: asyncio.Queue[_Object] = asyncio.Queue()
         for obj in objects:
@@ -175,14 +230,16 @@ class Fetcher:
                 obj = await done.get()
                 if obj.failed is not None:
                     raise obj.failed
-                data = bytes(obj.buf)
-                if await _sha256(data) != obj.ref.sha256 or len(data) != obj.ref.size:
+                if obj.views is not None:
+                    ok = await asyncio.to_thread(obj.verified)
+                else:
+                    ok = len(obj.buf) == obj.ref.size and await _check(obj.ref, obj.buf)
+                if not ok:
                     self._requeue_after_mismatch(obj, work)
                     continue
                 self.stats.objects += 1
                 remaining -= 1
-                yield obj.ref, data
-                obj.buf = bytearray()  # release memory early
+                yield obj
         finally:
             for w in workers:
                 w.cancel()
@@ -204,7 +261,7 @@ class Fetcher:
         obj.source = nxt
         obj.used.clear()
         obj.missing = set(range(len(obj.ranges)))
-        obj.buf = bytearray()
+        obj.buf = bytearray()  # (views, if any, are overwritten in place)
         for idx in range(len(obj.ranges)):
             work.put_nowait((obj, idx))  # it re-enters `done` once these complete
 
@@ -224,9 +281,7 @@ class Fetcher:
                 obj.failed = err
                 done.put_nowait(obj)
                 continue
-            if len(obj.buf) != obj.ref.size:
-                obj.buf = bytearray(obj.ref.size)  # allocated when the first range lands
-            obj.buf[start:end] = data
+            obj.write(start, data)
             obj.used.add(i)
             self._count(i, len(data))
             obj.missing.discard(idx)
@@ -238,6 +293,14 @@ class Fetcher:
         self.stats.bytes_by_source[name] = self.stats.bytes_by_source.get(name, 0) + n
 
     # --- small and mutable objects ------------------------------------------------------------
+
+    async def fetch_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of an immutable object, unverified (e.g. a header to plan a
+        :meth:`fetch_into`, which then checks every byte): failover only."""
+        call = functools.partial(_get_range, key, start, end, False, 0.0)
+        data, i = await self._with_failover(f"{key}[{start}:{end}]", 0, call)
+        self._count(i, len(data))
+        return data
 
     async def fetch_key(self, key: str, *, wait_s: float = 0.0) -> bytes:
         """A whole object whose hash is not known in advance (manifests, run.json): failover only."""
@@ -259,12 +322,23 @@ class Fetcher:
         return value
 
 
-async def _sha256(data: bytes) -> str:
-    """Hex sha256; a large object is hashed in a thread (hashlib drops the GIL), so the event loop
-    keeps moving the other streams' bytes meanwhile (~10 ms per 4 MiB on one core)."""
+async def _check(ref: ObjectRef, data: bytearray) -> bool:
+    """Whether ``data`` is ``ref`` (pieces for v2, sha256 for v1: one pass); a large object is
+    checked in a thread (hashlib drops the GIL), so the event loop keeps moving the other
+    streams' bytes meanwhile (~10 ms per 4 MiB on one core)."""
+
+    def check() -> bool:
+        verifier = ref.verifier("its manifest")
+        try:
+            verifier.update(data)
+            verifier.finish()
+        except IntegrityError:
+            return False
+        return True
+
     if len(data) < _HASH_IN_THREAD_BYTES:
-        return hashlib.sha256(data).hexdigest()
-    return await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
+        return check()
+    return await asyncio.to_thread(check)
 
 
 async def _get_range(key: str, start: int, end: int, whole: bool, wait_s: float, src: Source, i: int) -> bytes:

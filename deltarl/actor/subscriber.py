@@ -39,6 +39,7 @@ from deltarl.actor.staging import VersionStaging
 from deltarl.errors import IntegrityError, ObjectNotFound, RunError, StagingError, TransferError
 from deltarl.pipeline.layout import RunLayout, key_epoch
 from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo, version_id
+from deltarl.pipeline.memory import trim
 
 log = logging.getLogger(__name__)
 
@@ -69,35 +70,54 @@ class CommitInfo:
 
 
 class _FullUpdate:
-    """A catch-up: replace every tensor's contents (keyframe + deltas), undoable."""
+    """A catch-up: replace every tensor's contents (keyframe + deltas), undoable, in two copies.
+
+    Commit *swaps* the contents of the live tensors and the new ones (chunk by chunk, through a
+    small buffer), so afterwards the new tensors hold the old values for a rollback: the live
+    state and the new state, never a third clone.
+    """
+
+    SWAP_CHUNK = 4 << 20  # elements per swap step
 
     def __init__(self, state: MutableMapping[str, Any], new: dict[str, Any]) -> None:
         self._state = state
         self._new = new
-        self._old: dict[str, Any] | None = None
+        self._swapped = False
+        self._adopted = False
         self.changed_elements = sum(int(t.numel()) for t in new.values())
+
+    def _swap(self) -> None:
+        for name, t in self._new.items():  # same dtype and shape: copy_ is then bit-exact
+            live, new = self._state[name].view(-1), t.view(-1)
+            for a in range(0, live.numel(), self.SWAP_CHUNK):
+                tmp = live[a : a + self.SWAP_CHUNK].clone()
+                live[a : a + self.SWAP_CHUNK].copy_(new[a : a + self.SWAP_CHUNK])
+                new[a : a + self.SWAP_CHUNK].copy_(tmp)
 
     def commit(self) -> None:
         if not self._state:
             self._state.update(self._new)
+            self._adopted = True
             return
         if sorted(self._state) != sorted(self._new):
             raise StagingError("catch-up state has other tensors than the live state")
-        for name, t in self._new.items():  # same dtype and shape: copy_ is then bit-exact
+        for name, t in self._new.items():
             live = self._state[name]
             if live.dtype != t.dtype or live.shape != t.shape:
                 raise StagingError(f"catch-up tensor {name!r} is {t.dtype}{list(t.shape)}, live {live.dtype}{list(live.shape)}")
-        self._old = {n: t.clone() for n, t in self._state.items()}
-        for name, t in self._new.items():
-            self._state[name].copy_(t)
+            if not live.is_contiguous() or not t.is_contiguous():
+                raise StagingError(f"catch-up tensor {name!r} is not contiguous")
+        self._swap()
+        self._swapped = True
 
     def rollback(self) -> None:
-        if self._old is None:
+        if self._adopted:
             for name in self._new:
                 self._state.pop(name, None)
             return
-        for name, t in self._old.items():
-            self._state[name].copy_(t)
+        if self._swapped:
+            self._swap()
+            self._swapped = False
 
 
 @dataclass
@@ -233,7 +253,8 @@ class Subscriber:
             staged = await asyncio.to_thread(stage_delta, state, segments, base=parent_id)
             staged.commit()
         last, vid = chain[-1]
-        if last.state_digest is not None:
+        # a v2 keyframe alone was checked piece by piece as it landed: no second pass over it
+        if last.state_digest is not None and (len(chain) > 1 or last.format_version < 2):
             await self._check_digest(state, last)
         return state, last, vid
 
@@ -247,8 +268,10 @@ class Subscriber:
         return self._info
 
     async def _load_keyframe(self, manifest: Manifest) -> dict[str, Any]:
-        """The full state of a keyframe version: each part fetched (checked) and copied into fresh tensors."""
-        from deltarl.pipeline.keyframe import empty_state, load_part_bytes
+        """The full state of a keyframe version, read straight into fresh tensors: each part's header
+        first (checked against the ranges the manifest records), then its bytes by ranges into
+        the tensors they fill, checked by the part's pieces. No object-sized buffer, no second copy."""
+        from deltarl.pipeline.keyframe import empty_state, part_views
 
         assert manifest.keyframe is not None
         if manifest.format_version < 2:
@@ -261,9 +284,13 @@ class Subscriber:
         specs = {t.name: t for t in info.tensors}
         state = await asyncio.to_thread(empty_state, info.tensors)
         for part in manifest.keyframe.parts:
-            data = await self.fetcher.fetch(part)
-            await asyncio.to_thread(load_part_bytes, part, data, specs, state, named_by=manifest.key)
-            del data
+            head = await self.fetcher.fetch_range(part.key, 0, min(part.size, 64 << 10))
+            views = part_views(part, head, specs, state, named_by=manifest.key)
+            if views is None:  # a header longer than 64 KiB: fetch it whole
+                head = await self.fetcher.fetch_range(part.key, 0, 8 + int.from_bytes(head[:8], "little"))
+                views = part_views(part, head, specs, state, named_by=manifest.key)
+                assert views is not None
+            await self.fetcher.fetch_into(part, views)
         return state
 
     async def bootstrap(self) -> CommitInfo:
@@ -275,7 +302,9 @@ class Subscriber:
         state, manifest, vid = await self._catch_up_state(head.version)
         stage_s = time.monotonic() - t0
         self._staged = _Staged(manifest.version, vid, manifest, _FullUpdate(self.state, state), stage_s, full=True)
-        return self.commit()
+        info = self.commit()
+        trim()  # catch-up buffers (segments, staged deltas) are gone: give their memory back to the OS
+        return info
 
     # --- the background loop ------------------------------------------------------------------------
 

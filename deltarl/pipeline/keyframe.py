@@ -184,6 +184,31 @@ def read_part_into(store: ObjectStore, part: KeyframePart, specs: Mapping[str, T
         raise FormatError(f"{part.key}: unreadable keyframe part: {err}") from err
 
 
+def part_views(part: KeyframePart, head: bytes, specs: Mapping[str, TensorSpec], dest: Mapping[str, Any],
+               *, named_by: str) -> list[tuple[int, memoryview]] | None:
+    """Where each byte of a part goes, for a fetch straight into ``dest``: ``(part offset, view)``
+    pairs covering the part in order (a buffer for the header, then the tensor slices its ranges
+    fill). ``head`` is the part's first bytes; ``None`` if they do not hold the whole header.
+    The header is checked against the ranges ``part`` records (FormatError naming it)."""
+    if len(head) < 8:
+        raise FormatError(f"{part.key}: {len(head)} bytes cannot hold a safetensors header")
+    (hlen,) = struct.unpack("<Q", head[:8])
+    if hlen > MAX_HEADER_BYTES or 8 + hlen > part.size:
+        raise FormatError(f"{part.key}: header length {hlen} is beyond the part ({part.size} bytes)")
+    if len(head) < 8 + hlen:
+        return None
+    _parse_header(part, bytes(head[8 : 8 + hlen]), specs, named_by)
+    views: list[tuple[int, memoryview]] = [(0, memoryview(bytearray(8 + hlen)))]
+    pos = 8 + hlen
+    for name, start, count in part.tensors or ():
+        size = itemsize(specs[name].dtype)
+        views.append((pos, _byte_view(name, dest[name], writable=True)[start * size : (start + count) * size]))
+        pos += count * size
+    if pos != part.size:
+        raise FormatError(f"{part.key}: its ranges end at byte {pos}, {named_by} records {part.size} bytes")
+    return views
+
+
 def load_part_bytes(part: KeyframePart, data: Any, specs: Mapping[str, TensorSpec], dest: Mapping[str, Any],
                     *, named_by: str) -> None:
     """Copy the ranges of one part whose bytes ``data`` were already checked against ``part`` into ``dest``."""
@@ -218,6 +243,7 @@ __all__ = [
     "iter_part",
     "load_part_bytes",
     "part_header",
+    "part_views",
     "plan_parts",
     "read_part_into",
     "write_part",

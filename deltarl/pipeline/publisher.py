@@ -44,6 +44,7 @@ from deltarl.pipeline.manifest import (
     RunInfo,
     StateDigest,
 )
+from deltarl.pipeline.memory import trim
 from deltarl.pipeline.pieces import DEFAULT_PIECE_SIZE, check_piece_size
 from deltarl.pipeline.reader import RunReader, entries_of, table_of
 from deltarl.pipeline.tensors import BLOCKS_V2
@@ -332,6 +333,7 @@ class Publisher:
         else:
             for name, value in state.items():
                 copy_into(self._prev[name], value, name)
+        trim()  # the export dropped above: give its memory back to the OS
 
     def _encode_delta(self, state: Mapping[str, Any], version: int, uploads: UploadPool) -> tuple[float, int, int]:
         from deltarl.pipeline import iter_encode_delta, read_segment_header

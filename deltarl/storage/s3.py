@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import boto3
@@ -306,6 +306,29 @@ class S3Store(ObjectStore):
         if etag is None:
             raise ObjectExists(f"{self.url}: object {key!r} already exists")
         return etag
+
+    def put_stream_if_absent(self, key: str, chunks: Iterable[Any]) -> str:
+        """Stream ``chunks`` up as a conditional (``If-None-Match: *``) multipart upload, parts going
+        up while the producer continues; a short object is one conditional PUT. ``ObjectExists``
+        if the key is taken (a retried, unacknowledged completion is not re-checked byte for byte:
+        the caller's keys carry its writer epoch, so a taken key is its own earlier attempt or a
+        conflict it reports)."""
+        full = self._full(key)
+
+        def put_small(data: bytes) -> Any:
+            return self._call("put_if_absent", key, lambda: self._client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*"))
+
+        try:
+            resp = s3_multipart.upload_stream(
+                self._client, self.bucket, full, chunks, condition={"IfNoneMatch": "*"}, part_size=self.part_size,
+                concurrency=self.multipart_concurrency, call=functools.partial(self._call, "put_if_absent", key),
+                call_complete=functools.partial(self._call, "put_if_absent", key), put_small=put_small,
+            )  # fmt: skip
+        except StoreError as err:
+            if is_precondition(err):
+                raise ObjectExists(f"{self.url}: object {key!r} already exists") from err
+            raise
+        return strip_etag(resp["ETag"])
 
     def cas(self, key: str, data: bytes, expected_etag: str | None) -> str:
         if expected_etag is None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from deltarl.errors import StoreError
@@ -84,3 +85,78 @@ def upload(
         except StoreError as err:  # an earlier attempt completed it, or lifecycle rules must reclaim it
             log.info("multipart upload of %s/%s not aborted: %s", bucket, key, err)
         raise
+
+
+def upload_stream(
+    client: Any,
+    bucket: str,
+    key: str,
+    chunks: Iterable[Any],
+    *,
+    condition: dict[str, str],
+    part_size: int,
+    concurrency: int,
+    call: Callable[[Callable[[], Any]], Any],
+    call_complete: Callable[[Callable[[], Any]], Any],
+    put_small: Callable[[bytes], Any],
+) -> Any:
+    """Upload an object produced as ``chunks`` (buffers, in order), without holding it whole: the
+    bytes fill ``part_size`` parts that go up ``concurrency`` at a time while the producer goes on
+    (so serialization and upload overlap); at most ``concurrency + 1`` parts are in memory. An
+    object that ends before its first part is full goes up with one ``put_small(data)``. Return
+    the completing response; any failure aborts the upload."""
+    slots = threading.BoundedSemaphore(concurrency)
+    buf = bytearray()
+    upload_id: str | None = None
+    futures: list[Future[dict[str, Any]]] = []
+    pool = ThreadPoolExecutor(concurrency, thread_name_prefix="s3-part")
+
+    def put_part(number: int, body: bytes) -> dict[str, Any]:
+        try:
+            resp = call(lambda: client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body))
+            return {"PartNumber": number, "ETag": resp["ETag"]}
+        finally:
+            slots.release()
+
+    def flush(body: bytes) -> None:
+        nonlocal upload_id
+        if upload_id is None:
+            upload_id = call(lambda: client.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
+        if len(futures) >= MAX_PARTS:
+            raise StoreError(f"{bucket}/{key}: more than {MAX_PARTS} parts of {part_size} bytes")
+        slots.acquire()
+        for f in futures:  # fail fast
+            if f.done() and f.exception() is not None:
+                slots.release()
+                f.result()
+        futures.append(pool.submit(put_part, len(futures) + 1, body))
+
+    try:
+        for chunk in chunks:
+            mv = memoryview(chunk).cast("B")
+            while mv:
+                take = min(len(mv), part_size - len(buf))
+                buf += mv[:take]
+                mv = mv[take:]
+                if len(buf) == part_size:
+                    flush(bytes(buf))
+                    buf = bytearray()
+        if upload_id is None:
+            return put_small(bytes(buf))
+        if buf:
+            flush(bytes(buf))
+        parts = [f.result() for f in futures]
+        return call_complete(
+            lambda: client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}, **condition)
+        )
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        if upload_id is not None:
+            try:
+                call(lambda: client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id))
+            except StoreError as err:
+                log.info("multipart upload of %s/%s not aborted: %s", bucket, key, err)
+        raise
+    finally:
+        pool.shutdown(wait=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -282,3 +283,16 @@ def test_predicted_etag_matches_server(bucket: S3Location) -> None:
     store = bucket.open()
     for data in (b"", b"12345", random.Random(0).randbytes(100_000)):
         assert store.put("obj", data) == store.predicted_etag(data)
+
+
+@pytest.mark.parametrize("size", [3 << 20, (12 << 20) + 123])
+def test_put_stream_if_absent_multipart_and_small(moto_s3, size):
+    """A streamed object goes up in parts while it is produced (one PUT when short), conditionally."""
+    store = moto_s3.open(part_size=5 << 20, multipart_threshold=5 << 20, multipart_concurrency=2)
+    data = os.urandom(size)
+    chunks = (memoryview(data)[i : i + (1 << 20) + 7] for i in range(0, size, (1 << 20) + 7))
+    store.put_stream_if_absent("k/streamed", chunks)
+    assert store.get("k/streamed") == data
+    with pytest.raises(ObjectExists):
+        store.put_stream_if_absent("k/streamed", iter([data]))
+    assert store.get("k/streamed") == data

@@ -1,0 +1,429 @@
+"""Full-size models: every whole-model path at real Qwen3 shapes, each phase in its own process.
+
+    python -m benchmarks.scale [--model 0.6b|1.7b|4b|8b] [--scratch DIR] [--versions 3]
+
+States are built in place as BF16 (``benchmarks/_scale_state.py``: HF config numbers, tied
+embeddings for 0.6b/1.7b/4b, nothing downloaded), the next versions with ~1% of elements changed
+the way Adam at lr 1e-6 changes BF16. Each phase runs in a fresh process and reports wall time,
+GB of model per second and peak RSS (``VmHWM``, minus the RSS measured before the state was
+allocated) as a multiple of one BF16 copy. The machine's limits are measured in the same run
+(durable write + fsync, cached read, sha256 on one core, buffer copy) and every phase is printed
+as a fraction of the limit it is bound by. Results: ``benchmarks/results/scale-<model>.json``.
+
+Phases: keyframe publish (local store, durable), delta publishes (resumed publisher, each version
+handed over), relay transfer (every object of the run through a cold relay in another process),
+actor bootstrap through a cold relay (keyframe + deltas up to HEAD), stage + commit of each delta
+(with a plain numpy scatter of the same positions and values), replay with verify, inspect, gc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks._scale_state import (
+    MODELS,
+    generate,
+    load_state,
+    loadavg,
+    qwen3_specs,
+    reset_peak,
+    rss_bytes,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RUN = "scale"
+GB = 1e9
+
+
+def _model_bytes(model: str) -> int:
+    return 2 * sum(s.numel for s in qwen3_specs(MODELS[model]))
+
+
+def _result(args: argparse.Namespace, wall: float, base_rss: int, **extra: Any) -> dict[str, Any]:
+    copy = _model_bytes(args.model)
+    peak = rss_bytes("VmHWM")
+    return {"wall_s": round(wall, 3), "gb_s": round(copy / wall / GB, 3), "peak_rss_copies": round((peak - base_rss) / copy, 3),
+            "peak_rss_gb": round(peak / GB, 2), "base_rss_gb": round(base_rss / GB, 3), **extra}
+
+
+def _trim() -> None:
+    from deltarl.pipeline.memory import trim
+
+    trim()
+
+
+# --- phases (each runs in its own process) ---------------------------------------------------------
+
+
+def phase_limits(args: argparse.Namespace) -> dict[str, Any]:
+    size = 256 << 20
+    buf = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+    path = Path(args.scratch) / "limits.bin"
+    t = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        for _ in range(4):
+            f.write(memoryview(buf))
+        os.fsync(f.fileno())
+    write = 4 * size / (time.perf_counter() - t)
+    out = np.empty_like(buf)
+    t = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        for _ in range(4):
+            f.readinto(memoryview(out))
+    read = 4 * size / (time.perf_counter() - t)
+    path.unlink()
+    t = time.perf_counter()
+    hashlib.sha256(memoryview(buf)).digest()
+    sha = size / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for _ in range(4):
+        np.copyto(out, buf)
+    copy = 4 * size / (time.perf_counter() - t)
+    return {"durable_write_gb_s": round(write / GB, 3), "cached_read_gb_s": round(read / GB, 3),
+            "sha256_gb_s": round(sha / GB, 3), "copy_gb_s": round(copy / GB, 3)}  # fmt: skip
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from deltarl.storage import LocalStore
+
+    return LocalStore(Path(args.scratch) / "store")
+
+
+def phase_keyframe(args: argparse.Namespace) -> dict[str, Any]:
+    from deltarl.pipeline.publisher import Publisher
+
+    base = rss_bytes("VmRSS")
+    _, state = load_state(Path(args.scratch), args.model, 0)
+    reset_peak()
+    t = time.perf_counter()
+    with Publisher(_store(args), RUN, keyframe_interval=1000, digest_interval=1000, writer_id="bench") as pub:
+        info = pub.publish(state, step=0, owned=True)
+    wall = time.perf_counter() - t
+    return _result(args, wall, base, parts=len(info.keyframe_keys))
+
+
+def phase_deltas(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks._scale_state import apply_changes
+    from deltarl.pipeline.publisher import Publisher
+
+    base = rss_bytes("VmRSS")
+    flat, state = load_state(Path(args.scratch), args.model, 0)
+    per = []
+    with Publisher(_store(args), RUN, previous_state=state, writer_id="bench") as pub:
+        for v in range(1, args.versions + 1):
+            if v > 1:  # the previous export was handed over: the trainer's next export is a new buffer
+                flat = flat.clone()
+                from benchmarks._scale_state import views
+
+                state = views(flat, qwen3_specs(MODELS[args.model]))
+            import torch
+
+            apply_changes(flat.view(torch.int16).numpy().view(np.uint16), Path(args.scratch), v)
+            t = time.perf_counter()
+            info = pub.publish(state, step=v, owned=True)
+            wall = time.perf_counter() - t
+            per.append({"version": v, "wall_s": round(wall, 3), "gb_s": round(_model_bytes(args.model) / wall / GB, 3),
+                        "encode_s": round(info.encode_s, 3), "upload_s": round(info.upload_s, 3),
+                        "segments": len(info.segment_keys), "encoded_mb": round(info.stats.encoded_bytes / 1e6, 1),
+                        "changed": info.stats.changed_elements})  # fmt: skip
+            _trim()
+    walls = [p["wall_s"] for p in per]
+    return _result(args, sum(walls) / len(walls), base, versions=per)
+
+
+def _serve_relay(args: argparse.Namespace) -> None:
+    """Run a relay in front of the local store until stdin closes; print its URL first."""
+    from deltarl.relay import RelayConfig, RelayServer
+
+    async def main() -> None:
+        relay = RelayServer(_store(args), RelayConfig(cache_dir=args.cache, cache_bytes=64 << 30))
+        await relay.start()
+        print(relay.url, flush=True)
+        await asyncio.to_thread(sys.stdin.read)
+        await relay.stop()
+
+    asyncio.run(main())
+
+
+class _Relay:
+    """A relay in its own process (its memory is not the actor's), with a cold cache."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.cache = tempfile.mkdtemp(dir=args.scratch, prefix="relay-")
+        cmd = [sys.executable, "-m", "benchmarks.scale", "--serve-relay", "--scratch", args.scratch, "--cache", self.cache,
+               "--model", args.model]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        shutil.rmtree(self.cache, ignore_errors=True)
+
+
+def phase_relay(args: argparse.Namespace) -> dict[str, Any]:
+    from deltarl.actor.fetcher import Fetcher
+    from deltarl.pipeline.reader import RunReader
+
+    reader = RunReader(_store(args), RUN)
+    refs = []
+    for v in range(args.versions + 1):
+        manifest, _ = reader.manifest(v)
+        refs += [*manifest.segments, *(manifest.keyframe.parts if manifest.keyframe else ())]
+    total = sum(r.size for r in refs)
+    relay = _Relay(args)
+    base = rss_bytes("VmRSS")
+    reset_peak()
+
+    async def pull() -> None:
+        async with Fetcher([relay.url], streams=4) as f:
+            for ref in refs:
+                data = await f.fetch(ref)
+                assert len(data) == ref.size
+                del data
+
+    try:
+        t = time.perf_counter()
+        asyncio.run(pull())
+        wall = time.perf_counter() - t
+    finally:
+        relay.close()
+    return _result(args, wall, base, bytes=total, object_gb_s=round(total / wall / GB, 3), objects=len(refs))
+
+
+def phase_bootstrap(args: argparse.Namespace) -> dict[str, Any]:
+    from deltarl.actor.fetcher import Fetcher
+    from deltarl.actor.subscriber import Subscriber
+    from deltarl.pipeline import state_digest
+
+    relay = _Relay(args)
+    base = rss_bytes("VmRSS")
+    reset_peak()
+    state: dict[str, Any] = {}
+
+    async def boot() -> Any:
+        async with Fetcher([relay.url], streams=4) as f:
+            sub = Subscriber(state, RUN, f, verify_digest=False, speculate=False)
+            info = await sub.bootstrap()
+            await sub.close()
+            return info
+
+    try:
+        t = time.perf_counter()
+        info = asyncio.run(boot())
+        wall = time.perf_counter() - t
+    finally:
+        relay.close()
+    out = _result(args, wall, base, version=info.version)
+    out["bit_exact"] = state_digest(state) == json.loads((Path(args.scratch) / "digests.json").read_text())[str(info.version)]
+    return out
+
+
+def phase_stage_commit(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from deltarl.pipeline import stage_delta
+    from deltarl.pipeline.reader import RunReader
+
+    base = rss_bytes("VmRSS")
+    flat, state = load_state(Path(args.scratch), args.model, 0)
+    bits = flat.view(torch.int16).numpy().view(np.uint16)
+    reader = RunReader(_store(args), RUN)
+    per = []
+    for v in range(1, args.versions + 1):
+        manifest, _ = reader.manifest(v)
+        segments = [reader.segment(manifest, i) for i in range(len(manifest.segments))]
+        t = time.perf_counter()
+        staged = stage_delta(state, segments, base=manifest.parent)
+        stage_s = time.perf_counter() - t
+        del segments
+        t = time.perf_counter()
+        staged.commit()
+        pause = time.perf_counter() - t
+        del staged
+        pos = np.load(Path(args.scratch) / f"pos-v{v}.npy")
+        new = np.load(Path(args.scratch) / f"bits-v{v}.npy")
+        t = time.perf_counter()
+        bits[pos] = new  # the same positions and values (already there): a plain numpy scatter
+        scatter = time.perf_counter() - t
+        per.append({"version": v, "stage_s": round(stage_s, 3), "commit_s": round(pause, 4), "numpy_scatter_s": round(scatter, 4),
+                    "pause_vs_scatter": round(pause / scatter, 2), "changed": int(pos.size)})  # fmt: skip
+        del pos, new
+    from deltarl.pipeline import state_digest
+
+    exact = state_digest(state) == json.loads((Path(args.scratch) / "digests.json").read_text())[str(args.versions)]
+    worst = max(p["pause_vs_scatter"] for p in per)
+    return _result(args, sum(p["commit_s"] for p in per), base, versions=per, pause_vs_scatter=worst, bit_exact=exact)
+
+
+def phase_replay(args: argparse.Namespace) -> dict[str, Any]:
+    from deltarl.pipeline import state_digest
+    from deltarl.pipeline.replay import replay
+
+    base = rss_bytes("VmRSS")
+    reset_peak()
+    t = time.perf_counter()
+    state = replay(_store(args), RUN, args.versions, verify=True)
+    wall = time.perf_counter() - t
+    out = _result(args, wall, base)
+    out["bit_exact"] = state_digest(state) == json.loads((Path(args.scratch) / "digests.json").read_text())[str(args.versions)]
+    return out
+
+
+def phase_inspect(args: argparse.Namespace) -> dict[str, Any]:
+    from deltarl.pipeline.inspect import inspect_run
+
+    base = rss_bytes("VmRSS")
+    t = time.perf_counter()
+    summary = inspect_run(_store(args), RUN)
+    wall = time.perf_counter() - t
+    return _result(args, wall, base, versions=len(summary.rows) if hasattr(summary, "rows") else None)
+
+
+def phase_gc(args: argparse.Namespace) -> dict[str, Any]:
+    from deltarl.pipeline.gc import gc
+
+    base = rss_bytes("VmRSS")
+    t = time.perf_counter()
+    report = gc(_store(args), RUN, keep_last=args.versions + 1)
+    wall = time.perf_counter() - t
+    return _result(args, wall, base, orphans=len(report.orphans))
+
+
+def phase_digests(args: argparse.Namespace) -> dict[str, Any]:
+    """Setup, not timed: the expected blocks64k-v2 digest of every version (for bit-exactness)."""
+    import torch
+
+    from benchmarks._scale_state import apply_changes
+    from deltarl.pipeline import state_digest
+
+    flat, state = load_state(Path(args.scratch), args.model, 0)
+    bits = flat.view(torch.int16).numpy().view(np.uint16)
+    digests = {"0": state_digest(state)}
+    for v in range(1, args.versions + 1):
+        apply_changes(bits, Path(args.scratch), v)
+        digests[str(v)] = state_digest(state)
+    (Path(args.scratch) / "digests.json").write_text(json.dumps(digests))
+    return {}
+
+
+PHASES = {
+    "limits": phase_limits,
+    "digests": phase_digests,
+    "keyframe": phase_keyframe,
+    "deltas": phase_deltas,
+    "relay": phase_relay,
+    "bootstrap": phase_bootstrap,
+    "stage_commit": phase_stage_commit,
+    "replay": phase_replay,
+    "inspect": phase_inspect,
+    "gc": phase_gc,
+}
+#: (phase, the limit it is bound by, target GB/s as a fraction of that limit or absolute, target copies)
+TARGETS = {
+    "keyframe": ("durable_write_gb_s", "0.8x limit", 1.3),
+    "deltas": (None, ">= 2.0 GB/s", 2.3),
+    "relay": ("cached_read_gb_s", "-", None),
+    "bootstrap": ("sha256_gb_s", ">= 0.5 GB/s", 1.3),
+    "stage_commit": (None, "<= 1.3x numpy scatter", None),
+    "replay": ("sha256_gb_s", ">= 0.6 GB/s", 1.3),
+}
+
+
+def _run_phase(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.scale", "--phase", name, "--scratch", args.scratch, "--model", args.model,
+           "--versions", str(args.versions)]  # fmt: skip
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        return {"error": f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}",
+                "process_s": round(time.perf_counter() - t, 1)}  # fmt: skip
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["load_avg"] = loadavg()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="1.7b", choices=sorted(MODELS))
+    parser.add_argument("--versions", type=int, default=3)
+    parser.add_argument("--scratch", default=None, help="scratch directory (default: a temp dir, removed after)")
+    parser.add_argument("--only", default=None, help="comma-separated phases (default: all)")
+    parser.add_argument("--phase", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-relay", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cache", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_relay:
+        _serve_relay(args)
+        return
+    if args.phase:
+        print(json.dumps(PHASES[args.phase](args)), flush=True)
+        return
+    own = args.scratch is None
+    args.scratch = args.scratch or tempfile.mkdtemp(prefix=f"deltarl-scale-{args.model}-", dir=os.environ.get("DELTARL_SCRATCH"))
+    scratch = Path(args.scratch)
+    copy = _model_bytes(args.model)
+    print(f"Qwen3-{args.model.upper()} shapes: {copy / GB:.2f} GB per BF16 copy, scratch {scratch}, load {loadavg()}", flush=True)
+    results: dict[str, Any] = {"model": args.model, "copy_gb": round(copy / GB, 3), "load_avg_start": loadavg(),
+                               "cpus": os.cpu_count(), "phases": {}}  # fmt: skip
+    try:
+        if not (scratch / "meta.json").exists():
+            t = time.perf_counter()
+            results["state"] = generate(scratch, args.model, args.versions)
+            print(f"generated states in {time.perf_counter() - t:.1f}s: {results['state']}", flush=True)
+        only = args.only.split(",") if args.only else list(PHASES)
+        if "digests" in only and not (scratch / "digests.json").exists():
+            _run_phase(args, "digests")
+        for name in only:
+            if name == "digests":
+                continue
+            res = _run_phase(args, name)
+            results["phases"][name] = res
+            print(f"  {name:13s} {json.dumps(res)}", flush=True)
+        results["load_avg_end"] = loadavg()
+        _summarize(results)
+        RESULTS.mkdir(exist_ok=True)
+        out = RESULTS / f"scale-{args.model}.json"
+        out.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {out}")
+    finally:
+        if own:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _summarize(results: dict[str, Any]) -> None:
+    limits = results["phases"].get("limits", {})
+    print(f"\nlimits: {limits}")
+    print(f"{'phase':13s} {'wall s':>8s} {'GB/s':>7s} {'of limit':>9s} {'RSS/copy':>9s}  target")
+    for name, res in results["phases"].items():
+        if name == "limits" or "wall_s" not in res:
+            if "error" in res:
+                print(f"{name:13s} ERROR {res['error']}")
+            continue
+        bound, target, copies = TARGETS.get(name, (None, "-", None))
+        frac = res["gb_s"] / limits[bound] if bound and bound in limits else None
+        res["fraction_of_limit"] = None if frac is None else round(frac, 3)
+        res["limit"] = bound
+        extra = f" pause/scatter {res['pause_vs_scatter']}" if "pause_vs_scatter" in res else ""
+        print(f"{name:13s} {res['wall_s']:8.2f} {res['gb_s']:7.3f} {'' if frac is None else f'{frac:.2f}':>9s} "
+              f"{res['peak_rss_copies']:9.2f}  {target}{'' if copies is None else f', <= {copies} copies'}{extra}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
