@@ -91,6 +91,14 @@ class WriterConflict(RunError):
     """Another publisher owns this run (or moved HEAD underneath us)."""
 
 
+class ShardedPublishError(RunError):
+    """A sharded publish failed on some rank; no rank committed it and every base is unchanged."""
+
+
+class UnsupportedPlacement(DeltaRLError, ValueError):
+    """A DTensor placement the sharded publisher cannot encode (only row shards and replicas)."""
+
+
 # --- transfer / actors ---------------------------------------------------------------------------
 
 

@@ -5,7 +5,7 @@ Two halves, one data flow:
 * the codec — the lossless sparse delta format (``encode_delta``, segments, staged
   transactional apply: ``stage_delta`` / ``StagedUpdate.commit`` / ``rollback``);
 * the run namespace on top of an object store — layout, manifests and records, the writer
-  claim, the :class:`Publisher`, the :class:`RunReader`, ``replay``, ``gc`` and ``inspect_run``.
+  claim, the :class:`Publisher` (and :class:`ShardedPublisher`, one per rank), the :class:`RunReader`, ``replay``, ``gc`` and ``inspect_run``.
 
 Importing this package imports neither torch nor numba; torch tensors are recognised when seen and
 numba kernels are compiled on first use (set ``DELTARL_NO_NUMBA=1`` for the pure-numpy path).
@@ -35,6 +35,7 @@ from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.publisher import Publisher, VersionInfo
 from deltarl.pipeline.reader import RunReader
 from deltarl.pipeline.replay import apply_versions, replay, squash
+from deltarl.pipeline.sharded import ShardedPublisher, ShardedVersionInfo
 
 __all__ = [
     "BF16",
@@ -52,6 +53,8 @@ __all__ = [
     "RunReader",
     "RunSummary",
     "SegmentHeader",
+    "ShardedPublisher",
+    "ShardedVersionInfo",
     "StagedUpdate",
     "Stager",
     "TensorEntry",

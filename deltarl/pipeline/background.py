@@ -6,13 +6,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from deltarl.errors import PublishFailed, RunError
 from deltarl.pipeline.uploads import cpu_copy
 
-if TYPE_CHECKING:
-    from deltarl.pipeline.publisher import Publisher, VersionInfo
+VersionInfo = Any  # the publisher's VersionInfo (not imported: the publisher imports this module)
+
+
+class Publisher(Protocol):
+    """What the background lane needs of its :class:`~deltarl.pipeline.publisher.Publisher`."""
+
+    run: str
+    _closed: bool
+
+    def _publish(
+        self, state_dict: Mapping[str, Any], step: int, owned: bool, allow_nonfinite: bool = False
+    ) -> VersionInfo: ...
 
 log = logging.getLogger(__name__)
 

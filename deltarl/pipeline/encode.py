@@ -14,7 +14,7 @@ from deltarl.errors import TensorMismatch
 from deltarl.pipeline import registry
 from deltarl.pipeline.kernels import worker_threads
 from deltarl.pipeline.segment import ChunkInfo, pack_segment
-from deltarl.pipeline.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, tensor_table
+from deltarl.pipeline.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, spec_of, tensor_table
 
 log = logging.getLogger(__name__)
 
@@ -93,23 +93,7 @@ def iter_encode_delta(
                 stop = min(spec.numel, start + step)
                 yield spec, start, o[start:stop], n[start:stop]
 
-    specs: dict[str, TensorSpec] = {}
-    chunks: list[ChunkInfo] = []
-    payloads: list[bytes] = []
-    size = changes = 0
-    emitted = False
-    for spec, start, count, (used, changed, payload) in _encoded(tasks(), codec, worker_threads()):
-        specs[spec.name] = spec
-        chunks.append(ChunkInfo(spec.name, start, count, changed, used, len(payload)))
-        payloads.append(payload)
-        size += len(payload) + 40  # the payload and its chunk-table entry
-        changes += changed
-        if size >= segment_bytes or changes >= segment_changes:
-            yield pack_segment(base, list(specs.values()), chunks, payloads)
-            specs, chunks, payloads, size, changes = {}, [], [], 0, 0
-            emitted = True
-    if chunks or not emitted:
-        yield pack_segment(base, list(specs.values()), chunks, payloads)
+    yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, worker_threads(), empty=True)
 
 
 def _encoded(
@@ -130,6 +114,95 @@ def _encoded(
         while window:
             s, st, c, fut = window.popleft()
             yield s, st, c, fut.result()
+
+
+def iter_encode_rows(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    rows: Mapping[str, tuple[TensorSpec, int]],
+    *,
+    base: str,
+    segment_bytes: int = 16 << 20,
+    codec: str = "auto",
+    threads: int | None = None,
+    segment_changes: int = SEGMENT_CHANGES,
+) -> Iterator[bytes]:
+    """Yield the segments of the delta of one shard: a contiguous element range of each tensor.
+
+    ``rows[name] = (global spec, start)``: the local tensors ``old[name]`` / ``new[name]`` hold the
+    elements ``[start, start + local numel)`` of the row-major flattened global tensor (a dim-0
+    shard). Chunks carry global element positions and segments the global tensor table, so the
+    segments of every shard together form one delta of the whole state. Empty shards yield no
+    chunks; a shard with no elements at all yields no segment. ``threads`` caps the encode threads
+    (default :func:`worker_threads`).
+    """
+    if codec not in CODECS:
+        raise ValueError(f"unknown codec {codec!r}; choose one of {CODECS}")
+    if not base or len(base.encode()) > 1024:
+        raise ValueError("base must be a non-empty id of at most 1024 utf-8 bytes")
+    if segment_bytes < 1:
+        raise ValueError("segment_bytes must be positive")
+    if set(old) != set(rows) or set(new) != set(rows):
+        raise TensorMismatch("old, new and rows must name the same tensors")
+    step = chunk_elements(segment_bytes)
+    names = sorted(rows)
+    for name in names:
+        spec, start = rows[name]
+        for side in (old, new):
+            have = spec_of(name, side[name])
+            n = 1
+            for d in have.shape:
+                n *= d
+            if have.dtype != spec.dtype or start < 0 or start + n > spec.numel:
+                raise TensorMismatch(
+                    f"tensor {name!r}: local {have.dtype}{list(have.shape)} at element {start} does not fit "
+                    f"{spec.dtype}{list(spec.shape)}"
+                )
+
+    def tasks() -> Iterator[tuple[TensorSpec, int, np.ndarray, np.ndarray]]:
+        for name in names:
+            spec, offset = rows[name]
+            o = flat_bits(name, _cpu(old[name]))
+            n = flat_bits(name, _cpu(new[name]))
+            if o.size != n.size:
+                raise TensorMismatch(f"tensor {name!r}: old and new shards differ in size")
+            for start in range(0, o.size, step):
+                stop = min(o.size, start + step)
+                yield spec, offset + start, o[start:stop], n[start:stop]
+
+    threads = worker_threads() if threads is None else threads
+    yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, threads, empty=False)
+
+
+def _segments(
+    tasks: Iterator[tuple[TensorSpec, int, np.ndarray, np.ndarray]],
+    base: str,
+    segment_bytes: int,
+    segment_changes: int,
+    codec: str,
+    threads: int,
+    *,
+    empty: bool,
+) -> Iterator[bytes]:
+    """Pack encoded chunks into segments of ~``segment_bytes`` or ``segment_changes`` changed
+    elements, whichever fills first; ``empty``: yield one even if no chunk."""
+    specs: dict[str, TensorSpec] = {}
+    chunks: list[ChunkInfo] = []
+    payloads: list[bytes] = []
+    size = changes = 0
+    emitted = False
+    for spec, start, count, (used, changed, payload) in _encoded(tasks, codec, threads):
+        specs[spec.name] = spec
+        chunks.append(ChunkInfo(spec.name, start, count, changed, used, len(payload)))
+        payloads.append(payload)
+        size += len(payload) + 40  # the payload and its chunk-table entry
+        changes += changed
+        if size >= segment_bytes or changes >= segment_changes:
+            yield pack_segment(base, list(specs.values()), chunks, payloads)
+            specs, chunks, payloads, size, changes = {}, [], [], 0, 0
+            emitted = True
+    if chunks or (empty and not emitted):
+        yield pack_segment(base, list(specs.values()), chunks, payloads)
 
 
 def encode_delta(
