@@ -88,6 +88,10 @@ class Follower:
     async def open(self) -> None:
         """Create the fetcher and subscriber (once; a follower is not reopened after ``close``)."""
         if self._fetcher is None:
+            from deltarl.actor.weights import warm_decoders
+
+            # compile the codecs' kernels now, so the first version after the bootstrap is not late
+            threading.Thread(target=warm_decoders, name="follower-warm-codecs", daemon=True).start()
             self._fetcher = Fetcher(self._sources, streams=self._streams, cooldown_s=5.0)
             self._staged = asyncio.Event()
             self._sub = Subscriber(self.state, self.run_name, self._fetcher, poll_wait_s=self._poll_wait_s,
