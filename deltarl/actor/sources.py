@@ -22,13 +22,13 @@ from typing import TypeVar
 from deltarl.errors import ObjectNotFound
 from deltarl.storage.http_client import RelayClient
 from deltarl.storage.keys import etag_of
-from deltarl.storage.retry import RetryPolicy
+from deltarl.storage.retry import POLL_BACKOFF
 from deltarl.storage.store import ObjectInfo, ObjectStore
 
 T = TypeVar("T")
 
-#: Sleep between polls of a key that is not there yet: 50 ms doubling, capped at 1 s (equal jitter).
-POLL_BACKOFF = RetryPolicy(attempts=1, base_delay=0.05, max_delay=1.0)
+__all__ = ["POLL_BACKOFF", "RelaySource", "Source", "StoreSource", "make_source"]
+
 #: A 404 this much sooner than the wait asked for was not held by the server: back off.
 _EARLY_S = 0.05
 _MAX_TRACKED = 4096

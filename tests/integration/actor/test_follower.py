@@ -149,3 +149,4 @@ def test_follow_command_until_stopped_writes_the_last_state(background_relay: An
             proc.stderr.close()
     assert states_equal(_load(out), trainer.exports[2])
     trainer.close()
+
