@@ -95,3 +95,21 @@ def test_fsspec_schemes_route_to_fsspec(tmp_path: Path) -> None:
     opened: Any = open_store(f"fsspec+file://{tmp_path}")
     assert isinstance(opened, FsspecStore)
     assert type(open_store("memory://x")).__name__ == "MemoryStore"  # deltarl's own wins without the prefix
+
+
+@pytest.mark.torch
+def test_commands_read_an_fsspec_url(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """replay and inspect take an fsspec URL; the run was published with deltarl's own local store."""
+    pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    from deltarl.cli import main
+    from deltarl.storage import LocalStore
+
+    exports = publish_run(LocalStore(tmp_path / "runs"), "r", 3, segment_bytes=4096)
+    url = f"fsspec+file://{tmp_path}/runs"
+    assert main(["inspect", "r", "--store", url]) == 0
+    assert "2" in capsys.readouterr().out
+    out = tmp_path / "w.safetensors"
+    assert main(["replay", "r", "--store", url, "--version", "2", "--out", str(out), "--no-progress"]) == 0
+    assert states_equal(load_file(str(out)), exports[2])
