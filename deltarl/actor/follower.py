@@ -82,6 +82,7 @@ class Follower:
         self._fetcher: Fetcher | None = None
         self._sub: Subscriber | None = None
         self._staged: asyncio.Event | None = None
+        self._warm: threading.Thread | None = None
 
     # --- lifetime ----------------------------------------------------------------------------------
 
@@ -91,7 +92,8 @@ class Follower:
             from deltarl.actor.weights import warm_decoders
 
             # compile the codecs' kernels now, so the first version after the bootstrap is not late
-            threading.Thread(target=warm_decoders, name="follower-warm-codecs", daemon=True).start()
+            self._warm = threading.Thread(target=warm_decoders, name="follower-warm-codecs", daemon=True)
+            self._warm.start()
             self._fetcher = Fetcher(self._sources, streams=self._streams, cooldown_s=5.0)
             self._staged = asyncio.Event()
             self._sub = Subscriber(self.state, self.run_name, self._fetcher, poll_wait_s=self._poll_wait_s,
@@ -104,6 +106,9 @@ class Follower:
             await self._sub.close()
         if self._fetcher is not None:
             await self._fetcher.close()
+        if self._warm is not None:  # an interpreter exiting mid-compile can crash: let it finish
+            await asyncio.to_thread(self._warm.join)
+            self._warm = None
 
     async def __aenter__(self) -> Follower:
         await self.open()
