@@ -62,7 +62,7 @@ class FsspecStore(ObjectStore):
             storage_options.setdefault("auto_mkdir", True)  # keys have '/' parts: create their directories
         try:
             fs, path = url_to_fs(url, **storage_options)
-        except (ImportError, ValueError) as err:
+        except (ImportError, ValueError, OSError) as err:  # missing package, bad URL, unreachable server
             raise StoreError(f"cannot open fsspec filesystem for {url!r}: {err}") from err
         self.fs = fs
         self.url = url
