@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
-from deltarl.actor.sources import POLL_BACKOFF
 from deltarl.actor.subscriber import CommitInfo, Subscriber
 from deltarl.errors import ConfigError, IntegrityError, ObjectNotFound, RunError, TransferError
+from deltarl.storage.retry import POLL_BACKOFF
 from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)

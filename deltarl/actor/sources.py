@@ -27,8 +27,6 @@ from deltarl.storage.store import ObjectInfo, ObjectStore
 
 T = TypeVar("T")
 
-__all__ = ["POLL_BACKOFF", "RelaySource", "Source", "StoreSource", "make_source"]
-
 #: A 404 this much sooner than the wait asked for was not held by the server: back off.
 _EARLY_S = 0.05
 _MAX_TRACKED = 4096
