@@ -93,12 +93,19 @@ def nginx_config(cfg: NginxRelayConfig) -> str:
             proxy_hide_header Cache-Control;
             proxy_hide_header Expires;"""
     if cfg.bucket:
-        health = f"""    location = /healthz {{              # the bucket answers: HEAD of its root
+        health = f"""    location = /healthz {{              # the bucket endpoint answers at all (even 403/404): healthy
             rewrite ^ /{path.split('/')[0]}? break;
             {common}
             proxy_method HEAD;
             proxy_cache off;
+            proxy_intercept_errors on;
+            error_page 403 404 = @deltarl_reachable;
             add_header Cache-Control "no-store" always;
+        }}
+
+        location @deltarl_reachable {{
+            add_header Cache-Control "no-store" always;
+            return 200 "ok\\n";
         }}
 
         location = /metrics {{ return 404; }}  # a bucket has none; scrape nginx's own stub_status if needed

@@ -165,9 +165,15 @@ async def test_replay_and_follow_through_nginx_in_front_of_seaweedfs(seaweed_s3:
         assert states_equal(await asyncio.to_thread(_replay_via, nginx.url, 2), trainer.exports[2])
         follower = await _follow_while_publishing(nginx.url, trainer, 5)
         assert states_equal(follower.state, trainer.exports[5])
-        async with aiohttp.ClientSession() as http, http.get(f"{nginx.url}/{RUN}/nothing-here") as resp:
-            assert resp.status == 404
-            assert IMMUTABLE not in resp.headers.get("Cache-Control", "")
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{nginx.url}/{RUN}/nothing-here") as resp:
+                assert resp.status == 404
+                assert IMMUTABLE not in resp.headers.get("Cache-Control", "")
+            async with http.get(f"{nginx.url}/healthz") as resp:
+                assert resp.status == 200
+                assert resp.headers["Cache-Control"] == "no-store"
+            async with http.get(f"{nginx.url}/?prefix={RUN}/") as resp:
+                assert resp.status == 501  # S3 lists in XML: listings need a deltarl relay
     finally:
         trainer.close()
         store.close()
