@@ -20,11 +20,13 @@ COMMANDS: tuple[str, ...] = (
     "coordinator",
     "relay",
     "actor",
+    "follow",
     "replay",
     "audit",
     "inspect",
     "gc",
     "bench",
+    "nginx-config",
 )
 
 
@@ -42,9 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"deltarl.commands.{name}")
+            module = importlib.import_module(f"deltarl.commands.{name.replace('-', '_')}")
         except ModuleNotFoundError as err:
-            if err.name == f"deltarl.commands.{name}":
+            if err.name == f"deltarl.commands.{name.replace('-', '_')}":
                 continue  # command not built in this checkout
             raise
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)

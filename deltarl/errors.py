@@ -75,6 +75,11 @@ class InvalidKey(StoreError, ValueError):
     """A key is outside the namespace: absolute, contains '..', empty parts, or bad characters."""
 
 
+class ConditionalWriteUnsupported(StoreError):
+    """The store cannot do an atomic conditional write (``put_if_absent``/``cas``), so it cannot be
+    published to (e.g. most fsspec filesystems); reading it is fine."""
+
+
 class TransientStoreError(StoreError):
     """A failure worth retrying: throttling (503 SlowDown), dropped connection, timeout."""
 

@@ -30,7 +30,8 @@ class ActorConfig(BaseModel):
 
     coordinator: str = Field(default=defaults.COORDINATOR_URL, description="base URL of the coordinator service")
     token: str | None = Field(default=None, description="actor bearer token (else $DELTARL_ACTOR_TOKEN / $DELTARL_COORDINATOR_TOKEN)")
-    store: str = Field(default=defaults.STORE, description="origin store URL (the fallback after every relay)")
+    store: str | None = Field(default=None, description="origin store URL, the fallback after every relay; optional "
+                              "when relays are given (model.json, HEAD, manifests and segments all come through them)")
     run: str = Field(default="run", description="run name; the model spec is read from <run>/model.json")
     region: str = Field(default="", description="region label, reported to the coordinator; selects 'regions[region].relays'")
     relays: list[str] = Field(default_factory=list, description="relay URLs in order of preference (overrides the region's)")
@@ -65,6 +66,11 @@ class ActorConfig(BaseModel):
             return list(self.relays)
         region = self.regions.get(self.region)
         return list(region.relays) if region is not None else []
+
+    def check_sources(self) -> None:
+        """``ConfigError`` unless the actor has somewhere to read the run from (a relay or a store)."""
+        if not self.relay_urls() and not self.store:
+            raise ConfigError("give the actor at least one relay (--relay, 'relays:' or its region's) or an origin --store")
 
     def resolved_token(self) -> str:
         """The coordinator token from the config or the environment; ``ConfigError`` if none."""

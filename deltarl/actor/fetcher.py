@@ -125,7 +125,7 @@ class Fetcher:
             raise ValueError("streams, range_bytes and attempts_per_source must be >= 1")
         # streams for data, plus headroom for the long-polls of a manifest and HEAD held meanwhile
         self.sources = [
-            make_async_source(s, connections=streams + 2, read_timeout_s=read_timeout_s, token=token, poll_interval_s=0.1)
+            make_async_source(s, connections=streams + 2, read_timeout_s=read_timeout_s, token=token, poll_interval_s=1.0)
             for s in sources
         ]
         self.streams = streams

@@ -34,7 +34,6 @@ from deltarl.errors import (
     CoordinatorError,
     DeltaRLError,
     IntegrityError,
-    ObjectNotFound,
     RunError,
     UnknownActor,
 )
@@ -86,8 +85,10 @@ class ActorLoop:
         from deltarl.storage.open import open_store
 
         cfg = self.config
-        own_store = self._store is None
-        store = self._store if self._store is not None else open_store(cfg.store)
+        if self._store is None:
+            cfg.check_sources()
+        own_store = self._store is None and cfg.store is not None
+        store = self._store if self._store is not None else open_store(cfg.store) if cfg.store else None
         client: SyncCoordinatorClient | None = None
         heartbeat: threading.Thread | None = None
         try:
@@ -137,7 +138,7 @@ class ActorLoop:
             self.events.emit("exit", version=None if held is None else held[0],
                              admitted=self.results_admitted, rejected=self.results_rejected)
             self.events.close()
-            if own_store:
+            if own_store and store is not None:
                 store.close()
 
     def _register(self, client: Any) -> float | None:
@@ -163,7 +164,7 @@ class ActorLoop:
             return float(reg.heartbeat_interval_s)
         return None
 
-    def _setup(self, store: ObjectStore) -> None:
+    def _setup(self, store: ObjectStore | None) -> None:
         """Wait for the run, read its model spec, bootstrap the newest version into a backend."""
         from deltarl.actor.weights import Weights
         from deltarl.model.tasks import TaskSpec, build_task
@@ -177,7 +178,8 @@ class ActorLoop:
         from deltarl.actor.weights import warm_decoders
 
         threading.Thread(target=warm_decoders, name="actor-warm-codecs", daemon=True).start()
-        info = self._wait_model_json(store)
+        self.weights = Weights(cfg, store)  # relays first, the origin (if any) last: model.json too
+        info = self.weights.wait_model_json(timeout_s=cfg.bootstrap_timeout_s, stop=self._stop)
         if info is None:
             return
         self.model_info = info
@@ -185,25 +187,13 @@ class ActorLoop:
         self.task = build_task(TaskSpec(**info.task)) if info.task else None
         t0 = time.perf_counter()
         self.backend = self._build_backend()
-        self.weights = Weights(cfg, store, backend=self.backend if cfg.backend == "vllm" else None)
+        if cfg.backend == "vllm":
+            self.weights.backend = self.backend
         if not self.weights.bootstrap(self.backend.state_dict_for_update(), timeout_s=cfg.bootstrap_timeout_s, stop=self._stop):
             return
         self.events.emit("bootstrap", version=self.weights.version, version_id=self.weights.version_id,
                          seconds=round(time.perf_counter() - t0, 4), fetch=self.weights.fetch_stats())
         log.info("actor %s bootstrapped version %d in %.2fs", self.name, self.weights.version, time.perf_counter() - t0)
-
-    def _wait_model_json(self, store: ObjectStore) -> Any:
-        from deltarl.model.record import read_model_json
-
-        deadline = time.monotonic() + self.config.bootstrap_timeout_s
-        while not self.stopping:
-            try:
-                return read_model_json(store, self.config.run)
-            except ObjectNotFound:
-                if time.monotonic() > deadline:
-                    raise RunError(f"run {self.config.run!r} has no model.json after {self.config.bootstrap_timeout_s}s") from None
-                self._stop.wait(0.2)
-        return None
 
     def _build_backend(self) -> GenerationBackend:
         """The generation backend with the run's model (its weights are overwritten by the bootstrap)."""

@@ -3,7 +3,8 @@
 The commit protocol writes a version's manifest last, after every segment is durable. Waiting for
 it would make an actor start fetching only once the whole upload is over. Instead, while the
 manifest is awaited, :meth:`VersionStaging.speculate` long-polls the version's segments by key
-(``seg-00000.bin``, ``seg-00001.bin``, … up to ``window`` at a time) as the trainer uploads them,
+(``seg-00000.bin``, ``seg-00001.bin``, … up to ``window`` at a time once the first has landed,
+only the first before) as the trainer uploads them,
 and decodes each into the :class:`~deltarl.pipeline.Stager` as it lands: relays cut them through
 hop by hop, so the actor receives a segment while it is still crossing the WAN.
 
@@ -68,17 +69,20 @@ class VersionStaging:
         """Long-poll and decode segments 0, 1, … of ``version``, until cancelled, or until those below
         :meth:`limit` are done (or one is not a delta on our base)."""
         next_index = 0
+        landed = asyncio.Event()  # until a first segment lands, poll only segment 0 (an idle reader asks little)
         running: dict[asyncio.Task[None], int] = {}
         limit_wait: asyncio.Task[Any] = asyncio.ensure_future(self._limit_set.wait())
+        landed_wait: asyncio.Task[Any] = asyncio.ensure_future(landed.wait())
 
         async def one(index: int) -> None:
             key = key_of(index)
             while True:
-                try:
+                try:  # the source holds or backs off (early 404s) for up to wait_s
                     data = await fetcher.fetch_key(key, wait_s=wait_s, unverified=True)  # checked in complete()
                     break
                 except ObjectNotFound:
                     continue  # not uploaded yet (or never: the manifest will tell)
+            landed.set()
             fut = self._submit(data)
             self._spec_decodes.append((key, hashlib.sha256(data).hexdigest(), fut))  # recorded before any await
             try:
@@ -93,24 +97,27 @@ class VersionStaging:
                 for task, index in list(running.items()):
                     if limit is not None and index >= limit:
                         task.cancel()  # beyond the last segment: it will never land
-                while len(running) < window and (limit is None or next_index < limit):
+                while len(running) < (window if landed.is_set() else 1) and (limit is None or next_index < limit):
                     running[asyncio.ensure_future(one(next_index))] = next_index
                     next_index += 1
                 if not running:
                     return
-                waiting: list[asyncio.Task[Any]] = [*running, limit_wait]
+                waiting: list[asyncio.Task[Any]] = [*running, limit_wait, landed_wait]
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if landed_wait in done:
+                    landed_wait = asyncio.ensure_future(asyncio.Event().wait())  # fired once: never again
                 for task in done:
-                    if task is limit_wait:
+                    if task not in running:
                         continue
                     del running[task]
                     if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(), TransferError):
                         raise task.exception()  # type: ignore[misc]
         finally:
             limit_wait.cancel()
+            landed_wait.cancel()
             for task in running:
                 task.cancel()
-            await asyncio.gather(limit_wait, *running, return_exceptions=True)
+            await asyncio.gather(limit_wait, landed_wait, *running, return_exceptions=True)
 
     async def complete(self, fetcher: Fetcher, manifest: Manifest) -> Any:
         """Verify speculative segments against ``manifest``, fetch the rest, return the StagedUpdate."""

@@ -18,11 +18,12 @@ from collections.abc import Coroutine, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from deltarl.actor.subscriber import CommitInfo, Subscriber
-from deltarl.errors import DeltaRLError, ObjectNotFound, RunError, TransferError
+from deltarl.errors import ConfigError, DeltaRLError, ObjectNotFound, RunError, TransferError
 
 if TYPE_CHECKING:
     from deltarl.actor.config import ActorConfig
     from deltarl.actor.events import CommitTiming
+    from deltarl.model.record import RunModelInfo
     from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,11 @@ def warm_decoders() -> None:
 class Weights:
     """Bootstrap, background staging and safe-point commits of one actor's live state."""
 
-    def __init__(self, config: ActorConfig, store: ObjectStore, *, backend: Any | None = None) -> None:
-        """``backend``: one whose served weights are not the state given to :meth:`bootstrap` (vLLM's
-        host shadow); commits then go through ``backend.commit`` / ``backend.load_state``."""
+    def __init__(self, config: ActorConfig, store: ObjectStore | None, *, backend: Any | None = None) -> None:
+        """``store``: the origin, the fallback after the config's relays (None: relays only).
+        ``backend``: one whose served weights are not the state given to :meth:`bootstrap` (vLLM's
+        host shadow); commits then go through ``backend.commit`` / ``backend.load_state``. It may be
+        set as an attribute until :meth:`bootstrap`."""
         self.config = config
         self.store = store
         self.backend = backend
@@ -96,6 +99,25 @@ class Weights:
 
     # --- bootstrap -------------------------------------------------------------------------------------
 
+    def wait_model_json(self, *, timeout_s: float, stop: threading.Event) -> RunModelInfo | None:
+        """The run's ``model.json``, read through the relays (then the origin), waiting up to
+        ``timeout_s`` for the trainer to write it; None if ``stop`` was set first."""
+        from deltarl.model.record import RunModelInfo, model_json_key
+
+        self._call(self._open_fetcher())
+        key = model_json_key(self.config.run)
+        deadline = time.monotonic() + timeout_s
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            try:  # each source holds the request or backs off (early 404s) for up to the wait
+                return RunModelInfo.from_bytes(self._call(self._fetcher.fetch_key(key, wait_s=max(0.0, min(2.0, left)))))
+            except (ObjectNotFound, TransferError) as err:
+                if time.monotonic() > deadline:
+                    raise RunError(f"run {self.config.run!r} has no model.json after {timeout_s}s: {err}") from None
+                if isinstance(err, TransferError):
+                    stop.wait(min(1.0, max(0.0, left)))
+        return None
+
     def bootstrap(self, state: MutableMapping[str, Any], *, timeout_s: float, stop: threading.Event) -> bool:
         """Load the newest keyframe and the deltas after it into ``state`` (the live tensors), waiting
         up to ``timeout_s`` for the run's first version. Returns False if ``stop`` was set first."""
@@ -113,11 +135,18 @@ class Weights:
                 stop.wait(0.2)
         return False
 
-    async def _open(self, state: MutableMapping[str, Any]) -> None:
+    async def _open_fetcher(self) -> None:
         from deltarl.actor.fetcher import Fetcher
 
+        if self._fetcher is None:
+            sources: list[Any] = [*self.config.relay_urls(), *([self.store] if self.store is not None else [])]
+            if not sources:
+                raise ConfigError("the actor has neither relays nor an origin store to read the run from")
+            self._fetcher = Fetcher(sources, streams=self.config.streams, cooldown_s=5.0)
+
+    async def _open(self, state: MutableMapping[str, Any]) -> None:
+        await self._open_fetcher()
         cfg = self.config
-        self._fetcher = Fetcher([*cfg.relay_urls(), self.store], streams=cfg.streams, cooldown_s=5.0)
         self._sub = Subscriber(state, cfg.run, self._fetcher, poll_wait_s=5.0, poll_interval_s=cfg.head_poll_s,
                                verify_digest=cfg.verify_digest, backend=self.backend, on_staged=self._ready.set)
 

@@ -16,7 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coordinator", default=None, metavar="URL", help="coordinator base URL")
     parser.add_argument("--token", default=None, metavar="TOKEN",
                         help="actor bearer token (else the config, $DELTARL_ACTOR_TOKEN or $DELTARL_COORDINATOR_TOKEN)")
-    parser.add_argument("--store", default=None, metavar="URL", help="origin store URL (the last source after the relays)")
+    parser.add_argument("--store", default=None, metavar="URL",
+                        help="origin store URL, the last source after the relays (optional with --relay: "
+                             "a relay-only actor reads model.json, HEAD, manifests and segments through relays)")
     parser.add_argument("--run", default=None, metavar="RUN", help="run name")
     parser.add_argument("--region", default=None, help="region label (selects the region's relays in the config)")
     parser.add_argument("--relay", action="append", default=None, metavar="URL",
@@ -46,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
             state_out=args.state_out,
         )
         config.resolved_token()
+        config.check_sources()
     except DeltaRLError as err:
         print(f"deltarl actor: {err}", file=sys.stderr)
         return 2

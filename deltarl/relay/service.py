@@ -22,6 +22,7 @@ from deltarl.relay.mutable import MutableObjects
 from deltarl.relay.passthrough import PassThroughBody, is_no_room
 from deltarl.relay.pull import Pull
 from deltarl.storage.aio import AsyncSource
+from deltarl.storage.retry import POLL_BACKOFF
 from deltarl.storage.store import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -427,6 +428,7 @@ class ObjectService:
                 w.task.cancel()  # nobody waits any more (clients left): stop asking upstream
 
     async def _poll(self, key: str, w: _Wait) -> None:
+        misses = 0  # "not found" answered sooner than asked (an nginx or S3 upstream): back off
         try:
             while not w.found.done():
                 left = w.deadline - time.monotonic()
@@ -436,6 +438,10 @@ class ObjectService:
                     self.metrics.upstream_requests.labels("wait_head").inc()
                     info = await self.upstream.head(key, wait=left)
                 except ObjectNotFound:
+                    early = w.deadline - time.monotonic()
+                    if early > 0.05:
+                        await asyncio.sleep(min(POLL_BACKOFF.delay(misses), early))
+                        misses += 1
                     continue
                 except TransientStoreError as err:
                     log.info("long-poll of %s upstream failed (%s); retrying", key, err)

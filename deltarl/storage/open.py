@@ -10,7 +10,16 @@ Accepted URLs:
   ``endpoint_url=`` option, else ``DELTARL_S3_ENDPOINT``, ``AWS_ENDPOINT_URL_S3`` or
   ``AWS_ENDPOINT_URL``; credentials and region from the usual AWS settings or options;
 * ``http://host:port`` or ``https://…`` → :class:`HTTPStore`, a deltarl relay (or anything speaking
-  its HTTP API, e.g. an nginx cache in front of one) used as a store.
+  its HTTP API, e.g. an nginx cache in front of one) used as a store;
+* any other scheme that fsspec knows (``gcs://``, ``gs://``, ``az://``, ``abfs://``, ``hf://``, …)
+  → :class:`~deltarl.storage.fsspec_store.FsspecStore`, readable everywhere, publishable only where
+  the filesystem has atomic conditional writes;
+* ``fsspec+<scheme>://…`` forces fsspec for a scheme deltarl handles itself (``fsspec+memory://``,
+  ``fsspec+file:///dir``, ``fsspec+s3://bucket/prefix`` for s3fs).
+
+Precedence: deltarl's own backends win for plain paths, ``file://``, ``memory://``, ``s3://`` and
+``http(s)://`` (they differ from fsspec's: a fresh ``memory://`` per call, atomic local writes with
+``O_EXCL``, S3 conditional writes through boto3); fsspec takes every other scheme it knows.
 
 Extra keyword options go to the backend's constructor; an unknown option or a malformed URL
 raises :class:`~deltarl.errors.ConfigError`.
@@ -51,6 +60,8 @@ def open_store(url: str | os.PathLike[str], **options: Any) -> ObjectStore:
         url = os.fspath(url)
     if not isinstance(url, str) or not url:
         raise ConfigError(f"store URL must be a non-empty string, got {url!r}")
+    if url.lower().startswith("fsspec+"):
+        return _build("fsspec", (url[len("fsspec+"):],), options)
     if "://" not in url:
         return _build("local", (url,), options)
     parts = urlsplit(url)
@@ -75,9 +86,20 @@ def open_store(url: str | os.PathLike[str], **options: Any) -> ObjectStore:
         if not parts.netloc:
             raise ConfigError(f"{scheme}:// URL has no host: {url!r}")
         return _build("http", (url,), options)
+    if _fsspec_knows(scheme):
+        return _build("fsspec", (url,), options)
     raise ConfigError(
-        f"unsupported store URL scheme {scheme!r} in {url!r} (path, file://, memory://, s3://, http(s)://)"
+        f"unsupported store URL scheme {scheme!r} in {url!r} (path, file://, memory://, s3://, http(s)://, "
+        "or a scheme fsspec knows: gcs://, az://, hf://, …)"
     )
+
+
+def _fsspec_knows(scheme: str) -> bool:
+    try:
+        from fsspec.registry import known_implementations, registry
+    except ImportError:
+        return False
+    return scheme in known_implementations or scheme in registry
 
 
 def _build(kind: str, args: tuple[Any, ...], options: dict[str, Any]) -> ObjectStore:
@@ -94,6 +116,10 @@ def _build(kind: str, args: tuple[Any, ...], options: dict[str, Any]) -> ObjectS
         from deltarl.storage.http import HTTPStore
 
         cls = HTTPStore
+    elif kind == "fsspec":
+        from deltarl.storage.fsspec_store import FsspecStore
+
+        cls = FsspecStore
     else:
         from deltarl.storage.s3 import S3Store
 

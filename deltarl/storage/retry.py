@@ -155,3 +155,9 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(attempts=1)
+
+#: Polling for an object that is not there yet, where the server answered "not found" sooner than
+#: the wait asked for (nginx, plain S3): sleep 50 ms doubling to about 1 s (equal jitter) between
+#: polls, so an idle reader asks about once a second per key and still sees a new object within
+#: about a second. Used by actors, followers and relays alike.
+POLL_BACKOFF = RetryPolicy(attempts=1, base_delay=0.05, max_delay=1.0)

@@ -185,3 +185,36 @@ def test_actor_waits_for_an_unreachable_coordinator(local_store: ObjectStore, tm
     thread.join(timeout=30)
     assert not thread.is_alive()
     assert _events(events)[-1]["event"] == "exit"
+
+
+async def test_relay_only_actor_needs_no_origin_store(
+    coordinator_service: RunningCoordinator, tmp_path: Path, torch_threads: Any, start_relay: Any
+) -> None:
+    """No store URL at all: model.json, HEAD, manifests, keyframes and segments through the relay."""
+    store = coordinator_service.store
+    relay = await start_relay(store)
+    state_out = tmp_path / "state.json"
+    cfg = ActorConfig(coordinator=coordinator_service.url, token=ACTOR_TOKEN, run=RUN, relays=[relay.url],
+                      state_out=str(state_out), idle_poll_s=0.05, head_poll_s=0.05)
+    assert cfg.store is None
+    actor = ActorLoop(cfg, name="relay-only")
+    thread = threading.Thread(target=actor.run, name="actor", daemon=True)
+    thread.start()
+    try:
+        trainer = await asyncio.to_thread(_train, store, coordinator_service.url, 2)
+        final = trainer.trainer.export_bf16()
+        deadline = time.monotonic() + 60
+        while (actor.weights is None or actor.weights.held is None or actor.weights.held[0] < 2) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        actor.stop()
+        await asyncio.to_thread(thread.join, 60)
+    assert not thread.is_alive()
+    assert json.loads(state_out.read_text())["state_digest"] == state_digest(final)
+    assert actor.weights is not None
+    assert set(actor.weights.fetch_stats()["bytes_by_source"]) == {relay.url}
+
+
+def test_actor_without_relays_or_store_is_refused() -> None:
+    with pytest.raises(ConfigError, match="relay"):
+        ActorLoop(ActorConfig(token="t", run="r")).run()

@@ -38,7 +38,7 @@ def test_memory_url_is_fresh_each_call() -> None:
     "url",
     [
         "",
-        "ftp://host/x",
+        "nosuchscheme://host/x",  # ftp:// and other fsspec schemes open through fsspec
         "file://otherhost/x",
         "file://",
         "s3://",
