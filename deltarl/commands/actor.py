@@ -7,6 +7,8 @@ import signal
 import sys
 from types import FrameType
 
+from deltarl.commands._store import have_torch, store_help
+
 HELP = "run a rollout actor: lease prompts, generate on the current version, commit new versions between batches"
 
 
@@ -16,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coordinator", default=None, metavar="URL", help="coordinator base URL")
     parser.add_argument("--token", default=None, metavar="TOKEN",
                         help="actor bearer token (else the config, $DELTARL_ACTOR_TOKEN or $DELTARL_COORDINATOR_TOKEN)")
-    parser.add_argument("--store", default=None, metavar="URL", help="origin store URL (the last source after the relays)")
+    parser.add_argument("--store", default=None, metavar="URL", help=store_help("origin store URL, the last source after the relays"))
     parser.add_argument("--run", default=None, metavar="RUN", help="run name")
     parser.add_argument("--region", default=None, help="region label (selects the region's relays in the config)")
     parser.add_argument("--relay", action="append", default=None, metavar="URL",
@@ -35,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not have_torch("actor"):
+        return 2
     from deltarl.actor.config import ActorConfig
     from deltarl.errors import DeltaRLError
 

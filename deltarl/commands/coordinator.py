@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 
+from deltarl.commands._store import store_help
+
 HELP = "serve the rollout coordinator: EMA-proportional leases, version-gated admission, results in the store"
 
 TOKEN_ENV = "DELTARL_COORDINATOR_TOKEN"
@@ -15,7 +17,7 @@ TOKEN_ENV = "DELTARL_COORDINATOR_TOKEN"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default=None, metavar="URL",
-                        help="store URL: a path, file://…, memory://…, s3://… (required unless --config names one)")
+                        help=store_help("store URL, required unless --config names one"))
     parser.add_argument("--run", default=None, metavar="RUN", help="run name, its prefix in the store (required unless --config names one)")
     parser.add_argument("--listen", default=None, metavar="HOST:PORT",
                         help="address to bind (default from --config, else 127.0.0.1:8470; port 0 picks one)")

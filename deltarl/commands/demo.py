@@ -7,6 +7,8 @@ import os
 import signal
 from pathlib import Path
 
+from deltarl.commands._store import have_torch, store_help
+
 HELP = "run the whole loop on this machine: coordinator, relay, trainer and unequal actors on a tiny model (a few minutes)"
 
 
@@ -14,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=25, metavar="N", help="training steps (default 25)")
     parser.add_argument("--actors", type=int, default=3, metavar="N", help="actor processes of unequal speed (default 3)")
     parser.add_argument("--store", default=None, metavar="URL",
-                        help="store URL (default: the --out folder); s3://bucket/prefix works with --endpoint-url")
+                        help=store_help("store URL (default: the --out folder; s3:// also takes --endpoint-url)"))
     parser.add_argument("--endpoint-url", default=None, metavar="URL",
                         help="S3 endpoint for an s3:// store (MinIO, SeaweedFS); also $DELTARL_S3_ENDPOINT")
     parser.add_argument("--out", type=Path, default=Path("deltarl-runs"), metavar="DIR",
@@ -26,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not have_torch("demo"):
+        return 2
     from deltarl.demo.runner import DemoOptions, run_demo
 
     if args.steps < 1 or not 1 <= args.actors <= 8 or args.prompts < 1 or args.group_size < 2:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from deltarl.commands._store import add_store_argument
+from deltarl.commands._store import add_store_argument, have_torch
 
 HELP = "rebuild a version of a run bit for bit (keyframe + deltas, every hash checked) into a safetensors file"
 
@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not have_torch("replay"):
+        return 2
     from safetensors.torch import save_file
 
     from deltarl.errors import DeltaRLError

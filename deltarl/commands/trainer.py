@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from deltarl.commands._store import have_torch, store_help
+
 HELP = "train with GRPO against a coordinator and publish every policy version to the store"
 
 TOKEN_ENVS = ("DELTARL_TRAINER_TOKEN", "DELTARL_COORDINATOR_TOKEN")
@@ -14,7 +16,7 @@ TOKEN_ENVS = ("DELTARL_TRAINER_TOKEN", "DELTARL_COORDINATOR_TOKEN")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE",
                         help="YAML/JSON TrainerConfig (or a deployment file with a 'trainer:' section)")
-    parser.add_argument("--store", default=None, metavar="URL", help="store URL (overrides the config)")
+    parser.add_argument("--store", default=None, metavar="URL", help=store_help("store URL, overrides the config"))
     parser.add_argument("--run", default=None, metavar="RUN", help="run name (overrides the config)")
     parser.add_argument("--steps", type=int, default=None, metavar="N", help="training steps (overrides the config)")
     parser.add_argument("--coordinator", default=None, metavar="URL", help="coordinator base URL (overrides the config)")
@@ -23,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not have_torch("trainer"):
+        return 2
     from deltarl.errors import DeltaRLError
     from deltarl.trainer.config import TrainerConfig
 
