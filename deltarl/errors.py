@@ -140,3 +140,11 @@ class AdmissionRejected(CoordinatorError):
 
 class ConfigError(DeltaRLError, ValueError):
     """A configuration file or flag is invalid."""
+
+
+# --- integrations --------------------------------------------------------------------------------
+
+
+class IntegrationError(DeltaRLError, RuntimeError):
+    """A training framework's model cannot be exported as published weights (e.g. an adapter type
+    whose merge deltarl does not know), or a background publish of a training step failed."""

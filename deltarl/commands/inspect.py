@@ -37,8 +37,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        rows = [dict(r.__dict__, changed_fraction=r.changed_fraction, ratio=r.ratio) for r in summary.rows]
-        print(json.dumps({"run": args.run, "head": None if summary.head is None else summary.head.version, "versions": rows}, indent=1))
+        versions = [dict(r.__dict__, changed_fraction=r.changed_fraction, ratio=r.ratio) for r in summary.rows]
+        print(json.dumps({"run": args.run, "head": None if summary.head is None else summary.head.version,
+                          "versions": versions}, indent=1))
         return 0
     info, head = summary.info, summary.head
     full = sum(t.numel for t in info.tensors)
