@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", default=None, metavar="FILE", help="append one JSON line per event to FILE")
     parser.add_argument("--state-out", default=None, metavar="FILE",
                         help="on exit (and on SIGUSR1), write the live weights' version and state digest to FILE")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (versions, publish->staged, "
+                             "commit pause, bytes by source, results)")
+    parser.add_argument("--metrics-host", default=None, metavar="HOST", help="address of --metrics-port (default 0.0.0.0)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             args.config, coordinator=args.coordinator, token=args.token, store=args.store, run=args.run,
             region=args.region, relays=args.relay, streams=args.streams, backend=args.backend, device=args.device,
             throttle=args.throttle, max_prompts=args.max_prompts, seed=args.seed, events=args.events,
-            state_out=args.state_out,
+            state_out=args.state_out, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         )
         config.resolved_token()
     except DeltaRLError as err:
