@@ -75,14 +75,20 @@ class WeightsMetrics:
         self.version.set(version)
 
     def committed(self, timing: CommitTiming) -> None:
-        """Record one commit."""
-        self.version.set(timing.version)
+        """Record one commit of an actor."""
+        self.record_commit(timing.version, publish_to_staged_s=timing.publish_to_staged_s,
+                           publish_to_commit_s=timing.publish_to_commit_s, pause_s=timing.pause_ms / 1000)
+
+    def record_commit(self, version: int, *, publish_to_staged_s: float | None, publish_to_commit_s: float | None,
+                      pause_s: float) -> None:
+        """Record one commit from its parts (what a follower knows of a version it committed)."""
+        self.version.set(version)
         self.commits.inc()
-        if timing.publish_to_staged_s is not None:
-            self.publish_to_staged.observe(max(0.0, timing.publish_to_staged_s))
-        if timing.publish_to_commit_s is not None:
-            self.publish_to_commit.observe(max(0.0, timing.publish_to_commit_s))
-        self.commit_pause.observe(timing.pause_ms / 1000)
+        if publish_to_staged_s is not None:
+            self.publish_to_staged.observe(max(0.0, publish_to_staged_s))
+        if publish_to_commit_s is not None:
+            self.publish_to_commit.observe(max(0.0, publish_to_commit_s))
+        self.commit_pause.observe(pause_s)
 
     def commit_failed(self) -> None:
         self.commit_failures.inc()

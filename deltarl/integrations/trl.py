@@ -3,7 +3,7 @@
 Example::
 
     from deltarl.integrations.trl import DeltaRLCallback
-    from deltarl.model import ModelSpec  # what actors rebuild: here a local checkpoint
+    from deltarl.model.build import ModelSpec  # what actors rebuild: here a local checkpoint
     from deltarl.model.record import RunModelInfo
     from deltarl.model.tokenizer import TokenizerSpec
 

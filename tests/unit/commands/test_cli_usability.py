@@ -105,3 +105,24 @@ def test_inspect_piped_prints_whole_columns(tmp_path, capsys: pytest.CaptureFixt
     assert [r[-1] for r in rows] == [i[:12] for i in ids]  # ids whole, not cut to fit a terminal
     assert [r[2] for r in rows] == ["keyframe", "delta", "keyframe"]
     assert rows[1][4] == f"{100 * 200 / 4096:.3f}%"
+
+
+def test_metric_flags_reach_the_configs(tmp_path) -> None:
+    from deltarl.actor.config import ActorConfig
+    from deltarl.commands.trainer import sink_overrides
+    from deltarl.trainer.config import TrainerConfig
+
+    parser = build_parser()
+    args = parser.parse_args(["actor", "--run", "r", "--metrics-port", "9401", "--metrics-host", "127.0.0.1"])
+    cfg = ActorConfig.load(None, metrics_port=args.metrics_port, metrics_host=args.metrics_host)
+    assert (cfg.metrics_port, cfg.metrics_host) == (9401, "127.0.0.1")
+    for command in ("trainer", "demo"):
+        extra = ["--config", "x.yaml"] if command == "trainer" else []
+        args = parser.parse_args([command, *extra, "--metrics-port", "9400", "--tensorboard", "tb", "--wandb", "proj",
+                                  "--wandb-mode", "offline"])
+        assert sink_overrides(args) == {"metrics_port": 9400, "tensorboard": "tb", "wandb_project": "proj",
+                                        "wandb_mode": "offline"}
+    path = tmp_path / "trainer.yaml"
+    path.write_text("run: r\nmetrics: {tensorboard: runs/tb, metrics_port: 9400}\n")
+    loaded = TrainerConfig.load(str(path))
+    assert (loaded.metrics.tensorboard, loaded.metrics.metrics_port) == ("runs/tb", 9400)
