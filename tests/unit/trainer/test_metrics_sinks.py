@@ -106,6 +106,9 @@ def test_wandb_offline_run_reads_back(versions: list[VersionInfo], tmp_path: Pat
     sink.log(step_values(_report(versions[1], 0.25)), 1)
     sink.log(step_values(_report(versions[2], 0.5)), 2)
     sink.close()
+    import wandb
+
+    wandb.teardown()  # the run file is written by wandb's service process: stop it, so every record is on disk
     runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert len(runs) == 1
     history = [{"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in r.history.item}
