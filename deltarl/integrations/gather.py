@@ -90,9 +90,10 @@ def _gathered(param: Any) -> Iterator[Any]:
     yield data
 
 
-def _raw_bf16(model: Any, keep: bool) -> dict[str, torch.Tensor]:
-    """Every parameter of ``model`` whole, by cleaned name; kept as CPU copies (in their training
-    dtype, so a merge computes as PEFT does) only where ``keep``."""
+def _gather_all(model: Any, keep: bool, exact: frozenset[str]) -> dict[str, torch.Tensor]:
+    """Every parameter of ``model`` whole, by cleaned name, as CPU copies where ``keep``: BF16 straight
+    away (one pass, one BF16 copy of the model), except the names in ``exact``, kept in their training
+    dtype so a LoRA merge computes as PEFT does."""
     import torch
 
     out: dict[str, torch.Tensor] = {}
@@ -100,7 +101,9 @@ def _raw_bf16(model: Any, keep: bool) -> dict[str, torch.Tensor]:
         for name, param in model.named_parameters():
             with _gathered(param) as full:
                 if keep:
-                    out[clean_name(name)] = full.detach().to("cpu", copy=True)
+                    key = clean_name(name)
+                    dtype = full.dtype if key in exact else torch.bfloat16
+                    out[key] = full.detach().to("cpu", dtype=dtype, copy=True)
     return out
 
 
@@ -164,7 +167,9 @@ def gather_bf16(model: Any, *, is_main: bool) -> dict[str, torch.Tensor]:
 
     model = unwrap(model)
     layers = _lora_layers(model) if is_peft(model) else []
-    raw = _raw_bf16(model, keep=is_main)
+    exact = frozenset(f"{name}.{part}" for name, adapter, _, _ in layers
+                      for part in ("base_layer.weight", f"lora_A.{adapter}.weight", f"lora_B.{adapter}.weight"))
+    raw = _gather_all(model, keep=is_main, exact=exact)
     if not is_main:
         return {}
     if is_peft(model):
