@@ -14,6 +14,12 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from deltarl import __version__
+from deltarl.commands._store import TORCH_HINT
+
+#: A command that fails importing one of these says how to install it instead of a traceback.
+TORCH_MODULES = frozenset({"torch", "transformers"})
+
 COMMANDS: tuple[str, ...] = (
     "demo",
     "trainer",
@@ -40,6 +46,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser with every available subcommand."""
     parser = _Parser(prog="deltarl", description="deltarl: lossless sparse weight deltas for RL post-training across regions.")
+    parser.add_argument("--version", action="version", version=f"deltarl {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
@@ -50,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # command not built in this checkout
             raise
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        # -v after the subcommand too; its own dest, since a subparser's values replace the parent's
+        p.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0,
+                       help="more logging (-vv for debug)")
         module.add_arguments(p)
         p.set_defaults(_module=module)
     return parser
@@ -58,12 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``deltarl`` console script."""
     args = build_parser().parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
+    level = logging.WARNING - 10 * min(args.verbose + args.sub_verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from deltarl.errors import DeltaRLError
 
     try:
         return int(args._module.run(args) or 0)
+    except ModuleNotFoundError as err:
+        if err.name not in TORCH_MODULES:
+            raise
+        print(f"deltarl {args.command}: {TORCH_HINT}", file=sys.stderr)
+        return 2
     except (DeltaRLError, OSError) as err:  # bad input or a failing store: one line, no traceback
         if args.verbose:
             raise

@@ -180,3 +180,11 @@ class ConfigError(DeltaRLError, ValueError):
 
 class PublishFailed(RunError):
     """A background publish failed; raised by the publisher's next call (chained to the cause)."""
+
+
+# --- integrations --------------------------------------------------------------------------------
+
+
+class IntegrationError(DeltaRLError, RuntimeError):
+    """A training framework's model cannot be exported as published weights (e.g. an adapter type
+    whose merge deltarl does not know), or a background publish of a training step failed."""

@@ -13,12 +13,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "deltarl"
 
-BASE = {"errors", "defaults", "configfile"}
+BASE = {"errors", "defaults", "configfile", "exposition"}
 # part -> the other parts it may import
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "defaults": set(),
     "configfile": {"errors"},
+    "exposition": set(),
     "storage": BASE,
     "pipeline": BASE | {"storage"},
     "model": BASE | {"storage", "pipeline"},

@@ -52,6 +52,9 @@ class ActorConfig(BaseModel):
     verify_digest: bool = Field(default=True, description="after a commit, check the state digest where the manifest records one")
     events: str | None = Field(default=None, description="append one JSON line per event (register, commit, result) to this file")
     state_out: str | None = Field(default=None, description="on exit, write {version, version_id, state_digest} JSON here")
+    metrics_port: int | None = Field(default=None, ge=0, le=65535,
+                                     description="serve Prometheus metrics at http://<metrics_host>:<port>/metrics (0: any free port)")
+    metrics_host: str = Field(default="0.0.0.0", description="address the metrics endpoint binds")
 
     @model_validator(mode="after")
     def _check(self) -> ActorConfig:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltarl.actor.config import ActorConfig
 from deltarl.actor.events import CommitTiming, EventLog
+from deltarl.actor.metrics import WeightsMetrics
 from deltarl.errors import (
     AdmissionRejected,
     AuthError,
@@ -62,6 +63,8 @@ class ActorLoop:
         self.timings: list[CommitTiming] = []
         self.results_admitted = 0
         self.results_rejected: dict[str, int] = {}
+        self.metrics = WeightsMetrics("actor")
+        self.metrics_server: Any = None  # deltarl.exposition.MetricsServer while running, with metrics_port
 
     # --- control ---------------------------------------------------------------------------------
 
@@ -85,6 +88,10 @@ class ActorLoop:
         from deltarl.storage.open import open_store
 
         cfg = self.config
+        if cfg.metrics_port is not None:
+            from deltarl.exposition import MetricsServer
+
+            self.metrics_server = MetricsServer(self.metrics.registry, port=cfg.metrics_port, host=cfg.metrics_host)
         if self._store is None:
             cfg.check_sources()
         own_store = self._store is None and cfg.store is not None
@@ -138,6 +145,8 @@ class ActorLoop:
             self.events.emit("exit", version=None if held is None else held[0],
                              admitted=self.results_admitted, rejected=self.results_rejected)
             self.events.close()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
             if own_store and store is not None:
                 store.close()
 
@@ -189,8 +198,10 @@ class ActorLoop:
         self.backend = self._build_backend()
         if cfg.backend == "vllm":
             self.weights.backend = self.backend
+        self.metrics.follow_fetcher(self.weights.fetch_stats)
         if not self.weights.bootstrap(self.backend.state_dict_for_update(), timeout_s=cfg.bootstrap_timeout_s, stop=self._stop):
             return
+        self.metrics.bootstrapped(self.weights.version)
         self.events.emit("bootstrap", version=self.weights.version, version_id=self.weights.version_id,
                          seconds=round(time.perf_counter() - t0, 4), fetch=self.weights.fetch_stats())
         log.info("actor %s bootstrapped version %d in %.2fs", self.name, self.weights.version, time.perf_counter() - t0)
@@ -236,11 +247,13 @@ class ActorLoop:
             timing = self.weights.commit()
         except IntegrityError as err:  # rolled back: keep generating on the version we hold
             log.error("commit refused and rolled back: %s", err)
+            self.metrics.commit_failed()
             self.events.emit("commit_failed", error=str(err))
             return None
         if timing is None:
             return None
         self.timings.append(timing)
+        self.metrics.committed(timing)
         self.events.emit("commit", version=timing.version, version_id=timing.version_id,
                          publish_to_staged_s=timing.publish_to_staged_s, publish_to_commit_s=timing.publish_to_commit_s,
                          pause_ms=timing.pause_ms, digest_checked=timing.digest_checked,
@@ -254,6 +267,7 @@ class ActorLoop:
             self.weights.confirm()
         except IntegrityError as err:
             log.error("state digest check failed, version rolled back: %s", err)
+            self.metrics.commit_failed()
             self.events.emit("commit_failed", error=str(err))
             return False
         return True
@@ -279,24 +293,28 @@ class ActorLoop:
             return
         result = self._generate(grant)
         if not self._confirmed():
+            self.metrics.result("rolled_back")
             self.events.emit("result", step=lease.step, lease_id=lease.lease_id, admitted=False, reason="rolled_back")
             return
         for attempt in range(3):
             try:
                 ack = client.report(result)
                 self.results_admitted += 1
+                self.metrics.result("admitted")
                 self.events.emit("result", step=lease.step, lease_id=lease.lease_id, admitted=True,
                                  duplicate=ack.duplicate, prompts=len(grant.prompts), samples=len(result.samples),
                                  tokens=result.tokens, version=self.weights.version, gen_seconds=result.gen_seconds)
                 return
             except AdmissionRejected as err:
                 self.results_rejected[err.reason] = self.results_rejected.get(err.reason, 0) + 1
+                self.metrics.result(str(getattr(err.reason, "value", err.reason)))
                 log.warning("lease %s rejected: %s (%s)", lease.lease_id, err.reason, err)
                 self.events.emit("result", step=lease.step, lease_id=lease.lease_id, admitted=False, reason=err.reason)
                 return
             except CoordinatorError as err:
                 log.warning("reporting lease %s failed (attempt %d): %s", lease.lease_id, attempt + 1, err)
                 self._stop.wait(0.5 * (attempt + 1))
+        self.metrics.result("unreachable")
         self.events.emit("result", step=lease.step, lease_id=lease.lease_id, admitted=False, reason="unreachable")
 
     def _generate(self, grant: LeaseGrant) -> RolloutResult:

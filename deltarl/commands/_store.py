@@ -1,10 +1,11 @@
-"""Shared ``--store`` option of the run commands (replay, inspect, gc)."""
+"""Shared command-line pieces: the ``--store`` option and its help, and the torch check."""
 
 from __future__ import annotations
 
 import argparse
 import os
 from typing import TYPE_CHECKING
+import sys
 
 if TYPE_CHECKING:
     from deltarl.storage.store import ObjectStore
@@ -48,12 +49,35 @@ def open_existing_store(url: str) -> ObjectStore:
             raise ConfigError(f"no store at {url!r} (not a directory)")
     return open_store(url)
 
+#: Every store URL ``open_store`` accepts, and where an S3 endpoint comes from (one text for every command).
+STORE_SCHEMES = (
+    "a path or file:///abs/path (local folder), memory://name (in-process, empty), "
+    "s3://bucket/prefix (endpoint from $DELTARL_S3_ENDPOINT, $AWS_ENDPOINT_URL_S3 or $AWS_ENDPOINT_URL; "
+    "credentials the usual AWS way), http(s)://host:port (a deltarl relay or a cache in front of one), "
+    "or any fsspec URL (gcs://, az://, hf://, ...; readable, publishing needs conditional writes)"
+)
+
+#: The one line a command that needs torch prints when it is not installed.
+TORCH_HINT = "needs torch and transformers, which this install lacks: pip install 'deltarl[torch]'"
+
+
+def store_help(what: str = "store URL", default: str | None = None) -> str:
+    """Help text of a ``--store`` option: ``what``, every accepted scheme, and the default if any."""
+    tail = f" (default: {default})" if default else ""
+    return f"{what}: {STORE_SCHEMES}{tail}"
+
 
 def add_store_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN", help="run name (the prefix of the run in the store)")
-    parser.add_argument(
-        "--store",
-        default=DEFAULT_STORE,
-        metavar="URL",
-        help=f"store URL: a path, file://…, memory://…, s3://bucket/prefix (default: {DEFAULT_STORE})",
-    )
+    parser.add_argument("--store", default=DEFAULT_STORE, metavar="URL", help=store_help(default=DEFAULT_STORE))
+
+
+def have_torch(command: str) -> bool:
+    """Whether torch and transformers import; if not, say so in one line on stderr (no traceback)."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        print(f"deltarl {command}: {TORCH_HINT}", file=sys.stderr)
+        return False
+    return True

@@ -7,6 +7,8 @@ import signal
 import sys
 from types import FrameType
 
+from deltarl.commands._store import have_torch, store_help
+
 HELP = "run a rollout actor: lease prompts, generate on the current version, commit new versions between batches"
 
 
@@ -16,9 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coordinator", default=None, metavar="URL", help="coordinator base URL")
     parser.add_argument("--token", default=None, metavar="TOKEN",
                         help="actor bearer token (else the config, $DELTARL_ACTOR_TOKEN or $DELTARL_COORDINATOR_TOKEN)")
-    parser.add_argument("--store", default=None, metavar="URL",
-                        help="origin store URL, the last source after the relays (optional with --relay: "
-                             "a relay-only actor reads model.json, HEAD, manifests and segments through relays)")
+    parser.add_argument("--store", default=None, metavar="URL", help=store_help(
+        "origin store URL, the last source after the relays (optional with --relay: a relay-only actor "
+        "reads model.json, HEAD, manifests and segments through relays)"))
     parser.add_argument("--run", default=None, metavar="RUN", help="run name")
     parser.add_argument("--region", default=None, help="region label (selects the region's relays in the config)")
     parser.add_argument("--relay", action="append", default=None, metavar="URL",
@@ -34,9 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", default=None, metavar="FILE", help="append one JSON line per event to FILE")
     parser.add_argument("--state-out", default=None, metavar="FILE",
                         help="on exit (and on SIGUSR1), write the live weights' version and state digest to FILE")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (versions, publish->staged, "
+                             "commit pause, bytes by source, results)")
+    parser.add_argument("--metrics-host", default=None, metavar="HOST", help="address of --metrics-port (default 0.0.0.0)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if not have_torch("actor"):
+        return 2
     from deltarl.actor.config import ActorConfig
     from deltarl.errors import DeltaRLError
 
@@ -45,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             args.config, coordinator=args.coordinator, token=args.token, store=args.store, run=args.run,
             region=args.region, relays=args.relay, streams=args.streams, backend=args.backend, device=args.device,
             throttle=args.throttle, max_prompts=args.max_prompts, seed=args.seed, events=args.events,
-            state_out=args.state_out,
+            state_out=args.state_out, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         )
         config.resolved_token()
         config.check_sources()

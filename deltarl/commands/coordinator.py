@@ -8,6 +8,7 @@ import signal
 import sys
 
 from deltarl import defaults
+from deltarl.commands._store import store_help
 
 HELP = "serve the rollout coordinator: EMA-proportional leases, version-gated admission, results in the store"
 
@@ -16,7 +17,7 @@ TOKEN_ENV = defaults.COORDINATOR_TOKEN_ENV
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default=None, metavar="URL",
-                        help="store URL: a path, file://…, memory://…, s3://… (required unless --config names one)")
+                        help=store_help("store URL, required unless --config names one"))
     parser.add_argument("--run", default=None, metavar="RUN", help="run name, its prefix in the store (required unless --config names one)")
     parser.add_argument("--listen", default=None, metavar="HOST:PORT",
                         help=f"address to bind (default from --config, else {defaults.COORDINATOR_HOST}:{defaults.COORDINATOR_PORT}; port 0 picks one)")

@@ -8,6 +8,8 @@ import signal
 from pathlib import Path
 
 from deltarl import defaults
+from deltarl.commands._store import have_torch, store_help
+from deltarl.commands.trainer import add_sink_arguments, sink_overrides
 
 HELP = "run the whole loop on this machine: coordinator, relay, trainer and unequal actors on a tiny model (a few minutes)"
 
@@ -16,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=25, metavar="N", help="training steps (default 25)")
     parser.add_argument("--actors", type=int, default=3, metavar="N", help="actor processes of unequal speed (default 3)")
     parser.add_argument("--store", default=None, metavar="URL",
-                        help="store URL (default: the --out folder); s3://bucket/prefix works with --endpoint-url")
+                        help=store_help("store URL (default: the --out folder; s3:// also takes --endpoint-url)"))
     parser.add_argument("--endpoint-url", default=None, metavar="URL",
                         help="S3 endpoint for an s3:// store (MinIO, SeaweedFS); also $DELTARL_S3_ENDPOINT")
     parser.add_argument("--out", type=Path, default=Path(defaults.STORE), metavar="DIR",
@@ -25,10 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=32, metavar="N", help="prompts per step (default 32)")
     parser.add_argument("--group-size", type=int, default=8, metavar="G", help="completions per prompt (default 8)")
     parser.add_argument("--no-live", action="store_true", help="print one line per step instead of the live table")
+    add_sink_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if not have_torch("demo"):
+        return 2
     from deltarl.demo.runner import DemoOptions, run_demo
+    from deltarl.trainer.sinks import SinkConfig
 
     if args.steps < 1 or not 1 <= args.actors <= 8 or args.prompts < 1 or args.group_size < 2:
         print("deltarl demo: need --steps >= 1, 1 <= --actors <= 8, --prompts >= 1, --group-size >= 2")
@@ -37,6 +43,6 @@ def run(args: argparse.Namespace) -> int:
         os.environ[defaults.S3_ENDPOINT_ENV] = args.endpoint_url  # inherited by every child process
     options = DemoOptions(steps=args.steps, actors=args.actors, store=args.store, out=args.out, run=args.run,
                           prompts_per_step=args.prompts, group_size=args.group_size,
-                          live=False if args.no_live else None)
+                          live=False if args.no_live else None, metrics=SinkConfig.model_validate(sink_overrides(args)))
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops every child like Ctrl-C does
     return run_demo(options)

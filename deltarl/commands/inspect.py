@@ -36,19 +36,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        rows = [dict(r.__dict__, changed_fraction=r.changed_fraction, ratio=r.ratio) for r in summary.rows]
-        print(json.dumps({"run": args.run, "head": None if summary.head is None else summary.head.version, "versions": rows}, indent=1))
+        versions = [dict(r.__dict__, changed_fraction=r.changed_fraction, ratio=r.ratio) for r in summary.rows]
+        print(json.dumps({"run": args.run, "head": None if summary.head is None else summary.head.version,
+                          "versions": versions}, indent=1))
         return 0
     info, head = summary.info, summary.head
     full = sum(t.numel for t in info.tensors)
     title = (f"run {info.run}: {len(info.tensors)} tensors, {full:,} elements, codec {info.codec}, keyframe every "
              f"{info.keyframe_interval}, digest every {info.digest_interval}; HEAD "
              f"{'none' if head is None else f'{head.version} ({head.version_id[:12]})'}")  # fmt: skip
-    table = Table(title=title, title_justify="left")
-    for col in ("version", "step", "kind", "segs", "changed", "delta", "ratio vs full", "keyframe", "digest", "id"):
-        table.add_column(col, justify="right" if col not in ("kind", "digest", "id") else "left")
-    for r in summary.rows:
-        table.add_row(
+    columns = ("version", "step", "kind", "segs", "changed", "delta", "ratio vs full", "keyframe", "digest", "id")
+    rows = [
+        (
             str(r.version),
             str(r.step),
             r.kind,
@@ -60,5 +59,18 @@ def run(args: argparse.Namespace) -> int:
             "" if r.state_digest is None else r.state_digest[:12],
             r.version_id[:12],
         )
+        for r in summary.rows
+    ]
+    if not sys.stdout.isatty():  # piped: whole values, tab-separated, one version a line (cut/awk/sort work)
+        print(f"# {title}")
+        print("\t".join(c.replace(" ", "_") for c in columns))
+        for row in rows:
+            print("\t".join(cell or "-" for cell in row))
+        return 0
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        table.add_column(col, justify="right" if col not in ("kind", "digest", "id") else "left", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
     Console().print(table)
     return 0

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from deltarl.commands._store import add_store_argument, non_negative_int, open_existing_store
+from deltarl.commands._store import add_store_argument, have_torch, non_negative_int, open_existing_store
 
 HELP = "rebuild a version of a run bit for bit (keyframe + deltas, every hash checked) into a safetensors file"
 
@@ -22,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not have_torch("replay"):
+        return 2
     from safetensors.torch import save_file
 
     from deltarl.errors import ConfigError, DeltaRLError

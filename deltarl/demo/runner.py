@@ -50,6 +50,8 @@ class DemoOptions:
     trainer_threads: int | None = None
     throttles: Sequence[float] = THROTTLES
     live: bool | None = None  # None: live table when stdout is a terminal
+    #: the trainer's Prometheus endpoint, TensorBoard folder and wandb project (deltarl.trainer.sinks)
+    metrics: Any = None
 
 
 @dataclass
@@ -183,8 +185,20 @@ class Demo:
         from deltarl.storage.open import open_store
         from deltarl.trainer.config import TrainerConfig
         from deltarl.trainer.loop import ClientCoordinator, StepReport, TrainerLoop
+        from deltarl.trainer.metrics import TrainerMetrics
+        from deltarl.trainer.sinks import SinkConfig, Sinks
 
         o = self.o
+        sink_config = o.metrics if o.metrics is not None else SinkConfig()
+        metrics = TrainerMetrics()
+        server = None
+        if sink_config.metrics_port is not None:
+            from deltarl.exposition import MetricsServer
+
+            server = MetricsServer(metrics.registry, port=sink_config.metrics_port, host=sink_config.metrics_host)
+        sinks = Sinks.open(sink_config, run=self.run_name, hyperparameters={"steps": o.steps, "actors": o.actors,
+                                                                             "prompts_per_step": o.prompts_per_step,
+                                                                             "group_size": o.group_size})
         cfg = TrainerConfig.tiny(store=self.store_url, run=self.run_name, steps=o.steps, prompts_per_step=o.prompts_per_step,
                                  group_size=o.group_size, torch_threads=o.trainer_threads, result_timeout_s=600)
         store = open_store(self.store_url)
@@ -197,6 +211,8 @@ class Demo:
         counting: _Counting | None = None
 
         def on_step(r: StepReport) -> None:
+            metrics.step(r)
+            sinks.log_step(r)
             st = r.publish.stats
             prompts = counting.prompts.get(r.step, {}) if counting is not None else {}
             row = StepRow(step=r.step, version=r.version, reward=r.stats.reward_mean,
@@ -216,6 +232,7 @@ class Demo:
             ) as publisher:
                 counting = _Counting(ClientCoordinator(client, poll_s=5.0))
                 loop = TrainerLoop(cfg, coordinator=counting, publisher=publisher, store=store, on_step=on_step)
+                metrics.published(loop.start())  # version 0
                 if live:
                     with self.view:
                         loop.run()
@@ -223,6 +240,9 @@ class Demo:
                     loop.run()
                 export = loop.trainer.export_bf16()
         finally:
+            sinks.close()
+            if server is not None:
+                server.close()
             store.close()
         return loop, export
 

@@ -74,6 +74,10 @@ class VersionInfo:
     encode_s: float
     upload_s: float
     wall_s: float
+    #: manifest create (the commit point) and the HEAD compare-and-swap
+    commit_s: float = 0.0
+    #: bytes of the keyframe this version uploaded (0 for a delta-only version)
+    keyframe_bytes: int = 0
 
 
 def utc_now() -> str:
@@ -335,6 +339,7 @@ class Publisher:
         except WriterConflict:
             self._closed = True  # its objects stay for gc: their keys may be the new writer's now
             raise
+        t_commit = time.perf_counter()
         self._commit_manifest(manifest.key, data)
         self._stage(version, "manifest")
         vid = manifest.version_id
@@ -344,6 +349,7 @@ class Publisher:
         self._head_pending = True
         self._move_head(version, vid)
         self._head_pending = False
+        commit_s = time.perf_counter() - t_commit
         wall = time.perf_counter() - t0
         info = VersionInfo(
             version=version,
@@ -358,6 +364,8 @@ class Publisher:
             encode_s=encode_s,
             upload_s=uploads.busy_s,
             wall_s=wall,
+            commit_s=commit_s,
+            keyframe_bytes=0 if kf_ref is None else kf_ref.size,
         )
         logger.info(
             "published %s v%d (%s): %d segments, %d bytes, changed %.4f%%, encode %.3fs upload %.3fs wall %.3fs",

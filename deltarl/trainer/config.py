@@ -14,6 +14,7 @@ from deltarl.model.tasks import TaskSpec
 from deltarl.model.tokenizer import TokenizerSpec
 from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.trainer.grpo import GRPOConfig
+from deltarl.trainer.sinks import SinkConfig
 
 #: GRPO settings under which the tiny model learns the addition task from scratch in ~25 steps on
 #: 2 CPU cores (measured: mean reward ~0.02 -> ~0.7 in 30 steps). The large learning rate changes
@@ -53,6 +54,7 @@ class TrainerConfig(BaseModel):
     torch_threads: int | None = Field(default=None, ge=1, le=1024, description="torch.set_num_threads (None = torch's default)")
     publish: PublishConfig = Field(default_factory=PublishConfig)
     coordinator: CoordinatorEndpoint = Field(default_factory=CoordinatorEndpoint)
+    metrics: SinkConfig = Field(default_factory=SinkConfig, description="Prometheus endpoint, TensorBoard, wandb")
 
     @model_validator(mode="before")
     @classmethod

@@ -88,7 +88,7 @@ async def test_actor_follows_versions_and_ends_on_the_trainers_bits(
     events, state_out = tmp_path / "events.jsonl", tmp_path / "state.json"
     cfg = ActorConfig(coordinator=coordinator_service.url, token=ACTOR_TOKEN, store=str(tmp_path / "store"), run=RUN,
                       events=str(events), state_out=str(state_out), idle_poll_s=0.05, head_poll_s=0.05,
-                      backend=backend)  # type: ignore[arg-type]
+                      backend=backend, metrics_port=0, metrics_host="127.0.0.1")  # type: ignore[arg-type]
     actor = (ShadowActor if backend == "vllm" else ActorLoop)(cfg, name="a1", store=store)
     thread = threading.Thread(target=actor.run, name="actor", daemon=True)
     thread.start()
@@ -104,6 +104,7 @@ async def test_actor_follows_versions_and_ends_on_the_trainers_bits(
         assert thread.is_alive()
         assert json.loads(state_out.read_text())["state_digest"] == state_digest(final)
         state_out.unlink()
+        scraped = await asyncio.to_thread(_scrape, actor.metrics_server.url)
     finally:
         actor.stop()
         await asyncio.to_thread(thread.join, 60)
@@ -135,6 +136,27 @@ async def test_actor_follows_versions_and_ends_on_the_trainers_bits(
     # step s accepts versions s-1 and s-2 (one-step asynchrony); nothing newer was ever used
     for r in results:
         assert r["step"] - 2 <= r["version"] <= r["step"] - 1
+
+    # what Prometheus scraped from --metrics-port while the actor ran on version 3
+    assert scraped[("deltarl_actor_version", ())] == 3
+    assert scraped[("deltarl_actor_commits_total", ())] == 3
+    assert scraped[("deltarl_actor_publish_to_staged_seconds_count", ())] == 3
+    assert scraped[("deltarl_actor_commit_pause_seconds_count", ())] == 3
+    assert scraped[("deltarl_actor_results_total", (("outcome", "admitted"),))] >= 1
+    fetched = {labels: v for (name, labels), v in scraped.items() if name == "deltarl_actor_fetched_bytes_total"}
+    assert fetched
+    assert sum(fetched.values()) > 0
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_config_from_a_deployment_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

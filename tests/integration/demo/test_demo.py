@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,10 +18,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 
 def test_demo_two_steps(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    sinks = ["--tensorboard", str(tmp_path / "tb")]
+    if importlib.util.find_spec("wandb") is not None:
+        sinks += ["--wandb", "deltarl-demo", "--wandb-mode", "offline"]
     proc = subprocess.run(
         [sys.executable, "-m", "deltarl.cli", "demo", "--steps", "2", "--actors", "2", "--prompts", "8", "--group-size", "4",
-         "--run", "smoke", "--no-live"],
+         "--run", "smoke", "--no-live", *sinks],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False,
     )
     out = proc.stdout + proc.stderr
@@ -44,3 +48,13 @@ def test_demo_two_steps(tmp_path: Path) -> None:
     # every child process is gone: each actor wrote its state file on a clean exit
     for name in ("actor-1", "actor-2"):
         assert json.loads((report / f"{name}.state.json").read_text())["version"] == 2
+    # the metric sinks saw both steps
+    if importlib.util.find_spec("tensorboard") is not None:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(str(tmp_path / "tb"))
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("train/reward_mean")] == [1, 2]
+        assert [e.value for e in acc.Scalars("publish/version")] == [1.0, 2.0]
+    if "--wandb" in sinks:
+        assert len(list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))) == 1

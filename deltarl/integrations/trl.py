@@ -1,0 +1,173 @@
+"""Publish every optimizer step of a TRL (or any ``transformers``) trainer as a deltarl version.
+
+Example::
+
+    from deltarl.integrations.trl import DeltaRLCallback
+    from deltarl.model.build import ModelSpec  # what actors rebuild: here a local checkpoint
+    from deltarl.model.record import RunModelInfo
+    from deltarl.model.tokenizer import TokenizerSpec
+
+    info = RunModelInfo(model=ModelSpec(name="/ckpt/qwen3-8b"), tokenizer=TokenizerSpec(kind="hf", path="/ckpt/qwen3-8b"))
+    callback = DeltaRLCallback("s3://bucket/runs", "grpo-1", model_info=info)
+    GRPOTrainer(model=model, ..., callbacks=[callback]).train()
+
+At the start of training rank 0 claims the run, writes ``<run>/model.json`` and publishes the initial
+weights as version 0; after each optimizer step every rank joins the gather of the full BF16 state
+(:func:`deltarl.integrations.gather.gather_bf16`: ZeRO-3, FSDP, PEFT LoRA merged) and rank 0 hands
+it to the publisher, which encodes, uploads and commits it on one background thread while training
+goes on. At most one publish is in flight: the next step's gather first waits for it, and a publish
+that failed raises :class:`~deltarl.errors.IntegrationError` there (chained to the cause), so a
+broken store stops training one step later instead of silently. At the end of training the last
+publish is waited for and the writer claim released.
+
+Memory on rank 0: the publisher's base (the previous version) plus the version being published, two
+CPU BF16 copies of the model; other ranks hold nothing extra.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from transformers import TrainerCallback
+
+from deltarl.errors import IntegrationError
+from deltarl.integrations.gather import gather_bf16
+from deltarl.model.record import RunModelInfo, write_model_json
+
+if TYPE_CHECKING:
+    from deltarl.pipeline.publisher import Publisher, VersionInfo
+    from deltarl.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+class DeltaRLCallback(TrainerCallback):
+    """A ``TrainerCallback`` that publishes the policy after every optimizer step, in the background.
+
+    Args:
+        store: an :class:`~deltarl.storage.store.ObjectStore` or a store URL (``open_store``'s forms).
+        run: the run's name in the store.
+        model_info: what actors rebuild and sample (written to ``<run>/model.json`` on rank 0); ``None``
+            writes no ``model.json`` (followers that only need weights do not read it).
+        publish_initial: publish the weights before the first step as version 0 (when the run is new).
+        on_published: called on the publishing thread with each committed version's ``VersionInfo``
+            (metrics, logging); an exception in it counts as a failed publish.
+        publisher_options: keyword arguments of :class:`~deltarl.pipeline.publisher.Publisher`
+            (``keyframe_interval``, ``digest_interval``, ``segment_bytes``, ``takeover``, ...).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore | str,
+        run: str,
+        *,
+        model_info: RunModelInfo | None = None,
+        publish_initial: bool = True,
+        on_published: Callable[[VersionInfo], None] | None = None,
+        publisher_options: dict[str, Any] | None = None,
+    ) -> None:
+        self._store_arg = store
+        self.run = run
+        self.model_info = model_info
+        self.publish_initial = publish_initial
+        self.on_published = on_published
+        self.publisher_options = dict(publisher_options or {})
+        self.publisher: Publisher | None = None
+        self.published: list[VersionInfo] = []
+        self._store: ObjectStore | None = None
+        self._owns_store = False
+        self._pool: ThreadPoolExecutor | None = None
+        self._inflight: tuple[int, Future[None]] | None = None
+
+    # --- transformers' hooks (called on every rank) ----------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            self._open()
+        if self.publish_initial:
+            new = self.publisher is not None and self.publisher.next_version == 0
+            # every rank must join the gather or none: rank 0 decides, and the others learn it
+            if _broadcast_flag(new, state.is_world_process_zero):
+                self._publish(model, state, step=state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._publish(model, state, step=state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.close()
+
+    # --- publishing ----------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        if self.publisher is not None:
+            return
+        from deltarl.pipeline.publisher import Publisher
+        from deltarl.storage.open import open_store
+
+        if isinstance(self._store_arg, str):
+            self._store, self._owns_store = open_store(self._store_arg), True
+        else:
+            self._store = self._store_arg
+        if self.model_info is not None:
+            write_model_json(self._store, self.run, self.model_info.to_bytes())
+        self.publisher = Publisher(self._store, self.run, **self.publisher_options)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="deltarl-trl-publish")
+
+    def _publish(self, model: Any, state: Any, *, step: int) -> None:
+        if model is None:
+            raise IntegrationError("the trainer passed no model to the callback; cannot publish")
+        main = bool(state.is_world_process_zero)
+        if main:
+            self.wait()  # at most one publish in flight; a failure surfaces here, before the next gather
+        export = gather_bf16(model, is_main=main)  # collective: every rank, same point
+        if not main:
+            return
+        assert self._pool is not None
+        self._inflight = (step, self._pool.submit(self._commit, export, step))
+
+    def _commit(self, export: dict[str, Any], step: int) -> None:
+        assert self.publisher is not None
+        info = self.publisher.publish(export, step, owned=True)
+        self.published.append(info)
+        if self.on_published is not None:
+            self.on_published(info)
+
+    def wait(self) -> None:
+        """Wait for the publish in flight (rank 0); a failed one raises ``IntegrationError``."""
+        if self._inflight is None:
+            return
+        step, future = self._inflight
+        self._inflight = None
+        try:
+            future.result()
+        except Exception as err:
+            raise IntegrationError(f"run {self.run!r}: publishing the weights of step {step} failed: {err}") from err
+
+    def close(self) -> None:
+        """Wait for the last publish, then release the writer claim (idempotent)."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            if self.publisher is not None:
+                self.publisher.close()
+                self.publisher = None
+            if self._owns_store and self._store is not None:
+                self._store.close()
+            self._store = None
+
+
+def _broadcast_flag(flag: bool, is_main: bool) -> bool:
+    """Rank 0's ``flag`` on every rank (no-op without an initialised process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    box = [flag if is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
