@@ -7,11 +7,12 @@ import os
 import signal
 from pathlib import Path
 
-HELP = "run the whole loop on this machine: coordinator, relay, trainer and unequal actors on a tiny model (a few minutes)"
+HELP = ("run the whole loop on this machine: coordinator, relay, trainer and unequal actors on a warm-started tiny model "
+        "(or --model PATH) in the sparse regime (a few minutes)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=25, metavar="N", help="training steps (default 25)")
+    parser.add_argument("--steps", type=int, default=30, metavar="N", help="training steps (default 30)")
     parser.add_argument("--actors", type=int, default=3, metavar="N", help="actor processes of unequal speed (default 3)")
     parser.add_argument("--store", default=None, metavar="URL",
                         help="store URL (default: the --out folder); s3://bucket/prefix works with --endpoint-url")
@@ -22,6 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", default=None, metavar="RUN", help="run name (default demo-<UTC time>)")
     parser.add_argument("--prompts", type=int, default=32, metavar="N", help="prompts per step (default 32)")
     parser.add_argument("--group-size", type=int, default=8, metavar="G", help="completions per prompt (default 8)")
+    parser.add_argument("--model", default=None, metavar="PATH",
+                        help="a local Hugging Face checkpoint directory (any causal LM, with its tokenizer) instead of "
+                             "the tiny model; nothing is downloaded")
+    parser.add_argument("--lr", type=float, default=None, metavar="LR",
+                        help="GRPO learning rate (default 2e-5 for the tiny model, 1e-6 for --model)")
+    parser.add_argument("--warmup-steps", type=int, default=None, metavar="N",
+                        help="supervised warm-up steps before GRPO, cached under --out (default 4; 0 for --model)")
     parser.add_argument("--no-live", action="store_true", help="print one line per step instead of the live table")
 
 
@@ -31,10 +39,26 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1 or not 1 <= args.actors <= 8 or args.prompts < 1 or args.group_size < 2:
         print("deltarl demo: need --steps >= 1, 1 <= --actors <= 8, --prompts >= 1, --group-size >= 2")
         return 2
+    if args.lr is not None and not 0 < args.lr <= 1:
+        print("deltarl demo: need 0 < --lr <= 1")
+        return 2
+    if args.warmup_steps is not None and args.warmup_steps < 0:
+        print("deltarl demo: need --warmup-steps >= 0")
+        return 2
+    if args.model is not None:
+        from deltarl.demo.preset import check_checkpoint
+        from deltarl.errors import ConfigError
+
+        try:
+            check_checkpoint(args.model)
+        except ConfigError as err:
+            print(f"deltarl demo: {err}")
+            return 2
     if args.endpoint_url:
         os.environ["DELTARL_S3_ENDPOINT"] = args.endpoint_url  # inherited by every child process
     options = DemoOptions(steps=args.steps, actors=args.actors, store=args.store, out=args.out, run=args.run,
                           prompts_per_step=args.prompts, group_size=args.group_size,
-                          live=False if args.no_live else None)
+                          live=False if args.no_live else None, model=args.model, lr=args.lr,
+                          warmup_steps=args.warmup_steps)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops every child like Ctrl-C does
     return run_demo(options)
