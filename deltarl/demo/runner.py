@@ -199,6 +199,8 @@ class Demo:
         title = f"deltarl demo: run {self.run_name}, {o.actors} actors (throttle " + \
             "/".join(f"{a.throttle:g}" for a in self.actors) + f"), {what} on addition, GRPO lr {cfg.grpo.lr:g}"
         live = o.live if o.live is not None else self.console.is_terminal
+        if not live:
+            self.console.print(title, highlight=False, soft_wrap=True)
         self.view = DemoView(names, title=title, console=self.console)
         self.view.status = "starting: actors load the model and bootstrap version 0 through the relay"
         counting: _Counting | None = None

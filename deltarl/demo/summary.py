@@ -105,7 +105,8 @@ class Summary:
             f"replay of version {final_version} from the store equals the trainer's export bit for bit: {mark[replay_ok]}\n"
             f"every actor holds the trainer's final weights: {mark[all(actor_ok.values())]}\n"
             f"audit of {rollouts} stored rollouts in {len(audit.steps)} steps ({len(audit.failures)} failed checks): {mark[audit.ok]}\n"
-            f"report: {png}"
+            f"report: {png}",
+            soft_wrap=True,  # long lines stay whole in logs (a terminal wraps them itself)
         )
         store_flag = "" if d.o.store is None and str(d.out) == str(d.out.cwd() / "deltarl-runs") else f" --store {d.store_url}"
         endpoint = os.environ.get("DELTARL_S3_ENDPOINT")

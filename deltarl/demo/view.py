@@ -162,6 +162,7 @@ class DemoView:
             f"delta {human_bytes(r.delta_bytes)} of {human_bytes(r.full_bytes)} ({ratio:.1%}){aurora}  "
             f"publish {r.publish_s:.2f}s  shares " + " ".join(f"{a}={shares.get(a, 0.0):.0%}" for a in self.actors),
             highlight=False,
+            soft_wrap=True,
         )
 
     # --- lifetime --------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,7 +136,7 @@ def warm_start(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, config:
             log.info("warm-up: reused %s (%d steps, final loss %.3f)", path, len(saved["losses"]), saved["losses"][-1])
             return WarmupResult({n: p.detach().clone() for n, p in params.items()}, saved["moments"],
                                 tuple(saved["losses"]), cached=True, seconds=time.perf_counter() - t0)
-        except (OSError, RuntimeError, KeyError, ValueError) as err:
+        except (OSError, RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as err:
             log.warning("warm-up cache %s unusable (%s); warming up again", path, err)
     result = supervised_warmup(model, tokenizer, task, config, chat_template=chat_template)
     log.info("warm-up: %d supervised steps in %.1fs, loss %.3f -> %.3f", config.steps, result.seconds,
