@@ -12,7 +12,7 @@ HELP = ("run the whole loop on this machine: coordinator, relay, trainer and une
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=30, metavar="N", help="training steps (default 30)")
+    parser.add_argument("--steps", type=int, default=25, metavar="N", help="training steps (default 25)")
     parser.add_argument("--actors", type=int, default=3, metavar="N", help="actor processes of unequal speed (default 3)")
     parser.add_argument("--store", default=None, metavar="URL",
                         help="store URL (default: the --out folder); s3://bucket/prefix works with --endpoint-url")

@@ -37,7 +37,7 @@ THROTTLES = (1.0, 1.7, 2.6, 3.5, 4.5, 6.0, 8.0, 10.0)
 class DemoOptions:
     """What ``deltarl demo`` runs; the defaults finish in a few minutes on 2 CPU cores."""
 
-    steps: int = 30
+    steps: int = 25
     actors: int = 3
     store: str | None = None
     out: Path = Path("deltarl-runs")
@@ -46,7 +46,7 @@ class DemoOptions:
     group_size: int = 8
     keyframe_interval: int = 10
     digest_interval: int = 5
-    trainer_threads: int | None = None
+    trainer_threads: int | None = 1  # one torch thread: on a shared 2-core box two spin-wait (measured 10x slower)
     throttles: Sequence[float] = THROTTLES
     live: bool | None = None  # None: live table when stdout is a terminal
     model: str | None = None  # a local HF checkpoint directory instead of the tiny model
