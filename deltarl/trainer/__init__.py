@@ -7,7 +7,9 @@ Modules (none imports torch at import time):
   ``export_bf16`` / ``load_bf16_into``, ``RunModelInfo`` (``<run>/model.json``)
 * :mod:`~deltarl.model.tasks` - the synthetic addition task and GSM8K/MATH answer checking
 * :mod:`~deltarl.trainer.grpo` - ``GRPOConfig``, ``GRPOTrainer.train_step`` -> ``TrainStats``
-* :mod:`~deltarl.trainer.loop` - ``TrainerLoop``: open step, wait for rollouts, train, publish
-* :mod:`~deltarl.trainer.config` - ``TrainerConfig`` (YAML), the tiny preset ``TINY_GRPO``
+* :mod:`~deltarl.trainer.warmup` - ``WarmupConfig``, the supervised warm-up before GRPO (cached per config)
+* :mod:`~deltarl.trainer.loop` - ``TrainerLoop``: (warm up,) open step, wait for rollouts, train, publish
+* :mod:`~deltarl.trainer.config` - ``TrainerConfig`` (YAML), the presets ``tiny`` (``TINY_GRPO``, from
+  scratch) and ``sparse`` (the demo's: warm-up, then GRPO at a small lr)
 * :mod:`~deltarl.trainer.rescore` - ``rescore_rollouts`` for ``deltarl audit --rescore``
 """
