@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a local Hugging Face checkpoint directory (any causal LM, with its tokenizer) instead of "
                              "the tiny model; nothing is downloaded")
     parser.add_argument("--lr", type=float, default=None, metavar="LR",
-                        help="GRPO learning rate (default 2e-5 for the tiny model, 1e-6 for --model)")
+                        help="GRPO learning rate (default 1.5e-5 for the tiny model, 1e-6 for --model)")
     parser.add_argument("--warmup-steps", type=int, default=None, metavar="N",
                         help="supervised warm-up steps before GRPO, cached under --out (default 4; 0 for --model)")
     parser.add_argument("--no-live", action="store_true", help="print one line per step instead of the live table")

@@ -26,7 +26,7 @@ TINY_GRPO = GRPOConfig(lr=1e-2)
 #: reward still rises (README, "deltarl demo").
 SPARSE_MODEL = ModelSpec(hidden_size=256, intermediate_size=768, num_layers=2, init_std=0.32)
 SPARSE_WARMUP = WarmupConfig(steps=4, lr=2e-3, batch_size=64, carry_moments="second")
-SPARSE_GRPO = GRPOConfig(lr=2e-5, weight_decay=0.0)
+SPARSE_GRPO = GRPOConfig(lr=1.5e-5, weight_decay=0.0)
 
 
 class CoordinatorEndpoint(BaseModel):
