@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
 import sys
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from deltarl.storage.store import ObjectStore

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from deltarl.demo.view import StepRow
+from deltarl.demo.view import StepRow, regime_line
 
 
 def write_report(rows: Sequence[StepRow], actors: Sequence[str], path: str | Path, *, title: str) -> Path:
@@ -18,7 +18,7 @@ def write_report(rows: Sequence[StepRow], actors: Sequence[str], path: str | Pat
     rows = sorted(rows, key=lambda r: r.step)
     steps = [r.step for r in rows]
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
-    fig.suptitle(title)
+    fig.suptitle(f"{title}\n{regime_line(list(rows))}", fontsize=11)
 
     ax = axes[0][0]
     ax.plot(steps, [r.reward for r in rows], marker="o")
@@ -26,14 +26,20 @@ def write_report(rows: Sequence[StepRow], actors: Sequence[str], path: str | Pat
     ax.grid(alpha=0.3)
 
     ax = axes[0][1]
-    ax.plot(steps, [100 * r.changed_fraction for r in rows], marker="o", color="tab:orange")
-    ax.set(title="BF16 elements changed per version (%)", xlabel="step", ylim=(0, 100))
+    ax.plot(steps, [100 * r.changed_fraction for r in rows], marker="o", color="tab:orange", label="changed elements")
+    ax.plot(steps, [100 * r.delta_bytes / r.full_bytes if r.full_bytes else 0.0 for r in rows], marker=".",
+            color="tab:green", label="delta bytes / full BF16 bytes")
+    ax.set(title="per version (% of the model)", xlabel="step", ylim=(0, None))
     ax.grid(alpha=0.3)
+    ax.legend()
 
     ax = axes[0][2]
     ax.bar(steps, [r.full_bytes / 1024 for r in rows], color="lightgray", label="full BF16")
-    ax.bar(steps, [r.delta_bytes / 1024 for r in rows], color="tab:green", label="delta shipped")
-    ax.set(title="bytes per version (KiB)", xlabel="step")
+    aurora = [(r.step, r.aurora_bytes / 1024) for r in rows if r.aurora_bytes is not None]
+    if aurora:
+        ax.bar([a[0] for a in aurora], [a[1] for a in aurora], color="tab:red", width=0.8, label="aurora (LEB128)")
+    ax.bar(steps, [r.delta_bytes / 1024 for r in rows], color="tab:green", width=0.5, label="deltarl (shipped)")
+    ax.set(title="bytes per version (KiB, log scale)", xlabel="step", yscale="log")
     ax.legend()
 
     ax = axes[1][0]

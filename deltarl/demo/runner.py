@@ -47,11 +47,14 @@ class DemoOptions:
     group_size: int = 8
     keyframe_interval: int = 10
     digest_interval: int = 5
-    trainer_threads: int | None = None
+    trainer_threads: int | None = 1  # one torch thread: on a shared 2-core box two spin-wait (measured 10x slower)
     throttles: Sequence[float] = THROTTLES
     live: bool | None = None  # None: live table when stdout is a terminal
     #: the trainer's Prometheus endpoint, TensorBoard folder and wandb project (deltarl.trainer.sinks)
     metrics: Any = None
+    model: str | None = None  # a local HF checkpoint directory instead of the tiny model
+    lr: float | None = None  # GRPO lr (None: the preset's, 1e-6 for a checkpoint)
+    warmup_steps: int | None = None  # supervised warm-up steps (None: the preset's, 0 for a checkpoint)
 
 
 @dataclass
@@ -107,6 +110,7 @@ class Demo:
         self.actors: list[ActorRun] = []
         self.rows: dict[int, StepRow] = {}
         self.view: DemoView | None = None
+        self.trainer_config: Any = None  # the TrainerConfig of the run, once training starts
         self._stop_poll = threading.Event()
         self._failure: str | None = None
 
@@ -180,10 +184,11 @@ class Demo:
             self.actors.append(ActorRun(name, throttle, child, events, state_out))
 
     def _train(self, coordinator: str) -> tuple[Any, dict[str, Any]]:
+        from deltarl.demo.preset import demo_trainer_config
+        from deltarl.demo.regime import AuroraCounting
         from deltarl.pipeline.publisher import Publisher
         from deltarl.protocol.client import SyncCoordinatorClient
         from deltarl.storage.open import open_store
-        from deltarl.trainer.config import TrainerConfig
         from deltarl.trainer.loop import ClientCoordinator, StepReport, TrainerLoop
         from deltarl.trainer.metrics import TrainerMetrics
         from deltarl.trainer.sinks import SinkConfig, Sinks
@@ -199,16 +204,22 @@ class Demo:
         sinks = Sinks.open(sink_config, run=self.run_name, hyperparameters={"steps": o.steps, "actors": o.actors,
                                                                              "prompts_per_step": o.prompts_per_step,
                                                                              "group_size": o.group_size})
-        cfg = TrainerConfig.tiny(store=self.store_url, run=self.run_name, steps=o.steps, prompts_per_step=o.prompts_per_step,
-                                 group_size=o.group_size, torch_threads=o.trainer_threads, result_timeout_s=600)
+        cfg = demo_trainer_config(store=self.store_url, run=self.run_name, steps=o.steps, prompts_per_step=o.prompts_per_step,
+                                  group_size=o.group_size, torch_threads=o.trainer_threads, model=o.model, lr=o.lr,
+                                  warmup_steps=o.warmup_steps)
+        self.trainer_config = cfg
         store = open_store(self.store_url)
         names = [a.name for a in self.actors]
+        what = "tiny Qwen3" if cfg.model.is_tiny else Path(cfg.model.name).name
         title = f"deltarl demo: run {self.run_name}, {o.actors} actors (throttle " + \
-            "/".join(f"{a.throttle:g}" for a in self.actors) + "), tiny Qwen3 on addition"
+            "/".join(f"{a.throttle:g}" for a in self.actors) + f"), {what} on addition, GRPO lr {cfg.grpo.lr:g}"
         live = o.live if o.live is not None else self.console.is_terminal
+        if not live:
+            self.console.print(title, highlight=False, soft_wrap=True)
         self.view = DemoView(names, title=title, console=self.console)
         self.view.status = "starting: actors load the model and bootstrap version 0 through the relay"
         counting: _Counting | None = None
+        aurora: AuroraCounting | None = None
 
         def on_step(r: StepReport) -> None:
             metrics.step(r)
@@ -218,7 +229,9 @@ class Demo:
             row = StepRow(step=r.step, version=r.version, reward=r.stats.reward_mean,
                           changed_fraction=st.changed_fraction, delta_bytes=st.encoded_bytes, full_bytes=st.full_bytes,
                           wait_s=r.wait_s, publish_s=r.publish_s,
-                          prompts={self._name_of(a): n for a, n in prompts.items()})
+                          prompts={self._name_of(a): n for a, n in prompts.items()},
+                          changed_elements=st.changed_elements,
+                          aurora_bytes=aurora.aurora_bytes.get(r.version) if aurora is not None else None)
             self.rows[r.step] = row
             assert self.view is not None
             self.view.add_step(row)
@@ -231,7 +244,18 @@ class Demo:
                 store, self.run_name, keyframe_interval=o.keyframe_interval, digest_interval=o.digest_interval
             ) as publisher:
                 counting = _Counting(ClientCoordinator(client, poll_s=5.0))
-                loop = TrainerLoop(cfg, coordinator=counting, publisher=publisher, store=store, on_step=on_step)
+                aurora = AuroraCounting(publisher)
+                if cfg.warmup.steps:
+                    self.console.print(f"warm-up: {cfg.warmup.steps} supervised steps on correct answers at lr {cfg.warmup.lr:g} "
+                                       f"(cached in {self.out / '_cache'})", highlight=False)
+                loop = TrainerLoop(cfg, coordinator=counting, publisher=aurora, store=store, on_step=on_step,
+                                   warmup_cache=self.out / "_cache")
+                if loop.warmup is not None:
+                    w = loop.warmup
+                    how = "reused from the cache" if w.cached else f"took {w.seconds:.1f} s"
+                    self.console.print(f"warm-up {how}: loss {w.losses[0]:.3f} -> {w.losses[-1]:.3f}; "
+                                       f"GRPO at lr {cfg.grpo.lr:g} starts from AdamW's moments ({cfg.warmup.carry_moments})",
+                                       highlight=False)
                 metrics.published(loop.start())  # version 0
                 if live:
                     with self.view:
@@ -332,6 +356,7 @@ class Demo:
             work=self.work, rows=tuple(self.rows[k] for k in sorted(self.rows)),
             actors=tuple(ActorOutcome(a.name, a.throttle, a.state, tuple(a.commits)) for a in self.actors),
             version_ids=tuple(trainer.version_ids), export=export, train_s=train_s, wall_s=wall_s,
+            trainer_config=self.trainer_config,
         )
         return Summary(outcome, self.console).show()
 

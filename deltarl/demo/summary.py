@@ -14,7 +14,6 @@ from rich.table import Table
 
 from deltarl import defaults
 from deltarl.demo.view import StepRow
-from deltarl.pipeline.inspect import human_bytes
 
 
 @dataclass(frozen=True)
@@ -42,6 +41,7 @@ class DemoOutcome:
     export: dict[str, Any]  # the trainer's final BF16 export
     train_s: float
     wall_s: float
+    trainer_config: Any = None  # the TrainerConfig the demo ran (what summary.json records of it)
 
 
 def _bits_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -57,6 +57,14 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def _config_fields(cfg: Any) -> dict[str, Any]:
+    """What summary.json records of the trainer's configuration."""
+    if cfg is None:
+        return {}
+    return {"model": cfg.model.name, "grpo_lr": cfg.grpo.lr, "lr_warmup_steps": cfg.grpo.lr_warmup_steps,
+            "warmup_steps": cfg.warmup.steps, "carry_moments": cfg.warmup.carry_moments}
+
+
 class Summary:
     """Checks and prints the outcome of one demo run."""
 
@@ -69,7 +77,9 @@ class Summary:
 
     def show(self) -> bool:
         from deltarl.coordinator.audit import audit_run
+        from deltarl.demo.regime import scale_estimate
         from deltarl.demo.report import write_report
+        from deltarl.demo.view import regime_line
         from deltarl.pipeline import state_digest
         from deltarl.pipeline.replay import replay
         from deltarl.storage.open import open_store
@@ -96,8 +106,8 @@ class Summary:
         k = max(1, min(3, len(rewards)))
         staged = [max(r.staged_s.values()) for r in rows if len(r.staged_s) == len(names)]
         pauses = [c["pause_ms"] for a in d.actors for c in a.commits]
-        delta = sum(r.delta_bytes for r in rows)
-        full = sum(r.full_bytes for r in rows)
+        estimate = scale_estimate([r.changed_elements for r in rows], [r.full_bytes // 2 for r in rows],
+                                  [r.delta_bytes for r in rows])
         prompts = {n: sum(r.prompts.get(n, 0) for r in rows) for n in names}
         total_prompts = sum(prompts.values()) or 1
 
@@ -118,16 +128,16 @@ class Summary:
         console.print(
             f"reward {statistics.mean(rewards[:k]):.3f} → {statistics.mean(rewards[-k:]):.3f} over {len(rows)} steps "
             f"(first/last {k}); wall time {self.wall_s:.0f} s (training loop {self.train_s:.0f} s)\n"
-            f"shipped {human_bytes(delta)} of deltas for {human_bytes(full)} of full BF16 versions ({delta / max(full, 1):.0%}); "
-            f"changed fraction per version {statistics.mean(r.changed_fraction for r in rows):.1%} on average "
-            "(the tiny model trains with lr 1e-2; real models at 1e-6 change ~1%)\n"
+            f"{regime_line(rows)}\n"
+            f"{estimate.line() if estimate is not None else 'no element changed: no estimate at scale'}\n"
             f"publish → staged on every actor: median {_median(staged) or 0:.3f} s, max {max(staged, default=0):.3f} s; "
             f"commit pause (the in-place write; state digests are checked after it, before results are reported): "
             f"median {_median(pauses) or 0:.2f} ms, max {max(pauses, default=0):.2f} ms\n"
             f"replay of version {final_version} from the store equals the trainer's export bit for bit: {mark[replay_ok]}\n"
             f"every actor holds the trainer's final weights: {mark[all(actor_ok.values())]}\n"
             f"audit of {rollouts} stored rollouts in {len(audit.steps)} steps ({len(audit.failures)} failed checks): {mark[audit.ok]}\n"
-            f"report: {png}"
+            f"report: {png}",
+            soft_wrap=True,  # long lines stay whole in logs (a terminal wraps them itself)
         )
         store_flag = "" if not d.store_given and str(d.out) == str(d.out.cwd() / defaults.STORE) else f" --store {d.store_url}"
         endpoint = os.environ.get(defaults.S3_ENDPOINT_ENV)
@@ -147,5 +157,7 @@ class Summary:
             "publish_to_staged_max_s": staged, "commit_pause_ms": pauses, "prompts": prompts,
             "publish_to_staged_s": {r.version: r.staged_s for r in rows}, "replay_ok": replay_ok,
             "actors_ok": actor_ok, "audit_ok": audit.ok, "rollouts": rollouts,
+            "changed_elements": [r.changed_elements for r in rows], "aurora_bytes": [r.aurora_bytes for r in rows],
+            "estimate_8b": estimate.as_dict() if estimate is not None else None, **_config_fields(d.trainer_config),
         }, indent=1))
         return ok

@@ -36,10 +36,31 @@ class StepRow:
     commit_ms: dict[str, float] = field(default_factory=dict)
     #: actor name -> prompts of this step admitted from it
     prompts: dict[str, int] = field(default_factory=dict)
+    #: BF16 elements that differ from the version before
+    changed_elements: int = 0
+    #: bytes the seed's ``aurora`` codec (LEB128 gaps, raw values) takes for the same delta (None: not counted)
+    aurora_bytes: int | None = None
 
     def shares(self) -> dict[str, float]:
         total = sum(self.prompts.values())
         return {a: n / total for a, n in self.prompts.items()} if total else {}
+
+
+def regime_line(rows: list[StepRow]) -> str:
+    """``rows`` in one line: mean changed fraction per version, deltas and aurora's bytes vs full BF16."""
+    if not rows:
+        return ""
+    changed = sum(r.changed_fraction for r in rows) / len(rows)
+    full = sum(r.full_bytes for r in rows) or 1
+    delta = sum(r.delta_bytes for r in rows)
+    line = (f"{len(rows)} versions: {changed:.2%} of BF16 elements changed per version on average; "
+            f"deltas {human_bytes(delta)} = {delta / full:.2%} of full BF16 ({human_bytes(full)})")
+    counted = [r for r in rows if r.aurora_bytes is not None]
+    if counted:
+        aurora = sum(r.aurora_bytes or 0 for r in counted)
+        mine = sum(r.delta_bytes for r in counted) or 1
+        line += f"; aurora (LEB128) would ship {human_bytes(aurora)} = {aurora / mine:.2f}x deltarl's bytes"
+    return line
 
 
 class DemoView:
@@ -82,13 +103,21 @@ class DemoView:
 
     # --- rendering -------------------------------------------------------------------------------
 
+    def regime(self) -> str:
+        """The run so far in one line: changed fraction per version, deltas (and aurora's) vs full BF16."""
+        with self._lock:
+            rows = list(self.rows.values())
+        return regime_line(rows)
+
     def render(self) -> Table:
-        table = Table(title=self.title, caption=self.status or None, expand=False)
+        caption = "\n".join(x for x in (self.regime(), self.status) if x)
+        table = Table(title=self.title, caption=caption or None, expand=False)
         table.add_column("step", justify="right")
         table.add_column("ver", justify="right")
         table.add_column("reward", justify="right")
         table.add_column("changed", justify="right")
         table.add_column("delta / full BF16", justify="right")
+        table.add_column("aurora", justify="right")
         table.add_column("publish", justify="right")
         table.add_column("publish→staged per actor (s)", justify="left")
         table.add_column("commit (ms)", justify="right")
@@ -101,6 +130,7 @@ class DemoView:
 
     def _cells(self, r: StepRow) -> list[str]:
         ratio = r.delta_bytes / r.full_bytes if r.full_bytes else 0.0
+        aurora = human_bytes(r.aurora_bytes) if r.aurora_bytes is not None else "-"
         staged = " ".join(f"{r.staged_s[a]:.2f}" if a in r.staged_s else "  … " for a in self.actors)
         pauses = list(r.commit_ms.values())
         pause = f"{max(pauses):.1f}" if pauses else "…"
@@ -112,7 +142,8 @@ class DemoView:
             str(r.version),
             f"[{reward_color}]{r.reward:.3f}[/{reward_color}]",
             f"{r.changed_fraction:6.2%}",
-            f"{human_bytes(r.delta_bytes)} / {human_bytes(r.full_bytes)} ({ratio:.0%})",
+            f"{human_bytes(r.delta_bytes)} / {human_bytes(r.full_bytes)} ({ratio:.1%})",
+            aurora,
             f"{r.publish_s:.2f}s",
             staged,
             pause,
@@ -125,11 +156,13 @@ class DemoView:
         self._printed.add(r.step)
         ratio = r.delta_bytes / r.full_bytes if r.full_bytes else 0.0
         shares = r.shares()
+        aurora = f" (aurora {human_bytes(r.aurora_bytes)})" if r.aurora_bytes is not None else ""
         self.console.print(
             f"step {r.step:3d}  version {r.version:3d}  reward {r.reward:.3f}  changed {r.changed_fraction:6.2%}  "
-            f"delta {human_bytes(r.delta_bytes)} of {human_bytes(r.full_bytes)} ({ratio:.0%})  "
+            f"delta {human_bytes(r.delta_bytes)} of {human_bytes(r.full_bytes)} ({ratio:.1%}){aurora}  "
             f"publish {r.publish_s:.2f}s  shares " + " ".join(f"{a}={shares.get(a, 0.0):.0%}" for a in self.actors),
             highlight=False,
+            soft_wrap=True,
         )
 
     # --- lifetime --------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ class GRPOConfig(BaseModel):
     loss_agg: Literal["token", "sequence"] = Field(default="token", description="'token': mean over all tokens of the batch; 'sequence': mean of per-sequence means"
     )
     adv_eps: float = Field(default=1e-4, gt=0, description="added to the group std when normalising advantages")
+    lr_warmup_steps: int = Field(default=0, ge=0, le=10**6, description="ramp the lr linearly over the first this many steps (step k uses lr * k / (n + 1))")
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,37 @@ class GRPOTrainer:
         )
         self.steps_done = 0
 
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimiser step ``step`` (1-based): ``lr`` after the linear warm-up."""
+        n = self.config.lr_warmup_steps
+        return self.config.lr * min(1.0, step / (n + 1))
+
+    def load_moments(self, moments: dict[str, dict[str, torch.Tensor]], *, which: str = "both") -> int:
+        """Start AdamW from moments of an earlier optimiser (a warm-up), by parameter name.
+
+        ``which``: ``"both"`` (``exp_avg``, ``exp_avg_sq`` and the step count) or ``"second"`` (the
+        squared-gradient average and the step count; the first moment starts at zero, so the first
+        updates start small instead of moving every weight by the full lr). Returns how many
+        parameters got state; a name missing from ``moments`` keeps a fresh state.
+        """
+        import torch
+
+        if which not in ("both", "second"):
+            raise ValueError(f"which must be 'both' or 'second', not {which!r}")
+        loaded = 0
+        for name, p in self.model.named_parameters():
+            src = moments.get(name)
+            if src is None or not p.requires_grad:
+                continue
+            sq = src["exp_avg_sq"].to(device=p.device, dtype=p.dtype)
+            if sq.shape != p.shape:
+                raise ValueError(f"{name}: moment shape {tuple(sq.shape)} != parameter's {tuple(p.shape)}")
+            avg = src["exp_avg"].to(device=p.device, dtype=p.dtype) if which == "both" else torch.zeros_like(p)
+            self.optimizer.state[p] = {"step": src["step"].detach().clone().float().cpu(), "exp_avg": avg.clone(),
+                                       "exp_avg_sq": sq.clone()}
+            loaded += 1
+        return loaded
+
     def export_bf16(self) -> dict[str, torch.Tensor]:
         """The BF16 inference state to publish (see :func:`deltarl.model.build.export_bf16`)."""
         return export_bf16(self.model)
@@ -227,6 +259,8 @@ class GRPOTrainer:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
         if not (math.isfinite(tot_loss) and math.isfinite(grad_norm)):
             self._refuse("the loss or the gradient is not finite", loss=tot_loss, grad_norm=grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.steps_done + 1)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()

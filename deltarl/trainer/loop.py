@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from deltarl.errors import RunError
@@ -33,6 +34,7 @@ from deltarl.model.tasks import build_task
 from deltarl.model.tokenizer import encode_prompt, load_tokenizer
 from deltarl.trainer.config import TrainerConfig
 from deltarl.trainer.grpo import GRPOTrainer, TrainStats
+from deltarl.trainer.warmup import WarmupResult, cache_key, warm_start
 
 if TYPE_CHECKING:
     from deltarl.protocol.records import RolloutResult, StepSpec
@@ -119,7 +121,10 @@ class TrainerLoop:
         publisher: VersionPublisher,
         store: ObjectStore,
         on_step: Callable[[StepReport], None] | None = None,
+        warmup_cache: str | Path | None = None,
     ) -> None:
+        """``warmup_cache``: folder where the supervised warm-up (``config.warmup``) is cached and
+        reused by runs of the same configuration (None: warm up every time)."""
         import torch
 
         if config.torch_threads:
@@ -132,6 +137,11 @@ class TrainerLoop:
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.task = build_task(config.task)
         model = build_model(config.model, dtype=torch.float32, device=config.device)
+        self.warmup: WarmupResult | None = None
+        if config.warmup.steps > 0:
+            key = cache_key(config.model, config.tokenizer, config.task, config.warmup)
+            self.warmup = warm_start(model, self.tokenizer, self.task, config.warmup, key=key, cache_dir=warmup_cache,
+                                     chat_template=config.tokenizer.chat_template)
         ref = None
         if config.reference_kl:
             ref = build_model(config.model, dtype=torch.float32, device=config.device)
@@ -141,6 +151,8 @@ class TrainerLoop:
         self.trainer = GRPOTrainer(
             model, config.grpo, pad_token_id=self.tokenizer.pad_token_id, ref_model=ref, reward_fn=self._reward
         )
+        if self.warmup is not None and config.warmup.carry_moments != "none":
+            self.trainer.load_moments(self.warmup.moments, which=config.warmup.carry_moments)
         self.version_ids: list[str] = []
         self.reports: list[StepReport] = []
         self._pending: tuple[dict[str, Any], float] | None = None  # a step whose publish is in flight

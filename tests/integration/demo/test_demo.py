@@ -1,4 +1,5 @@
-"""``deltarl demo --steps 2`` as a user runs it: every process starts, every check passes, nothing is left running."""
+"""``deltarl demo`` as a user runs it (small configurations): every process starts, every check passes, nothing is
+left running; ``--model`` trains a local checkpoint, and a missing one is a one-line error."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ def test_demo_two_steps(tmp_path: Path) -> None:
     assert "equals the trainer's export bit for bit: OK" in out
     assert "every actor holds the trainer's final weights: OK" in out
     assert "deltarl audit smoke" in out
+    assert "warm-up took" in out
+    assert "aurora (LEB128) would ship" in out
+    assert "estimate for an 8B model over a 1 Gbit/s link" in out
     report = tmp_path / "deltarl-runs" / "_reports" / "smoke"
     assert (report / "report.png").stat().st_size > 10_000
     summary = json.loads((report / "summary.json").read_text())
@@ -40,6 +44,11 @@ def test_demo_two_steps(tmp_path: Path) -> None:
     assert summary["replay_ok"]
     assert summary["audit_ok"]
     assert sum(summary["prompts"].values()) == 2 * 8
+    assert len(summary["aurora_bytes"]) == 2
+    assert all(a > d for a, d in zip(summary["aurora_bytes"], summary["delta_bytes"], strict=True))
+    assert summary["warmup_steps"] > 0
+    assert summary["estimate_8b"]["full_s"] == 128
+    assert list((tmp_path / "deltarl-runs" / "_cache").glob("warmup-*.pt"))
     assert (tmp_path / "deltarl-runs" / "smoke" / "run.json").exists()
     # the run folder works with the printed commands
     inspect = subprocess.run([sys.executable, "-m", "deltarl.cli", "inspect", "smoke"], cwd=tmp_path, env=env,
@@ -58,3 +67,33 @@ def test_demo_two_steps(tmp_path: Path) -> None:
         assert [e.value for e in acc.Scalars("publish/version")] == [1.0, 2.0]
     if "--wandb" in sinks:
         assert len(list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))) == 1
+
+
+def _demo(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "deltarl.cli", "demo", "--no-live", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=240, check=False)
+
+
+def test_demo_missing_checkpoint_is_one_line(tmp_path: Path) -> None:
+    proc = _demo(tmp_path, "--model", str(tmp_path / "nowhere"))
+    assert proc.returncode == 2
+    assert proc.stdout.strip().count("\n") == 0, proc.stdout + proc.stderr
+    assert "no checkpoint directory at" in proc.stdout
+    assert not (tmp_path / "deltarl-runs").exists()
+
+
+def test_demo_on_a_local_checkpoint(tmp_path: Path, hf_checkpoint: Path) -> None:
+    proc = _demo(tmp_path, "--model", str(hf_checkpoint), "--steps", "1", "--actors", "1", "--prompts", "4",
+                 "--group-size", "2", "--lr", "1e-4", "--warmup-steps", "1", "--run", "ckpt")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "ckpt on addition, GRPO lr 0.0001" in out
+    summary = json.loads((tmp_path / "deltarl-runs" / "_reports" / "ckpt" / "summary.json").read_text())
+    assert summary["ok"]
+    assert summary["replay_ok"]
+    assert summary["audit_ok"]
+    assert all(summary["actors_ok"].values())
+    assert summary["model"] == str(hf_checkpoint.resolve())
+    assert summary["grpo_lr"] == 1e-4
+    assert summary["warmup_steps"] == 1

@@ -17,7 +17,6 @@ torch = pytest.importorskip("torch")
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
-from deltarl.model.build import ModelSpec, build_model  # noqa: E402
 from deltarl.model.record import read_model_json  # noqa: E402
 from deltarl.model.tokenizer import HFTokenizer  # noqa: E402
 from deltarl.pipeline import (  # noqa: E402
@@ -29,27 +28,13 @@ from deltarl.storage import MemoryStore  # noqa: E402
 from deltarl.trainer.config import TrainerConfig  # noqa: E402
 from deltarl.trainer.loop import TrainerLoop  # noqa: E402
 from deltarl.trainer.rescore import rescore_rollouts  # noqa: E402
-from tests.fixtures.models import LocalRollouts  # noqa: E402
+from tests.fixtures.models import LocalRollouts, build_hf_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
-def _checkpoint(root: Path) -> Path:
-    chars = list("0123456789+=#?. abcdefghijklmnopqrstuvwxyzW")
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2} | {c: i + 3 for i, c in enumerate(chars)}
-    core = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
-    core.decoder = tokenizers.decoders.Fuse()
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    path = root / "ckpt"
-    tok.save_pretrained(path)
-    spec = ModelSpec(hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2, vocab_size=len(vocab), seed=2)
-    build_model(spec).save_pretrained(path)
-    return path
-
-
 def test_local_checkpoint_jsonl_run(tmp_path: Path, torch_threads: Any) -> None:
-    ckpt = _checkpoint(tmp_path)
+    ckpt = build_hf_checkpoint(tmp_path)
     data = tmp_path / "train.jsonl"
     data.write_text("".join(
         json.dumps({"question": f"what is {a}+{b}?", "answer": f"{a}+{b}={a + b}.\n#### {a + b}"}) + "\n"
