@@ -419,6 +419,10 @@ class ObjectService:
             return await asyncio.wait_for(asyncio.shield(w.found), timeout)
         except asyncio.TimeoutError:
             return None
+        except asyncio.CancelledError:
+            if w.found.cancelled() and not _current_task_cancelling():
+                return None  # the poll gave up at its deadline (just before ours): not found
+            raise
         finally:
             self.metrics.waiters.dec()
             w.waiters -= 1
@@ -436,12 +440,15 @@ class ObjectService:
                     break
                 try:
                     self.metrics.upstream_requests.labels("wait_head").inc()
-                    info = await self.upstream.head(key, wait=left)
+                    info = await self.upstream.head(key, wait=left)  # backs off on early 404s itself
                 except ObjectNotFound:
                     early = w.deadline - time.monotonic()
                     if early > 0.05:
                         await asyncio.sleep(min(POLL_BACKOFF.delay(misses), early))
                         misses += 1
+                    else:  # the source gave up just short of the deadline: hold to it, then stop
+                        await asyncio.sleep(max(0.0, early))
+                        break
                     continue
                 except TransientStoreError as err:
                     log.info("long-poll of %s upstream failed (%s); retrying", key, err)
@@ -466,6 +473,12 @@ class ObjectService:
         w = self._waits.get(key)
         if info is not None and w is not None and not w.found.done():
             w.found.set_result(info)
+
+def _current_task_cancelling() -> bool:
+    """Whether the running task itself is being cancelled (a client left), not only what it awaited."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
 
 def _read_file(path: str) -> bytes:
     with open(path, "rb") as f:

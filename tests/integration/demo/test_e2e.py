@@ -103,10 +103,10 @@ def _wait(cond: Any, timeout: float, what: str) -> Any:
 
 def _corrupt_cached_segment(cache_dir: Path, version: int) -> str:
     """Flip one byte of a relay's cached segment of ``version`` (same size: only sha256 can tell)."""
-    needle = f"{RUN}/versions/{version:012d}/seg-"
+    prefix = f"{RUN}/versions/{version:012d}/"
     for meta in cache_dir.glob("*.json"):
         key = json.loads(meta.read_text())["key"]
-        if key.startswith(needle):
+        if key.startswith(prefix) and "seg-" in key[len(prefix):]:  # v2 keys: e<epoch>-seg-r<rank>-<i>.bin
             data = meta.with_suffix(".data")
             raw = bytearray(data.read_bytes())
             raw[len(raw) // 2] ^= 0xFF
