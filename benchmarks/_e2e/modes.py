@@ -168,7 +168,7 @@ class FullActor(Actor):
             except (ObjectNotFound, TransferError):
                 continue
             step = index["shard_bytes"]
-            refs = [ObjectRef.from_obj(r, where="index") for r in index["shards"]]
+            refs = [ObjectRef.from_obj(r, where="index", format_version=1) for r in index["shards"]]  # plain refs
             offsets = {r.key: i * step for i, r in enumerate(refs)}
             async for ref, data in self.fetcher.fetch_objects(refs):
                 off = offsets[ref.key]
