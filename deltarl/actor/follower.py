@@ -241,6 +241,7 @@ class Follower:
         out: str | os.PathLike[str] | None = None,
         stop: threading.Event | None = None,
         bootstrap_timeout_s: float | None = None,
+        on_commit: Callable[[CommitInfo], None] | None = None,
     ) -> CommitInfo | None:
         """The blocking form of :meth:`follow` (its own event loop): follow, then write the last
         committed state to ``out`` if given, also when ``stop`` ended it early."""
@@ -250,7 +251,8 @@ class Follower:
             watch = asyncio.ensure_future(_watch(stop, stopped)) if stop is not None else None
             async with self:
                 try:
-                    return await self.follow(until_version, stop=stopped, bootstrap_timeout_s=bootstrap_timeout_s)
+                    return await self.follow(until_version, stop=stopped, bootstrap_timeout_s=bootstrap_timeout_s,
+                                             on_commit=on_commit)
                 finally:
                     if watch is not None:
                         watch.cancel()

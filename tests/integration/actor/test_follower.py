@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +128,12 @@ def test_follow_command_until_stopped_writes_the_last_state(background_relay: An
     relay = background_relay(origin)
     out = tmp_path / "w.safetensors"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with socket.socket() as probe:  # a free port for the follower's Prometheus endpoint
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "deltarl.cli", "-v", "follow", RUN, "--relay", relay.url,
-                             "--out", str(out)], stderr=subprocess.PIPE, text=True, env=env)
+                             "--out", str(out), "--metrics-port", str(port), "--metrics-host", "127.0.0.1"],
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stderr is not None
         deadline = time.monotonic() + 60
@@ -140,6 +146,14 @@ def test_follow_command_until_stopped_writes_the_last_state(background_relay: An
         for line in proc.stderr:
             if "committed version 2" in line:
                 break
+        while True:  # the log line comes just before the commit is recorded; scrape until it is
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+                scraped = resp.read().decode()
+            if "deltarl_follower_version 2.0" in scraped or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert "deltarl_follower_version 2.0" in scraped, scraped[:2000]
+        assert "deltarl_follower_commits_total 1.0" in scraped, [ln for ln in scraped.splitlines() if "commits" in ln]
         proc.send_signal(signal.SIGTERM)
         rest = proc.stderr.read()
         assert proc.wait(60) == 0, rest[-2000:]
