@@ -101,6 +101,7 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, out: Any
 
     from deltarl.pipeline.sharded import ShardedPublisher
     from deltarl.storage import LocalStore
+    from deltarl.testing.ranks import leave_process_group
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{root}/init", rank=rank, world_size=world, timeout=timedelta(minutes=20))
@@ -150,7 +151,7 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, out: Any
     dist.all_gather_object(gathered, rec)
     if rank == 0:
         out.put(gathered)
-    dist.destroy_process_group()
+    leave_process_group(flush=(out,))  # not a normal return: gloo's teardown can abort at interpreter exit
 
 
 def run(world: int, args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ def _worker(rank: int, world: int, port: int, kind: str, out: str) -> None:
 
     from deltarl.integrations.gather import gather_bf16
     from deltarl.model.build import ModelSpec, build_model, export_bf16
+    from deltarl.testing.ranks import leave_process_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -48,8 +49,10 @@ def _worker(rank: int, world: int, port: int, kind: str, out: str) -> None:
             report["names_equal"] = sorted(got) == sorted(want)
             report["bits_equal"] = all(torch.equal(got[n].view(torch.int16), want[n].view(torch.int16)) for n in want)
         Path(out, f"{rank}.json").write_text(json.dumps(report))
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_process_group()
 
 
 def _free_port() -> int:

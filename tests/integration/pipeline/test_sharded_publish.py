@@ -58,15 +58,16 @@ def _gathered(model) -> dict:
 
 def _worker(rank: int, world: int, tmp: str, mode: str, first_step: int, steps: int) -> None:
     import torch
-    import torch.distributed as dist
 
     from deltarl.errors import ShardedPublishError
     from deltarl.pipeline.sharded import ShardedPublisher
     from deltarl.storage import LocalStore
     from deltarl.testing.faults import CrashAt
+    from deltarl.testing.ranks import leave_process_group
 
     try:
         _init(rank, world, os.path.join(tmp, f"init-{mode}-{world}"))
+        failed = False
         crash = CrashAt(first_step + steps - 1, "segments", 1) if mode == "crash" and rank == 1 else None
         model, opt = _model(seed=0)
         store = LocalStore(os.path.join(tmp, "store"))
@@ -79,13 +80,14 @@ def _worker(rank: int, world: int, tmp: str, mode: str, first_step: int, steps: 
                     info = pub.publish_model(model, step)
                 except ShardedPublishError as err:
                     Path(tmp, f"failed-{rank}.txt").write_text(str(err))
-                    return
+                    failed = True
+                    break
                 if rank == 0:
                     torch.save(full, os.path.join(tmp, f"full-{info.version}.pt"))
-        dist.destroy_process_group()
     except BaseException:
         Path(tmp, f"error-{mode}-{rank}.txt").write_text(traceback.format_exc())
         raise
+    leave_process_group(barrier=not failed)  # a failed version may mean a killed peer: no barrier then
 
 
 def _spawn(world: int, tmp: Path, mode: str, first_step: int, steps: int) -> list[int | None]:
@@ -167,13 +169,13 @@ def test_killed_rank_leaves_no_half_version_and_resume_at_other_world_size() -> 
 
 def _local_worker(rank: int, world: int, tmp: str) -> None:
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
     from deltarl.errors import ShardedPublishError
     from deltarl.pipeline.sharded import ShardedPublisher
     from deltarl.storage import LocalStore
+    from deltarl.testing.ranks import leave_process_group
 
     try:
         _init(rank, world, os.path.join(tmp, "init-local"))
@@ -211,10 +213,10 @@ def _local_worker(rank: int, world: int, tmp: str) -> None:
             assert pub.next_version == 4
         if rank == 0:
             torch.save(fulls, os.path.join(tmp, "fulls.pt"))
-        dist.destroy_process_group()
     except BaseException:
         Path(tmp, f"error-local-{rank}.txt").write_text(traceback.format_exc())
         raise
+    leave_process_group()
 
 
 def test_publish_local_and_a_failed_rank_fails_the_version_everywhere() -> None:

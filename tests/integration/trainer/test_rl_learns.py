@@ -39,7 +39,6 @@ def test_reward_rises_within_25_steps(torch_threads: Any, lag: int) -> None:
     print("ratio mean / clip fraction per step: " + " ".join(f"{r.stats.ratio_mean:.3f}/{r.stats.clip_frac:.3f}" for r in reports))
     assert sum(r.stale_samples for r in reports) == (24 * 32 * 8 if lag else 0)
     assert last > first + 0.2, rewards
-    assert elapsed < 120
     # the actor's live weights, replay and the trainer's export are the same bits
     final = loop.trainer.export_bf16()
     assert [r.version for r in reports] == list(range(1, 26))

@@ -1,0 +1,32 @@
+"""Ending a spawned torch.distributed rank without the gloo teardown abort.
+
+A gloo rank that returns normally can die with SIGABRT ("terminate called without an active
+exception") while the interpreter finalizes: C++ threads the process group or its store still own
+are destroyed joinable. Tests and benchmarks that spawn ranks end them here instead: wait for every
+rank (when all are alive), destroy the group, flush, and leave with ``os._exit`` so no finalizer runs.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def leave_process_group(exit_code: int = 0, *, barrier: bool = True, flush: tuple[Any, ...] = ()) -> None:
+    """Destroy the default process group and end this process with ``exit_code``.
+
+    ``barrier=False`` when a peer may be dead (a killed rank would make the barrier wait out its
+    timeout). ``flush`` holds multiprocessing queues whose pending items must reach the parent first.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if barrier:
+            dist.barrier()
+        dist.destroy_process_group()
+    for queue in flush:
+        queue.close()
+        queue.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
