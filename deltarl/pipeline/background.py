@@ -1,47 +1,39 @@
 """Background publishing: one publish at a time on a thread of its own, failures raised twice
-(on the future, and again by the publisher's next call)."""
+(on the future, and again by the publisher's next call). Shared by :class:`Publisher` and
+:class:`ShardedPublisher`."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Generic, TypeVar
 
 from deltarl.errors import PublishFailed, RunError
-from deltarl.pipeline.uploads import cpu_copy
-
-VersionInfo = Any  # the publisher's VersionInfo (not imported: the publisher imports this module)
-
-
-class Publisher(Protocol):
-    """What the background lane needs of its :class:`~deltarl.pipeline.publisher.Publisher`."""
-
-    run: str
-    _closed: bool
-
-    def _publish(
-        self, state_dict: Mapping[str, Any], step: int, owned: bool, allow_nonfinite: bool = False
-    ) -> VersionInfo: ...
 
 log = logging.getLogger(__name__)
 
+Info = TypeVar("Info")
 
-class BackgroundPublishing:
-    """The publisher's background lane: at most one publish in flight; a new one waits for it."""
 
-    def __init__(self, publisher: Publisher) -> None:
-        self._publisher = publisher
+class BackgroundPublishing(Generic[Info]):
+    """A publisher's background lane: at most one publish in flight; a new one waits for it.
+
+    ``is_closed`` tells whether the publisher still accepts versions (checked at each submit)."""
+
+    def __init__(self, run: str, is_closed: Callable[[], bool]) -> None:
+        self._run = run
+        self._is_closed = is_closed
         self._executor: ThreadPoolExecutor | None = None
-        self._inflight: Future[VersionInfo] | None = None  # cleared once a call has settled it
+        self._inflight: Future[Info] | None = None  # cleared once a call has settled it
 
-    def _log_failure(self, fut: Future[VersionInfo]) -> None:
+    def _log_failure(self, fut: Future[Info]) -> None:
         err = fut.exception()
         if err is not None:
-            log.error("background publish of run %s failed: %s", self._publisher.run, err)
+            log.error("background publish of run %s failed: %s", self._run, err)
 
-    def settle(self) -> VersionInfo | None:
-        """Wait for the publish in flight; its VersionInfo, or PublishFailed (chained) if it failed.
+    def settle(self) -> Info | None:
+        """Wait for the publish in flight; its result, or PublishFailed (chained) if it failed.
 
         Each background publish is settled once: a failure is raised by the first call after it."""
         fut, self._inflight = self._inflight, None
@@ -49,23 +41,24 @@ class BackgroundPublishing:
             return None
         err = fut.exception()
         if err is not None:
-            raise PublishFailed(f"a background publish of run {self._publisher.run!r} failed: {err}") from err
+            raise PublishFailed(f"a background publish of run {self._run!r} failed: {err}") from err
         return fut.result()
 
-    def wait(self) -> VersionInfo | None:
+    def wait(self) -> Info | None:
         return self.settle()
 
-    def submit(
-        self, state: Mapping[str, Any], step: int, *, owned: bool, allow_nonfinite: bool = False
-    ) -> Future[VersionInfo]:
+    def check_open(self) -> None:
+        """Settle the publish in flight, then refuse if the publisher is closed."""
         self.settle()
-        if self._publisher._closed:
-            raise RunError(f"publisher of run {self._publisher.run!r} is closed")
-        if not owned:  # the caller may change its state as soon as we return: publish a copy of it
-            state = {name: cpu_copy(value) for name, value in state.items()}
+        if self._is_closed():
+            raise RunError(f"publisher of run {self._run!r} is closed")
+
+    def submit(self, publish: Callable[[], Info]) -> Future[Info]:
+        """Run ``publish`` (one version, with everything it needs already copied) on the lane."""
+        self.check_open()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="deltarl-publish")
-        fut = self._executor.submit(self._publisher._publish, state, step, True, allow_nonfinite)
+        fut = self._executor.submit(publish)
         fut.add_done_callback(self._log_failure)
         self._inflight = fut
         return fut

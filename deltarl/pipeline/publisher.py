@@ -160,7 +160,7 @@ class Publisher:
             self._lease.release()
             raise
         self._pool = ThreadPoolExecutor(cfg.upload_workers, thread_name_prefix="deltarl-upload")
-        self._background: BackgroundPublishing = BackgroundPublishing(self)
+        self._background: BackgroundPublishing[VersionInfo] = BackgroundPublishing(self.run, lambda: self._closed)
 
     # --- opening -----------------------------------------------------------------------------------
     def _resume(self, previous_state: Mapping[str, Any] | None) -> None:
@@ -241,7 +241,9 @@ class Publisher:
         this returns, so the caller may modify it at once; ``owned=True`` hands the tensors over as
         for :meth:`publish` (nothing is copied; the caller must not modify them).
         """
-        return self._background.submit(state_dict, step, owned=owned, allow_nonfinite=allow_nonfinite)
+        self._background.check_open()
+        state = state_dict if owned else {name: cpu_copy(value) for name, value in state_dict.items()}
+        return self._background.submit(lambda: self._publish(state, step, True, allow_nonfinite))
 
     def wait(self) -> VersionInfo | None:
         """Wait for the background publish in flight (if any); its VersionInfo, or raise its failure."""

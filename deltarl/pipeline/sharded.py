@@ -20,12 +20,13 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from deltarl.errors import ObjectExists, RunError, ShardedPublishError, StoreError, WriterConflict
 from deltarl.pipeline import shard_rows as sr
+from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import (
@@ -139,6 +140,7 @@ class ShardedPublisher:
         self._head_id: str | None = state["head_id"]
         self._force_digest = self._head_id is not None
         self._pool = ThreadPoolExecutor(upload_workers, thread_name_prefix="deltarl-upload")
+        self._background: BackgroundPublishing[ShardedVersionInfo] = BackgroundPublishing(self.run, lambda: self._closed)
 
     # --- collectives -----------------------------------------------------------------------------------
 
@@ -217,11 +219,49 @@ class ShardedPublisher:
 
     def publish_model(self, model: Any, step: int) -> ShardedVersionInfo:
         """Publish this rank's share of an FSDP2/DTensor ``model`` (BF16 export of local shards, no gather)."""
+        self._background.settle()
+        local, rows, early = self._export(model)
+        return self._publish(local, rows, step, owned=True, early=early)
+
+    def publish_model_async(
+        self, model: Any, step: int, *, on_published: Callable[[ShardedVersionInfo], None] | None = None
+    ) -> Future[ShardedVersionInfo]:
+        """:meth:`publish_model` in the background (collective: every rank, same order of calls).
+
+        This rank's shard is exported (copied to CPU BF16) before this returns, so the optimizer may
+        step at once; encoding, uploads and the commit's collectives run on a thread of their own, so
+        the publisher's ``group`` must be one nothing else uses concurrently (training collectives on
+        the default group would interleave with ours): ``group=dist.new_group(backend="gloo")``. At
+        most one publish is in flight; a failure fails the future and is raised again (as
+        :class:`~deltarl.errors.PublishFailed`, chained) by the next call. ``on_published`` runs on
+        the publishing thread with the committed version's info; an exception in it fails the future.
+        """
+        if self.group is None or self.group is self._dist.group.WORLD:
+            raise ValueError(
+                "background sharded publishing needs a process group of its own (training collectives run on the "
+                "default group meanwhile): ShardedPublisher(..., group=torch.distributed.new_group(backend='gloo'))"
+            )
+        self._background.check_open()
+        local, rows, early = self._export(model)
+
+        def publish() -> ShardedVersionInfo:
+            info = self._publish(local, rows, step, owned=True, early=early)
+            if on_published is not None:
+                on_published(info)
+            return info
+
+        return self._background.submit(publish)
+
+    def wait(self) -> ShardedVersionInfo | None:
+        """Wait for the background publish in flight (if any); its info, or raise its failure."""
+        return self._background.wait()
+
+    def _export(self, model: Any) -> tuple[dict[str, Any] | None, sr.Rows | None, Exception | None]:
         try:
             local, rows = sr.dtensor_rows(model, self.rank, self.world)
-        except Exception as err:
-            return self._publish(None, None, step, owned=True, early=err)
-        return self._publish(local, rows, step, owned=True)
+        except Exception as err:  # every rank must still join the version's collectives to fail it
+            return None, None, err
+        return local, rows, None
 
     def publish_local(
         self, tensors: Mapping[str, tuple[Any, Sequence[int], int]], step: int, *, owned: bool = False
@@ -229,6 +269,7 @@ class ShardedPublisher:
         """Publish plain row shards: ``name -> (local tensor, global shape, row offset)``, every name on
         every rank (an empty local tensor where a rank holds no rows). ``owned``: the tensors are a
         fresh export the publisher may keep as the next base instead of copying."""
+        self._background.settle()
         try:
             local, rows = sr.local_rows(tensors)
         except Exception as err:
@@ -463,7 +504,10 @@ class ShardedPublisher:
 
     # --- lifetime ----------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Wait for uploads and (rank 0) release the writer claim. Not collective."""
+        """Wait for a background publish and uploads, and (rank 0) release the writer claim. Not
+        collective. A background failure not yet raised by another call is logged, not raised."""
+        if getattr(self, "_background", None) is not None:
+            self._background.shutdown()
         if getattr(self, "_pool", None) is not None:
             self._pool.shutdown(wait=True)
         self._closed = True
