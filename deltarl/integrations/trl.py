@@ -12,16 +12,22 @@ Example::
     GRPOTrainer(model=model, ..., callbacks=[callback]).train()
 
 At the start of training rank 0 claims the run, writes ``<run>/model.json`` and publishes the initial
-weights as version 0; after each optimizer step every rank joins the gather of the full BF16 state
-(:func:`deltarl.integrations.gather.gather_bf16`: ZeRO-3, FSDP, PEFT LoRA merged) and rank 0 hands
-it to the publisher, which encodes, uploads and commits it on one background thread while training
-goes on. At most one publish is in flight: the next step's gather first waits for it, and a publish
-that failed raises :class:`~deltarl.errors.IntegrationError` there (chained to the cause), so a
-broken store stops training one step later instead of silently. At the end of training the last
-publish is waited for and the writer claim released.
+weights as version 0. After each optimizer step the new weights are published in the background
+while training goes on, in one of two ways:
 
-Memory on rank 0: the publisher's base (the previous version) plus the version being published, two
-CPU BF16 copies of the model; other ranks hold nothing extra.
+* **Sharded** (an FSDP2 / DTensor model, the default there): every rank exports its own shard to
+  CPU BF16 and a :class:`~deltarl.pipeline.sharded.ShardedPublisher` encodes and uploads each
+  rank's rows in parallel, on a gloo process group of its own; rank 0 commits. No rank ever holds
+  the full state: memory per rank is its previous shard plus the shard being published.
+* **Gathered** (ZeRO-3, FSDP1, PEFT LoRA merged, single process): every rank joins the gather of
+  the full BF16 state (:func:`deltarl.integrations.gather.gather_bf16`) and rank 0 hands it to a
+  :class:`~deltarl.pipeline.publisher.Publisher`. Memory on rank 0: the previous version plus the
+  one being published, two CPU BF16 copies of the model; other ranks hold nothing extra.
+
+At most one publish is in flight: the next step's export first waits for it, and a publish that
+failed raises :class:`~deltarl.errors.IntegrationError` there (chained to the cause), so a broken
+store stops training one step later instead of silently. At the end of training the last publish
+is waited for and the writer claim released.
 """
 
 from __future__ import annotations
@@ -33,12 +39,13 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
-from deltarl.errors import IntegrationError
+from deltarl.errors import IntegrationError, PublishFailed
 from deltarl.integrations.gather import gather_bf16
 from deltarl.model.record import RunModelInfo, write_model_json
 
 if TYPE_CHECKING:
     from deltarl.pipeline.publisher import Publisher, VersionInfo
+    from deltarl.pipeline.sharded import ShardedPublisher, ShardedVersionInfo
     from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -55,8 +62,12 @@ class DeltaRLCallback(TrainerCallback):
         publish_initial: publish the weights before the first step as version 0 (when the run is new).
         on_published: called on the publishing thread with each committed version's ``VersionInfo``
             (metrics, logging); an exception in it counts as a failed publish.
-        publisher_options: keyword arguments of :class:`~deltarl.pipeline.publisher.Publisher`
-            (``keyframe_interval``, ``digest_interval``, ``segment_bytes``, ``takeover``, ...).
+        publisher_options: keyword arguments of :class:`~deltarl.pipeline.publisher.Publisher` (or of
+            :class:`~deltarl.pipeline.sharded.ShardedPublisher` when sharded): ``keyframe_interval``,
+            ``digest_interval``, ``segment_bytes``, ``takeover``, ...
+        sharded: publish each rank's shard (FSDP2) instead of gathering; ``None`` decides at the start
+            of training: sharded when a process group of several ranks is up and the model's
+            parameters are DTensors (and it is not a PEFT model, whose LoRA the gather merges).
     """
 
     def __init__(
@@ -66,8 +77,9 @@ class DeltaRLCallback(TrainerCallback):
         *,
         model_info: RunModelInfo | None = None,
         publish_initial: bool = True,
-        on_published: Callable[[VersionInfo], None] | None = None,
+        on_published: Callable[[VersionInfo | ShardedVersionInfo], None] | None = None,
         publisher_options: dict[str, Any] | None = None,
+        sharded: bool | None = None,
     ) -> None:
         self._store_arg = store
         self.run = run
@@ -75,8 +87,10 @@ class DeltaRLCallback(TrainerCallback):
         self.publish_initial = publish_initial
         self.on_published = on_published
         self.publisher_options = dict(publisher_options or {})
-        self.publisher: Publisher | None = None
-        self.published: list[VersionInfo] = []
+        self.sharded = sharded
+        self.publisher: Publisher | ShardedPublisher | None = None
+        self._group: Any = None  # the sharded publisher's own gloo group
+        self.published: list[VersionInfo | ShardedVersionInfo] = []
         self._store: ObjectStore | None = None
         self._owns_store = False
         self._pool: ThreadPoolExecutor | None = None
@@ -85,7 +99,11 @@ class DeltaRLCallback(TrainerCallback):
     # --- transformers' hooks (called on every rank) ----------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        if state.is_world_process_zero:
+        if self.sharded is None:
+            self.sharded = model is not None and shards_itself(model)
+        if self.sharded:
+            self._open_sharded(bool(state.is_world_process_zero))
+        elif state.is_world_process_zero:
             self._open()
         if self.publish_initial:
             new = self.publisher is not None and self.publisher.next_version == 0
@@ -101,24 +119,51 @@ class DeltaRLCallback(TrainerCallback):
 
     # --- publishing ----------------------------------------------------------------------------------
 
-    def _open(self) -> None:
-        if self.publisher is not None:
-            return
-        from deltarl.pipeline.publisher import Publisher
+    def _open_store(self, write_model: bool) -> ObjectStore:
         from deltarl.storage.open import open_store
 
         if isinstance(self._store_arg, str):
             self._store, self._owns_store = open_store(self._store_arg), True
         else:
             self._store = self._store_arg
-        if self.model_info is not None:
+        if write_model and self.model_info is not None:
             write_model_json(self._store, self.run, self.model_info.to_bytes())
-        self.publisher = Publisher(self._store, self.run, **self.publisher_options)
+        return self._store
+
+    def _open(self) -> None:
+        if self.publisher is not None:
+            return
+        from deltarl.pipeline.publisher import Publisher
+
+        self.publisher = Publisher(self._open_store(True), self.run, **self.publisher_options)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="deltarl-trl-publish")
+
+    def _open_sharded(self, main: bool) -> None:
+        """Every rank: a gloo group for the publisher's collectives, the store, and the publisher."""
+        if self.publisher is not None:
+            return
+        import torch.distributed as dist
+
+        from deltarl.pipeline.sharded import ShardedPublisher
+
+        self._group = dist.new_group(backend="gloo")  # collective; ours alone, so it may run off the step
+        self.publisher = ShardedPublisher(self._open_store(main), self.run, group=self._group, **self.publisher_options)
+
+    def _record(self, info: Any) -> None:
+        self.published.append(info)
+        if self.on_published is not None:
+            self.on_published(info)
 
     def _publish(self, model: Any, state: Any, *, step: int) -> None:
         if model is None:
             raise IntegrationError("the trainer passed no model to the callback; cannot publish")
+        if self.sharded:
+            from deltarl.pipeline.sharded import ShardedPublisher
+
+            assert isinstance(self.publisher, ShardedPublisher)
+            self.wait()
+            self.publisher.publish_model_async(model, step, on_published=self._record)  # copies this rank's shard first
+            return
         main = bool(state.is_world_process_zero)
         if main:
             self.wait()  # at most one publish in flight; a failure surfaces here, before the next gather
@@ -129,14 +174,24 @@ class DeltaRLCallback(TrainerCallback):
         self._inflight = (step, self._pool.submit(self._commit, export, step))
 
     def _commit(self, export: dict[str, Any], step: int) -> None:
-        assert self.publisher is not None
-        info = self.publisher.publish(export, step, owned=True)
-        self.published.append(info)
-        if self.on_published is not None:
-            self.on_published(info)
+        from deltarl.pipeline.publisher import Publisher
+
+        assert isinstance(self.publisher, Publisher)
+        self._record(self.publisher.publish(export, step, owned=True))
 
     def wait(self) -> None:
-        """Wait for the publish in flight (rank 0); a failed one raises ``IntegrationError``."""
+        """Wait for the publish in flight (rank 0; every rank when sharded); a failed one raises
+        ``IntegrationError``."""
+        if self.sharded:
+            from deltarl.pipeline.sharded import ShardedPublisher
+
+            if isinstance(self.publisher, ShardedPublisher):
+                try:
+                    self.publisher.wait()
+                except PublishFailed as err:
+                    cause = err.__cause__ or err
+                    raise IntegrationError(f"run {self.run!r}: publishing the weights failed: {cause}") from cause
+            return
         if self._inflight is None:
             return
         step, future = self._inflight
@@ -157,9 +212,28 @@ class DeltaRLCallback(TrainerCallback):
             if self.publisher is not None:
                 self.publisher.close()
                 self.publisher = None
+            if self._group is not None:
+                import torch.distributed as dist
+
+                if dist.is_initialized():
+                    dist.destroy_process_group(self._group)
+                self._group = None
             if self._owns_store and self._store is not None:
                 self._store.close()
             self._store = None
+
+
+def shards_itself(model: Any) -> bool:
+    """True when ``model`` can be published shard by shard: several ranks are up, its parameters are
+    DTensors (FSDP2 ``fully_shard``), and it is not a PEFT model (its LoRA needs the gather's merge)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from deltarl.integrations.gather import is_peft
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1 or is_peft(model):
+        return False
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _broadcast_flag(flag: bool, is_main: bool) -> bool:
