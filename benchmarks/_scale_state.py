@@ -129,7 +129,9 @@ def generate(scratch: Path, model: str, versions: int, seed: int = 0) -> dict[st
                 for v in range(versions):  # version v+1 changes where r falls in band v below its threshold
                     hit = np.flatnonzero((r >= v * band) & (r < v * band + t))
                     step = np.where(rng.random(hit.size, dtype=np.float32) < 0.1, 2, 1) * np.where(hit & 1, 1, -1)
-                    new = np.clip(bits[hit].astype(np.int32) + step, 1, 0xFF7F).astype(np.uint16)
+                    old = bits[hit]  # a step of the magnitude, sign kept: -0.0 - 1 ulp must not wrap to NaN
+                    mag = np.clip((old & 0x7FFF).astype(np.int32) + step, 1, 0x7F7F).astype(np.uint16)
+                    new = (old & 0x8000) | mag
                     pos_parts[v].append(hit.astype(np.int64) + offset + a)
                     new_parts[v].append(new)
             offset += spec.numel
