@@ -41,7 +41,9 @@ class Pull:
         self.piece_bytes = 1
         self._filled: list[int] = []  # bytes landed from the start of each piece (pieces stream in order)
         self._fd = -1
-        self._hasher = hashlib.sha256()
+        #: sha256 of the landed prefix; dropped once the manifest's pieces are expected (they cover every
+        #: byte, and the manifest's sha256 is then the object's), so a v2 object is hashed once, not twice.
+        self._hasher: hashlib._Hash | None = hashlib.sha256()
         self._event = asyncio.Event()
         self.expected: tuple[str, tuple[str, ...] | None, int] | None = None  # (sha256, pieces, piece_size)
         self._checked: list[bool] = []  # per manifest piece
@@ -79,16 +81,30 @@ class Pull:
 
     def write(self, offset: int, data: bytes) -> None:
         """Land ``data`` at ``offset``: the next bytes of the piece that holds ``offset``."""
+        self.store(offset, data)
+        self.landed(offset, data)
+
+    def store(self, offset: int, data: bytes) -> None:
+        """Write ``data`` into the temporary file (thread-safe: pieces never overlap). A relay calls
+        it on a worker thread, so a disk that throttles writes does not stall its event loop, then
+        :meth:`landed` on the loop."""
         i = offset // self.piece_bytes
         assert offset == i * self.piece_bytes + self._filled[i], "a piece's bytes arrive in order"
         os.pwrite(self._fd, data, offset)  # page cache; readers pread it back in the same loop
+
+    def landed(self, offset: int, data: bytes) -> None:
+        """``data`` is in the file at ``offset``: readers may have it, and what it completes is checked."""
+        i = offset // self.piece_bytes
+        assert offset == i * self.piece_bytes + self._filled[i], "a piece's bytes arrive in order"
         self._filled[i] += len(data)
         if offset == self.prefix:
-            self._hasher.update(data)
+            if self._hasher is not None:
+                self._hasher.update(data)
             self.prefix += len(data)
         end = self.available(self.prefix)
         if end > self.prefix:  # pieces that landed ahead of the prefix are now contiguous with it
-            self._hasher.update(os.pread(self._fd, end - self.prefix, self.prefix))
+            if self._hasher is not None:
+                self._hasher.update(os.pread(self._fd, end - self.prefix, self.prefix))
             self.prefix = end
         self._check_pieces()
         self.notify()
@@ -104,6 +120,7 @@ class Pull:
         self.expected = (sha256, pieces, piece_size or 0)
         if pieces is not None:
             self._checked = [False] * len(pieces)
+            self._hasher = None  # every byte is checked piece by piece from now on
             if self.size is not None and self._fd >= 0:
                 self._check_pieces()
         self.notify()
@@ -144,8 +161,22 @@ class Pull:
         return max(pos, min(j * ps, self.size))
 
     def digest(self) -> str:
-        """sha256 of the whole object (call once ``prefix == size``); closes the file."""
+        """sha256 of the whole object (call once ``prefix == size``); closes the file.
+
+        With the manifest's pieces expected this is the manifest's sha256, once every piece matched
+        (the writer hashed the same bytes whole and piece by piece)."""
         assert self.prefix == self.size
+        if self._hasher is None:
+            assert self.expected is not None
+            self._check_pieces()
+            unchecked = [j for j, ok in enumerate(self._checked) if not ok]
+            self._close_file()
+            if self.bad is not None:
+                raise self.bad
+            if unchecked:
+                raise IntegrityError(f"{self.key}: piece {unchecked[0]} of {len(self._checked)} was never checked "
+                                     f"(the object is {self.size} bytes)")
+            return self.expected[0]
         self._close_file()
         return self._hasher.hexdigest()
 

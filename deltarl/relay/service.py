@@ -77,6 +77,19 @@ class _Wait:
         self.waiters = 0
 
 
+async def _store_off_loop(pull: Pull, pos: int, data: bytes) -> None:
+    """``pull.store`` on a worker thread, so a disk that throttles writes does not stall serving.
+
+    A cancelled caller still waits for the write to finish: the pull closes its file only after its
+    piece tasks end, and a write racing that close could land in whatever file reuses the descriptor."""
+    fut = asyncio.get_running_loop().run_in_executor(None, pull.store, pos, data)
+    try:
+        await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait({fut})
+        raise
+
+
 class ObjectService:
     """Everything a relay does per key. Lives in one event loop; ``close()`` it."""
 
@@ -339,7 +352,8 @@ class ObjectService:
                 async for data in self.upstream.stream_range(pull.key, pos, end, unverified=True):
                     data = data[: end - pos]
                     if data:
-                        pull.write(pos, data)
+                        await _store_off_loop(pull, pos, data)
+                        pull.landed(pos, data)
                         pos += len(data)
                         self.metrics.bytes_in.inc(len(data))
                 if pos != end:

@@ -6,6 +6,9 @@ import hashlib
 import os
 from pathlib import Path
 
+import pytest
+
+from deltarl.errors import IntegrityError
 from deltarl.relay.pull import Pull
 
 
@@ -47,3 +50,41 @@ async def test_an_empty_object_needs_no_pieces(tmp_path: Path) -> None:
     assert pull.pieces == 0
     assert pull.available(0) == 0
     assert pull.digest() == hashlib.sha256(b"").hexdigest()
+
+
+def _pieces(data: bytes, size: int) -> tuple[str, ...]:
+    return tuple(hashlib.sha256(data[i : i + size]).hexdigest() for i in range(0, len(data), size))
+
+
+async def test_with_the_manifests_pieces_each_byte_is_hashed_once_and_the_digest_is_the_manifests(tmp_path: Path) -> None:
+    data = os.urandom(10_000)
+    tmp = tmp_path / "obj"
+    tmp.touch()
+    pull = Pull("k")
+    pull.begin(len(data), "e", str(tmp), piece_bytes=4096)
+    pull.write(0, data[:3000])  # hashed whole while the manifest's ref is unknown
+    pull.expect(hashlib.sha256(data).hexdigest(), _pieces(data, 4096), 4096)
+    assert pull._hasher is None  # from now on the pieces are the check: no second pass over the bytes
+    pull.write(3000, data[3000:4096])
+    assert pull.verified(0) == 4096
+    pull.write(4096, data[4096:8192])
+    pull.write(8192, data[8192:])
+    assert pull.verified(0) == 10_000
+    assert pull.digest() == hashlib.sha256(data).hexdigest()
+    assert tmp.read_bytes() == data
+
+
+async def test_a_piece_that_differs_fails_the_digest_too(tmp_path: Path) -> None:
+    data = os.urandom(9000)
+    tmp = tmp_path / "obj"
+    tmp.touch()
+    pull = Pull("k")
+    pull.begin(len(data), "e", str(tmp), piece_bytes=4096)
+    pull.expect(hashlib.sha256(data).hexdigest(), _pieces(data, 4096), 4096)
+    pull.write(0, data[:4096])
+    with pytest.raises(IntegrityError, match="piece 1"):
+        pull.write(4096, b"\0" + data[4097:8192])
+    with pytest.raises(IntegrityError, match="piece 1"):
+        pull.write(8192, data[8192:])
+    with pytest.raises(IntegrityError, match="piece 1"):
+        pull.digest()  # never the manifest's sha256 for bytes that did not match it
