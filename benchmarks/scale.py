@@ -423,6 +423,8 @@ def main() -> None:
             results["state"] = generate(scratch, args.model, args.versions)
             print(f"generated states in {time.perf_counter() - t:.1f}s: {results['state']}", flush=True)
         only = args.only.split(",") if args.only else list(PHASES)
+        if "keyframe" in only:  # a reused scratch keeps its states, not the last run's store
+            shutil.rmtree(scratch / "store", ignore_errors=True)
         if "digests" in only and not (scratch / "digests.json").exists():
             _run_phase(args, "digests")
         for name in only:
