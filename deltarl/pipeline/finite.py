@@ -9,7 +9,9 @@ device tensor) falls back to one float32 sum (NaN or Inf anywhere makes it non-f
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -65,19 +67,39 @@ def _numpy_nonfinite(a: np.ndarray) -> int:
     return int(a.size - np.count_nonzero(np.isfinite(a)))
 
 
-def check_finite(state_dict: Mapping[str, Any]) -> None:
-    """Raise :class:`~deltarl.errors.NonFiniteTensor` naming the first floating tensor that holds NaN
-    or Inf (torch tensors and numpy arrays; other values are not checked)."""
-    for name, value in state_dict.items():
-        if isinstance(value, np.ndarray):
-            bad = _numpy_nonfinite(value)
-        elif hasattr(value, "is_floating_point") and hasattr(value, "numel"):
-            bad = _torch_nonfinite(value)
-        else:
-            continue
+def _nonfinite(value: Any) -> int:
+    if isinstance(value, np.ndarray):
+        return _numpy_nonfinite(value)
+    if hasattr(value, "is_floating_point") and hasattr(value, "numel"):
+        return _torch_nonfinite(value)
+    return 0  # not a tensor: not checked
+
+
+def check_finite(state_dict: Mapping[str, Any], *, threads: int | None = None) -> None:
+    """Raise :class:`~deltarl.errors.NonFiniteTensor` naming the first floating tensor (in the
+    mapping's order) that holds NaN or Inf (torch tensors and numpy arrays; other values are not
+    checked). Tensors are checked on ``threads`` threads (default: every core; numpy releases the
+    GIL), so the pass scales with cores like the encoder it precedes."""
+    items = list(state_dict.items())
+    workers = max(1, min(threads or os.cpu_count() or 1, len(items)))
+    if workers == 1:
+        counts: list[int] = [_nonfinite(value) for _, value in items]
+    else:
+        # largest tensors first so the threads finish together; results stay in the mapping's order
+        order = sorted(range(len(items)), key=lambda i: -_size(items[i][1]))
+        with ThreadPoolExecutor(workers, thread_name_prefix="deltarl-finite") as pool:
+            found = dict(zip(order, pool.map(lambda i: _nonfinite(items[i][1]), order), strict=True))
+        counts = [found[i] for i in range(len(items))]
+    for (name, value), bad in zip(items, counts, strict=True):
         if bad:
             raise NonFiniteTensor(f"tensor {name!r} holds {bad} NaN/Inf values of {_numel(value)}; "
                                   "refusing to publish it (pass allow_nonfinite=True to publish anyway)")
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, np.ndarray) or (hasattr(value, "numel") and hasattr(value, "is_floating_point")):
+        return _numel(value)
+    return 0
 
 
 def _numel(value: Any) -> int:

@@ -65,3 +65,17 @@ def test_check_finite_both_paths(contiguous: bool) -> None:
     arr[-1] = np.inf
     with pytest.raises(NonFiniteTensor, match="'a' holds 1 NaN/Inf"):
         check_finite({"a": arr if contiguous else arr[::-1]})
+
+
+def test_check_finite_on_threads_names_the_first_bad_tensor_in_order() -> None:
+    import torch
+
+    state = {f"w{i}": torch.zeros(1000 * (i + 1), dtype=torch.bfloat16) for i in range(8)}
+    state["w6"][3] = float("nan")
+    state["w2"][7] = float("inf")  # smaller, checked later on the threads, but first in the mapping
+    for threads in (1, 2, 4):
+        with pytest.raises(NonFiniteTensor, match="'w2' holds 1 NaN/Inf values of 3000"):
+            check_finite(state, threads=threads)
+    state["w2"][7] = 0.0
+    with pytest.raises(NonFiniteTensor, match="'w6'"):
+        check_finite(state, threads=4)
