@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from deltarl.errors import TensorMismatch
+from deltarl.errors import NonFiniteTensor, TensorMismatch
 from deltarl.pipeline import registry
+from deltarl.pipeline.finite import nonfinite_bits
 from deltarl.pipeline.kernels import worker_threads
 from deltarl.pipeline.segment import ChunkInfo, pack_segment
 from deltarl.pipeline.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, spec_of, tensor_table
@@ -33,17 +34,28 @@ def chunk_elements(segment_bytes: int) -> int:
     return int(min(MAX_CHUNK_ELEMENTS, max(MIN_CHUNK_ELEMENTS, segment_bytes // 4)))
 
 
-def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str) -> tuple[str, int, bytes]:
+class _NonFiniteChunk(Exception):
+    """A chunk's changed values hold NaN or Inf (the caller names the tensor)."""
+
+    def __init__(self, bad: int, changed: int) -> None:
+        super().__init__(f"{bad} of {changed} changed elements are NaN/Inf")
+        self.bad, self.changed = bad, changed
+
+
+def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, finite: bool = False) -> tuple[str, int, bytes]:
     """Encode one chunk's changes: (codec used, changed count, payload).
 
     ``auto`` encodes with ``ctx`` and, when at least half of the chunk changed, also ``dense``,
     and keeps the smaller (``rice`` and ``aurora`` are never smaller than ``ctx`` on real updates
-    and are only used when asked for by name).
+    and are only used when asked for by name). ``finite``: refuse (``_NonFiniteChunk``) if a changed
+    value is NaN or Inf, before encoding it.
     """
     ch = registry.detect(old, new, dtype, codec in ("auto", "ctx"))
     changed = int(ch.pos.size)
     if changed == 0:
         return "none", 0, b""
+    if finite and (bad := nonfinite_bits(new[ch.pos], dtype)):
+        raise _NonFiniteChunk(bad, changed)
     if codec != "auto":
         return codec, changed, registry.ENCODERS[codec](old, new, dtype, ch)
     best = ("ctx", registry.ENCODERS["ctx"](old, new, dtype, ch))
@@ -66,12 +78,15 @@ def iter_encode_delta(
     segment_bytes: int = 16 << 20,
     codec: str = "auto",
     segment_changes: int = SEGMENT_CHANGES,
+    check_finite: bool = False,
 ) -> Iterator[bytes]:
     """Yield the segments of the delta ``old -> new`` as each fills up: ~``segment_bytes`` of payload
     or ``segment_changes`` changed elements, whichever comes first (cut at chunk boundaries).
 
     Tensors are visited in sorted name order and cut into chunks; every element of every tensor is
     covered by exactly one chunk of exactly one segment. Segments are independent of each other.
+    ``check_finite``: raise :class:`~deltarl.errors.NonFiniteTensor` if a changed value is NaN or
+    Inf (with ``old`` known finite, that proves ``new`` finite at the cost of the changes only).
     """
     if codec not in CODECS:
         raise ValueError(f"unknown codec {codec!r}; choose one of {CODECS}")
@@ -93,21 +108,33 @@ def iter_encode_delta(
                 stop = min(spec.numel, start + step)
                 yield spec, start, o[start:stop], n[start:stop]
 
-    yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, worker_threads(), empty=True)
+    yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, worker_threads(), empty=True,
+                         finite=check_finite)
+
+
+def _encode_named(spec: TensorSpec, start: int, old: np.ndarray, new: np.ndarray, codec: str, finite: bool
+                  ) -> tuple[str, int, bytes]:
+    try:
+        return encode_chunk(old, new, spec.dtype, codec, finite=finite)
+    except _NonFiniteChunk as err:
+        raise NonFiniteTensor(
+            f"tensor {spec.name!r} holds {err.bad} NaN/Inf values among the {err.changed} elements changed in "
+            f"[{start}, {start + old.size}); refusing to publish it (pass allow_nonfinite=True to publish anyway)"
+        ) from None
 
 
 def _encoded(
-    tasks: Iterator[tuple[TensorSpec, int, np.ndarray, np.ndarray]], codec: str, threads: int
+    tasks: Iterator[tuple[TensorSpec, int, np.ndarray, np.ndarray]], codec: str, threads: int, finite: bool = False
 ) -> Iterator[tuple[TensorSpec, int, int, tuple[str, int, bytes]]]:
     """Encode chunks in order, ``threads`` at a time (the kernels release the GIL)."""
     if threads <= 1:
         for spec, start, o, n in tasks:
-            yield spec, start, o.size, encode_chunk(o, n, spec.dtype, codec)
+            yield spec, start, o.size, _encode_named(spec, start, o, n, codec, finite)
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-encode") as pool:
         window: deque[tuple[TensorSpec, int, int, Future[tuple[str, int, bytes]]]] = deque()
         for spec, start, o, n in tasks:
-            window.append((spec, start, o.size, pool.submit(encode_chunk, o, n, spec.dtype, codec)))
+            window.append((spec, start, o.size, pool.submit(_encode_named, spec, start, o, n, codec, finite)))
             if len(window) > 2 * threads:
                 s, st, c, fut = window.popleft()
                 yield s, st, c, fut.result()
@@ -126,6 +153,7 @@ def iter_encode_rows(
     codec: str = "auto",
     threads: int | None = None,
     segment_changes: int = SEGMENT_CHANGES,
+    check_finite: bool = False,
 ) -> Iterator[bytes]:
     """Yield the segments of the delta of one shard: a contiguous element range of each tensor.
 
@@ -134,7 +162,7 @@ def iter_encode_rows(
     shard). Chunks carry global element positions and segments the global tensor table, so the
     segments of every shard together form one delta of the whole state. Empty shards yield no
     chunks; a shard with no elements at all yields no segment. ``threads`` caps the encode threads
-    (default :func:`worker_threads`).
+    (default :func:`worker_threads`); ``check_finite`` as for :func:`iter_encode_delta`.
     """
     if codec not in CODECS:
         raise ValueError(f"unknown codec {codec!r}; choose one of {CODECS}")
@@ -171,7 +199,7 @@ def iter_encode_rows(
                 yield spec, offset + start, o[start:stop], n[start:stop]
 
     threads = worker_threads() if threads is None else threads
-    yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, threads, empty=False)
+    yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, threads, empty=False, finite=check_finite)
 
 
 def _segments(
@@ -183,6 +211,7 @@ def _segments(
     threads: int,
     *,
     empty: bool,
+    finite: bool = False,
 ) -> Iterator[bytes]:
     """Pack encoded chunks into segments of ~``segment_bytes`` or ``segment_changes`` changed
     elements, whichever fills first; ``empty``: yield one even if no chunk."""
@@ -191,7 +220,7 @@ def _segments(
     payloads: list[bytes] = []
     size = changes = 0
     emitted = False
-    for spec, start, count, (used, changed, payload) in _encoded(tasks, codec, threads):
+    for spec, start, count, (used, changed, payload) in _encoded(tasks, codec, threads, finite):
         specs[spec.name] = spec
         chunks.append(ChunkInfo(spec.name, start, count, changed, used, len(payload)))
         payloads.append(payload)

@@ -41,6 +41,15 @@ def _count_bits(bits: np.ndarray, mask: int) -> int:
     return bad
 
 
+def nonfinite_bits(bits: np.ndarray, dtype: str) -> int:
+    """Elements of ``bits`` (raw integer bits of ``dtype`` values) that are NaN or Inf; 0 for a
+    dtype that is not floating. The encoder checks a chunk's changed values with it."""
+    spec = _MASKS.get(dtype)
+    if spec is None or bits.size == 0:
+        return 0
+    return _count_bits(bits.view(spec[0]), spec[1])
+
+
 def _torch_nonfinite(t: Any) -> int:
     import torch
 

@@ -28,6 +28,7 @@ from deltarl.errors import ObjectExists, RunError, ShardedPublishError, StoreErr
 from deltarl.pipeline import shard_rows as sr
 from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
+from deltarl.pipeline.finite import check_finite
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import (
     DeltaStatsRecord,
@@ -117,6 +118,7 @@ class ShardedPublisher:
         self._on_stage = on_stage  # as Publisher's: observation and fault injection in tests
         self._lease: WriterLease | None = None
         self._prev: dict[str, Any] | None = None
+        self._prev_finite = False  # as Publisher's: the base rows are known to hold no NaN/Inf
         self._head_etag: str | None = None
         self._closed = False
         state: dict[str, Any] = {"error": None}
@@ -217,14 +219,19 @@ class ShardedPublisher:
     def next_version(self) -> int:
         return self._next
 
-    def publish_model(self, model: Any, step: int) -> ShardedVersionInfo:
-        """Publish this rank's share of an FSDP2/DTensor ``model`` (BF16 export of local shards, no gather)."""
+    def publish_model(self, model: Any, step: int, *, allow_nonfinite: bool = False) -> ShardedVersionInfo:
+        """Publish this rank's share of an FSDP2/DTensor ``model`` (BF16 export of local shards, no gather).
+
+        A NaN or Inf on any rank fails the version on every rank (``ShardedPublishError`` naming the
+        rank and tensor) unless ``allow_nonfinite=True``; as for :class:`Publisher`, only a version's
+        changed elements are checked once its base is known finite."""
         self._background.settle()
         local, rows, early = self._export(model)
-        return self._publish(local, rows, step, owned=True, early=early)
+        return self._publish(local, rows, step, owned=True, early=early, allow_nonfinite=allow_nonfinite)
 
     def publish_model_async(
-        self, model: Any, step: int, *, on_published: Callable[[ShardedVersionInfo], None] | None = None
+        self, model: Any, step: int, *, on_published: Callable[[ShardedVersionInfo], None] | None = None,
+        allow_nonfinite: bool = False,
     ) -> Future[ShardedVersionInfo]:
         """:meth:`publish_model` in the background (collective: every rank, same order of calls).
 
@@ -245,7 +252,7 @@ class ShardedPublisher:
         local, rows, early = self._export(model)
 
         def publish() -> ShardedVersionInfo:
-            info = self._publish(local, rows, step, owned=True, early=early)
+            info = self._publish(local, rows, step, owned=True, early=early, allow_nonfinite=allow_nonfinite)
             if on_published is not None:
                 on_published(info)
             return info
@@ -264,7 +271,8 @@ class ShardedPublisher:
         return local, rows, None
 
     def publish_local(
-        self, tensors: Mapping[str, tuple[Any, Sequence[int], int]], step: int, *, owned: bool = False
+        self, tensors: Mapping[str, tuple[Any, Sequence[int], int]], step: int, *, owned: bool = False,
+        allow_nonfinite: bool = False,
     ) -> ShardedVersionInfo:
         """Publish plain row shards: ``name -> (local tensor, global shape, row offset)``, every name on
         every rank (an empty local tensor where a rank holds no rows). ``owned``: the tensors are a
@@ -274,10 +282,11 @@ class ShardedPublisher:
             local, rows = sr.local_rows(tensors)
         except Exception as err:
             return self._publish(None, None, step, owned=owned, early=err)
-        return self._publish(local, rows, step, owned=owned)
+        return self._publish(local, rows, step, owned=owned, allow_nonfinite=allow_nonfinite)
 
     def _publish(
-        self, local: dict[str, Any] | None, rows: sr.Rows | None, step: int, *, owned: bool, early: Exception | None = None
+        self, local: dict[str, Any] | None, rows: sr.Rows | None, step: int, *, owned: bool, early: Exception | None = None,
+        allow_nonfinite: bool = False,
     ) -> ShardedVersionInfo:
         if self._closed:
             raise RunError(f"sharded publisher of run {self.run!r} is closed")
@@ -313,7 +322,10 @@ class ShardedPublisher:
             if version > 0 and self._prev is None:
                 self._prev = self._resume_rows(local, rows)
             te = time.perf_counter()
-            report.update(self._encode(local, rows, version, uploads) if version > 0 else {"chunks": [], "changed": 0})
+            check_changes = not allow_nonfinite and self._prev_finite and version > 0
+            if not allow_nonfinite and not check_changes:
+                check_finite(local)
+            report.update(self._encode(local, rows, version, uploads, check_changes) if version > 0 else {"chunks": [], "changed": 0})
             if keyframe:
                 for i, ranges in enumerate(sr.plan_local_parts(local, rows)):
                     key = self.layout.keyframe_part(version, i, epoch=self.epoch, rank=self.rank)
@@ -351,6 +363,7 @@ class ShardedPublisher:
             raise ShardedPublishError(f"version {version} not committed: {outcome['error']}")
         assert local is not None
         self._prev = local if owned else {name: t.detach().clone() for name, t in local.items()}
+        self._prev_finite = not allow_nonfinite
         self._head_id, self._next = outcome["version_id"], version + 1
         self._force_digest = False
         return ShardedVersionInfo(
@@ -367,7 +380,8 @@ class ShardedPublisher:
             wall_s=time.perf_counter() - t0,
         )
 
-    def _encode(self, local: dict[str, Any], rows: sr.Rows, version: int, uploads: UploadPool) -> dict[str, Any]:
+    def _encode(self, local: dict[str, Any], rows: sr.Rows, version: int, uploads: UploadPool, check_finite: bool
+                ) -> dict[str, Any]:
         from deltarl.pipeline.encode import iter_encode_rows
         from deltarl.pipeline.segment import read_segment_header
 
@@ -377,7 +391,8 @@ class ShardedPublisher:
         bases: set[str] = set()
         changed = 0
         it = iter_encode_rows(
-            self._prev, local, rows, base=self._head_id, segment_bytes=self.segment_bytes, codec=self.codec, threads=self.encode_threads
+            self._prev, local, rows, base=self._head_id, segment_bytes=self.segment_bytes, codec=self.codec,
+            threads=self.encode_threads, check_finite=check_finite,
         )
         for i, seg in enumerate(it):
             header = read_segment_header(seg)

@@ -79,3 +79,54 @@ def test_check_finite_on_threads_names_the_first_bad_tensor_in_order() -> None:
     state["w2"][7] = 0.0
     with pytest.raises(NonFiniteTensor, match="'w6'"):
         check_finite(state, threads=4)
+
+
+def test_a_refused_delta_leaves_no_segment_and_a_nan_kept_from_an_opted_in_version_is_still_refused(
+    memory_store: MemoryStore,
+) -> None:
+    from deltarl.pipeline.layout import RunLayout
+
+    trainer = TinyTrainer(2)
+    with Publisher(memory_store, "r", segment_bytes=4096, segment_changes=64) as pub:
+        pub.publish(trainer.export(), step=0)
+        trainer.step()
+        bad = trainer.export()
+        bad["lm_head.weight"].view(-1)[-1] = float("nan")  # changed, late: segments before it were uploaded
+        with pytest.raises(NonFiniteTensor, match="'lm_head.weight' holds 1 NaN/Inf values among"):
+            pub.publish(bad, step=1)
+        assert not list(memory_store.list(RunLayout("r").version_prefix(1)))  # what it uploaded is deleted
+        pub.publish(bad, step=1, allow_nonfinite=True)  # the caller opts in for this version
+        trainer.step()
+        kept = trainer.export()
+        kept["lm_head.weight"].view(-1)[-1] = float("nan")  # unchanged from version 1, not a change
+        with pytest.raises(NonFiniteTensor, match="'lm_head.weight' holds 1 NaN/Inf values of"):
+            pub.publish(kept, step=2)  # the base was not known finite: the whole state is checked
+        kept["lm_head.weight"].view(-1)[-1] = 0.5
+        assert pub.publish(kept, step=2).version == 2
+        trainer.step()
+        assert pub.publish(trainer.export(), step=3).version == 3  # finite again: changes-only from here
+    assert states_equal(replay(memory_store, "r", 3), trainer.export())
+
+
+def test_a_resumed_publisher_checks_its_first_version_whole(memory_store: MemoryStore) -> None:
+    trainer = TinyTrainer(3)
+    poisoned = trainer.export()
+    poisoned["embed.weight"].view(-1)[5] = float("inf")
+    with Publisher(memory_store, "r") as pub:
+        pub.publish(poisoned, step=0, allow_nonfinite=True)
+    with Publisher(memory_store, "r") as pub:  # resumes from the store: its base is not known finite
+        with pytest.raises(NonFiniteTensor, match="'embed.weight' holds 1 NaN/Inf values of"):
+            pub.publish(poisoned, step=1)
+
+
+def test_the_encoder_checks_changed_values_only_when_asked() -> None:
+    import torch
+
+    from deltarl.pipeline import iter_encode_delta
+
+    old = {"w": torch.zeros(10_000, dtype=torch.bfloat16)}
+    new = {"w": old["w"].clone()}
+    new["w"][9_000] = float("-inf")
+    assert list(iter_encode_delta(old, new, base="b" * 64))  # the codec itself is lossless for any bits
+    with pytest.raises(NonFiniteTensor, match=r"'w' holds 1 NaN/Inf values among the 1 elements changed in \[0, 10000\)"):
+        list(iter_encode_delta(old, new, base="b" * 64, check_finite=True))

@@ -202,6 +202,13 @@ def _local_worker(rank: int, world: int, tmp: str) -> None:
                     with pytest.raises(ShardedPublishError, match=r"rank 1: TensorMismatch|rank 0: RunError"):
                         pub.publish_local(shards(full, bad=rank == 1), step)
                     assert pub.next_version == 2
+                if step == 3:  # a NaN among rank 2's changes: refused on every rank, nothing committed
+                    poisoned = shards(full)
+                    if rank == 2:
+                        poisoned["a"][0][0, 0] = float("nan")
+                    with pytest.raises(ShardedPublishError, match=r"rank 2: NonFiniteTensor: tensor 'a'"):
+                        pub.publish_local(poisoned, step)
+                    assert pub.next_version == 3
                 pub.publish_local(shards(full), step)
                 fulls.append(full)
             mesh = init_device_mesh("cpu", (world,))
