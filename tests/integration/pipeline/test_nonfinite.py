@@ -92,14 +92,14 @@ def test_a_refused_delta_leaves_no_segment_and_a_nan_kept_from_an_opted_in_versi
         trainer.step()
         bad = trainer.export()
         bad["lm_head.weight"].view(-1)[-1] = float("nan")  # changed, late: segments before it were uploaded
-        with pytest.raises(NonFiniteTensor, match="'lm_head.weight' holds 1 NaN/Inf values among"):
+        with pytest.raises(NonFiniteTensor, match=r"'lm_head\.weight' holds 1 NaN/Inf values among"):
             pub.publish(bad, step=1)
         assert not list(memory_store.list(RunLayout("r").version_prefix(1)))  # what it uploaded is deleted
         pub.publish(bad, step=1, allow_nonfinite=True)  # the caller opts in for this version
         trainer.step()
         kept = trainer.export()
         kept["lm_head.weight"].view(-1)[-1] = float("nan")  # unchanged from version 1, not a change
-        with pytest.raises(NonFiniteTensor, match="'lm_head.weight' holds 1 NaN/Inf values of"):
+        with pytest.raises(NonFiniteTensor, match=r"'lm_head\.weight' holds 1 NaN/Inf values of"):
             pub.publish(kept, step=2)  # the base was not known finite: the whole state is checked
         kept["lm_head.weight"].view(-1)[-1] = 0.5
         assert pub.publish(kept, step=2).version == 2
@@ -114,9 +114,9 @@ def test_a_resumed_publisher_checks_its_first_version_whole(memory_store: Memory
     poisoned["embed.weight"].view(-1)[5] = float("inf")
     with Publisher(memory_store, "r") as pub:
         pub.publish(poisoned, step=0, allow_nonfinite=True)
-    with Publisher(memory_store, "r") as pub:  # resumes from the store: its base is not known finite
-        with pytest.raises(NonFiniteTensor, match="'embed.weight' holds 1 NaN/Inf values of"):
-            pub.publish(poisoned, step=1)
+    # a new publisher resumes from the store: its base is not known finite
+    with Publisher(memory_store, "r") as pub, pytest.raises(NonFiniteTensor, match=r"'embed\.weight' holds 1 NaN/Inf values of"):
+        pub.publish(poisoned, step=1)
 
 
 def test_the_encoder_checks_changed_values_only_when_asked() -> None:
