@@ -3,7 +3,8 @@
 * :mod:`~deltarl.testing.wan` - ``EmulatedLink``: a rootless WAN emulator (delay, window, rate, faults)
 * :mod:`~deltarl.testing.fleet` - a simulated actor fleet in virtual time for the scheduler
 * :mod:`~deltarl.testing.faults` - ``CrashAt``: the publisher hook that SIGKILLs a test process mid-publish
-* :mod:`~deltarl.testing.ranks` - ``leave_process_group``: end a spawned gloo rank without the teardown abort
+* :mod:`~deltarl.testing.ranks` - ``spawn_ranks`` / ``leave_process_group``: run spawned gloo ranks and end
+  them without the teardown abort
 * :mod:`~deltarl.testing.store_tests` - ``StoreTests``: the ObjectStore conformance suite every
   backend subclasses (needs pytest)
 """
@@ -20,6 +21,7 @@ _EXPORTS = {
     "LinkStats": "deltarl.testing.wan",
     "StoreTests": "deltarl.testing.store_tests",
     "leave_process_group": "deltarl.testing.ranks",
+    "spawn_ranks": "deltarl.testing.ranks",
     "simulate": "deltarl.testing.fleet",
 }
 

@@ -1,4 +1,4 @@
-"""Ending a spawned torch.distributed rank without the gloo teardown abort.
+"""Spawning torch.distributed ranks for tests, and ending them without the gloo teardown abort.
 
 A gloo rank that returns normally can die with SIGABRT ("terminate called without an active
 exception") while the interpreter finalizes: C++ threads the process group or its store still own
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -30,3 +32,21 @@ def leave_process_group(exit_code: int = 0, *, barrier: bool = True, flush: tupl
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)
+
+
+def spawn_ranks(target: Callable[..., None], world: int, *args: Any, timeout_s: float = 240.0) -> list[int | None]:
+    """Run ``target(rank, world, *args)`` in ``world`` spawned processes and return their exit codes
+    (a process still running after ``timeout_s`` is killed: ``-SIGKILL``)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(rank, world, *args)) for rank in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return [p.exitcode for p in procs]

@@ -75,23 +75,15 @@ def _worker(rank: int, world: int, tmp: str) -> None:
 
 
 def test_fsdp2_callback_publishes_shards_in_the_background(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
     from deltarl.model.record import read_model_json
     from deltarl.pipeline import RunReader, replay
     from deltarl.storage import LocalStore
+    from deltarl.testing.ranks import spawn_ranks
 
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, 2, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(240)
-        if p.is_alive():
-            p.kill()
+    codes = spawn_ranks(_worker, 2, str(tmp_path))
     for err in sorted(tmp_path.glob("error-*.txt")):
         pytest.fail(err.read_text())
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert codes == [0, 0]
     for rank in range(2):
         report = json.loads((tmp_path / f"report-{rank}.json").read_text())
         assert report["sharded"] is True  # chosen for an FSDP2 model on two ranks

@@ -91,19 +91,12 @@ def _worker(rank: int, world: int, tmp: str, mode: str, first_step: int, steps: 
 
 
 def _spawn(world: int, tmp: Path, mode: str, first_step: int, steps: int) -> list[int | None]:
-    import torch.multiprocessing as mp
+    from deltarl.testing.ranks import spawn_ranks
 
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, world, str(tmp), mode, first_step, steps)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(240)
-        if p.is_alive():
-            p.kill()
+    codes = spawn_ranks(_worker, world, str(tmp), mode, first_step, steps)
     for err in sorted(tmp.glob(f"error-{mode}-*.txt")):
         pytest.fail(err.read_text())
-    return [p.exitcode for p in procs]
+    return codes
 
 
 def _check_replays(tmp: Path, versions: range) -> None:
@@ -228,22 +221,17 @@ def _local_worker(rank: int, world: int, tmp: str) -> None:
 
 def test_publish_local_and_a_failed_rank_fails_the_version_everywhere() -> None:
     import torch
-    import torch.multiprocessing as mp
 
     from deltarl.pipeline import replay
     from deltarl.storage import LocalStore
+    from deltarl.testing.ranks import spawn_ranks
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_local_worker, args=(r, 3, str(tmp))) for r in range(3)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(240)
+        codes = spawn_ranks(_local_worker, 3, str(tmp))
         for err in sorted(tmp.glob("error-local-*.txt")):
             pytest.fail(err.read_text())
-        assert [p.exitcode for p in procs] == [0, 0, 0]
+        assert codes == [0, 0, 0]
         fulls = torch.load(tmp / "fulls.pt")
         store = LocalStore(tmp / "store")
         for v, want in enumerate(fulls):
