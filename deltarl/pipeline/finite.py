@@ -92,23 +92,29 @@ def check_finite(state_dict: Mapping[str, Any], *, threads: int | None = None) -
     items = list(state_dict.items())
     workers = max(1, min(threads or os.cpu_count() or 1, len(items)))
     if workers == 1:
-        counts: list[int] = [_nonfinite(value) for _, value in items]
+        counts = [_nonfinite(value) for _, value in items]
     else:
-        # largest tensors first so the threads finish together; results stay in the mapping's order
-        order = sorted(range(len(items)), key=lambda i: -_size(items[i][1]))
         with ThreadPoolExecutor(workers, thread_name_prefix="deltarl-finite") as pool:
-            found = dict(zip(order, pool.map(lambda i: _nonfinite(items[i][1]), order), strict=True))
-        counts = [found[i] for i in range(len(items))]
+            counts = list(pool.map(lambda item: _nonfinite(item[1]), items))
     for (name, value), bad in zip(items, counts, strict=True):
         if bad:
             raise NonFiniteTensor(f"tensor {name!r} holds {bad} NaN/Inf values of {_numel(value)}; "
                                   "refusing to publish it (pass allow_nonfinite=True to publish anyway)")
 
 
-def _size(value: Any) -> int:
-    if isinstance(value, np.ndarray) or (hasattr(value, "numel") and hasattr(value, "is_floating_point")):
-        return _numel(value)
-    return 0
+def check_before_encode(state_dict: Mapping[str, Any], *, allow_nonfinite: bool, base_finite: bool) -> bool:
+    """The finite check of one version, before its delta is encoded; returns whether the encoder
+    must check the changed values (``check_finite=`` of the encode functions).
+
+    A delta from a base known to hold no NaN/Inf is finite iff its changed values are, so then only
+    those are checked (inside the encoder: a ~1% gather, not a pass over the state); otherwise the
+    whole state is checked here. ``allow_nonfinite`` checks nothing."""
+    if allow_nonfinite:
+        return False
+    if base_finite:
+        return True
+    check_finite(state_dict)
+    return False
 
 
 def _numel(value: Any) -> int:

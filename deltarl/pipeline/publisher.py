@@ -32,7 +32,7 @@ from deltarl.errors import (
 )
 from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
-from deltarl.pipeline.finite import check_finite
+from deltarl.pipeline.finite import check_before_encode
 from deltarl.pipeline.keyframe import plan_parts, write_part
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import (
@@ -274,11 +274,8 @@ class Publisher:
 
         if self._closed:
             raise RunError(f"publisher of run {self.run!r} is closed")
-        # A delta from a finite base is finite iff its changed values are: the encoder checks those
-        # (a ~1% gather, not a pass over the whole state); otherwise the whole state is checked here.
-        check_changes = not allow_nonfinite and self._prev_finite and self._next > 0
-        if not allow_nonfinite and not check_changes:
-            check_finite(state_dict)
+        check_changes = check_before_encode(state_dict, allow_nonfinite=allow_nonfinite,
+                                            base_finite=self._prev_finite and self._next > 0)
         t0 = time.perf_counter()
         early: Future[None] | None = None
         try:

@@ -28,7 +28,7 @@ from deltarl.errors import ObjectExists, RunError, ShardedPublishError, StoreErr
 from deltarl.pipeline import shard_rows as sr
 from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
-from deltarl.pipeline.finite import check_finite
+from deltarl.pipeline.finite import check_before_encode
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import (
     DeltaStatsRecord,
@@ -322,9 +322,8 @@ class ShardedPublisher:
             if version > 0 and self._prev is None:
                 self._prev = self._resume_rows(local, rows)
             te = time.perf_counter()
-            check_changes = not allow_nonfinite and self._prev_finite and version > 0
-            if not allow_nonfinite and not check_changes:
-                check_finite(local)
+            check_changes = check_before_encode(local, allow_nonfinite=allow_nonfinite,
+                                                base_finite=self._prev_finite and version > 0)
             report.update(self._encode(local, rows, version, uploads, check_changes) if version > 0 else {"chunks": [], "changed": 0})
             if keyframe:
                 for i, ranges in enumerate(sr.plan_local_parts(local, rows)):

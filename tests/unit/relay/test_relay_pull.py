@@ -12,12 +12,18 @@ from deltarl.errors import IntegrityError
 from deltarl.relay.pull import Pull
 
 
-async def test_ranges_are_available_as_their_pieces_land_and_the_hash_follows_the_prefix(tmp_path: Path) -> None:
-    data = os.urandom(10_000)
+def _begun(tmp_path: Path, size: int, piece_bytes: int = 4096) -> tuple[Pull, Path]:
+    """A pull whose size is known and whose temporary file exists, as the relay begins one."""
     tmp = tmp_path / "obj"
     tmp.touch()
     pull = Pull("k")
-    pull.begin(len(data), "e", str(tmp), piece_bytes=4096)  # pieces [0, 4096) [4096, 8192) [8192, 10000)
+    pull.begin(size, "e", str(tmp), piece_bytes=piece_bytes)
+    return pull, tmp
+
+
+async def test_ranges_are_available_as_their_pieces_land_and_the_hash_follows_the_prefix(tmp_path: Path) -> None:
+    data = os.urandom(10_000)
+    pull, tmp = _begun(tmp_path, len(data))  # pieces [0, 4096) [4096, 8192) [8192, 10000)
     assert pull.pieces == 3
     assert pull.available(0) == 0
 
@@ -43,10 +49,7 @@ async def test_ranges_are_available_as_their_pieces_land_and_the_hash_follows_th
 
 
 async def test_an_empty_object_needs_no_pieces(tmp_path: Path) -> None:
-    tmp = tmp_path / "obj"
-    tmp.touch()
-    pull = Pull("k")
-    pull.begin(0, "e", str(tmp), piece_bytes=4096)
+    pull, _ = _begun(tmp_path, 0)
     assert pull.pieces == 0
     assert pull.available(0) == 0
     assert pull.digest() == hashlib.sha256(b"").hexdigest()
@@ -58,10 +61,7 @@ def _pieces(data: bytes, size: int) -> tuple[str, ...]:
 
 async def test_with_the_manifests_pieces_each_byte_is_hashed_once_and_the_digest_is_the_manifests(tmp_path: Path) -> None:
     data = os.urandom(10_000)
-    tmp = tmp_path / "obj"
-    tmp.touch()
-    pull = Pull("k")
-    pull.begin(len(data), "e", str(tmp), piece_bytes=4096)
+    pull, tmp = _begun(tmp_path, len(data))
     pull.write(0, data[:3000])  # hashed whole while the manifest's ref is unknown
     pull.expect(hashlib.sha256(data).hexdigest(), _pieces(data, 4096), 4096)
     assert pull._hasher is None  # from now on the pieces are the check: no second pass over the bytes
@@ -76,10 +76,7 @@ async def test_with_the_manifests_pieces_each_byte_is_hashed_once_and_the_digest
 
 async def test_a_piece_that_differs_fails_the_digest_too(tmp_path: Path) -> None:
     data = os.urandom(9000)
-    tmp = tmp_path / "obj"
-    tmp.touch()
-    pull = Pull("k")
-    pull.begin(len(data), "e", str(tmp), piece_bytes=4096)
+    pull, _ = _begun(tmp_path, len(data))
     pull.expect(hashlib.sha256(data).hexdigest(), _pieces(data, 4096), 4096)
     pull.write(0, data[:4096])
     with pytest.raises(IntegrityError, match="piece 1"):
