@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,85 @@ def test_sweep_survives_temp_files_vanishing_under_it(tmp_path: Path) -> None:
         stop.set()
         writer.join()
     assert store.get("k/0") == b"x" * 64
+
+
+def _resident(path: Path, length: int | None = None) -> int:
+    """Bytes of ``path``'s first ``length`` (default: all) in the page cache (mincore over a mapping)."""
+    import ctypes
+    import mmap
+
+    size = path.stat().st_size if length is None else length
+    page = mmap.PAGESIZE
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    with open(path, "rb") as f:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        pytest.skip(f"mmap: errno {ctypes.get_errno()}")
+    try:
+        vec = (ctypes.c_ubyte * (-(-size // page)))()
+        if libc.mincore(addr, size, vec) != 0:
+            pytest.skip(f"mincore: errno {ctypes.get_errno()}")
+        return sum(1 for v in vec if v & 1) * page
+    finally:
+        libc.munmap(addr, size)
+
+
+def _drops_pages(directory: Path) -> bool:
+    """Whether this file system lets a flushed file's pages go on request (tmpfs keeps them)."""
+    probe = directory / "probe"
+    with open(probe, "wb") as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    dropped = _resident(probe) < (1 << 20)
+    probe.unlink()
+    return dropped
+
+
+def test_a_streamed_write_and_big_reads_leave_the_page_cache_as_they_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import deltarl.storage.local as local
+
+    if not _drops_pages(tmp_path):
+        pytest.skip("this file system keeps pages cached regardless")
+    monkeypatch.setattr(local, "WRITE_BEHIND_BYTES", 1 << 20)
+    store = LocalStore(tmp_path / "store")
+    data = os.urandom(8 << 20)
+    store.put_stream_if_absent("big", (data[i : i + (256 << 10)] for i in range(0, len(data), 256 << 10)))
+    path = tmp_path / "store" / "big"
+    assert path.read_bytes() == data
+    with open(path, "rb") as f:  # read_bytes above cached it all again: drop it, then read as a reader does
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    buf = bytearray(4 << 20)
+    assert store.get_range_into("big", 0, buf) == len(buf)
+    assert buf == data[: 4 << 20]
+    assert store.get_range("big", 4 << 20, 5 << 20) == data[4 << 20 : 5 << 20]
+    assert _resident(path, 5 << 20) == 0  # the megabyte-sized reads let their pages go (read-ahead past them stays)
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    assert store.get_range("big", 0, 4096) == data[:4096]
+    assert _resident(path, 4096) == 4096  # a small read (a manifest, a header) stays cached
+
+
+def test_a_streamed_write_holds_at_most_a_window_of_dirty_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import deltarl.storage.local as local
+
+    if not _drops_pages(tmp_path):
+        pytest.skip("this file system keeps pages cached regardless")
+    monkeypatch.setattr(local, "WRITE_BEHIND_BYTES", 1 << 20)
+    store = LocalStore(tmp_path / "store")
+    cached: list[int] = []
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(8):
+            yield os.urandom(1 << 20)
+            temp = [p for p in (tmp_path / "store" / local.TMP_DIR).iterdir() if p.suffix == ".tmp"]
+            if temp:
+                cached.append(_resident(temp[0]))
+
+    store.put_stream_if_absent("big", chunks())
+    assert max(cached) <= 2 << 20  # a window being written and, at most, the one before it
