@@ -22,8 +22,10 @@ CHUNK = 1 << 20
 HOLDBACK = 64 << 10
 
 
-def _read_hash(fd: int, offset: int, n: int, hasher: hashlib._Hash | None) -> bytes:
+def _read_hash(fd: int, offset: int, n: int, hasher: hashlib._Hash | None, drop: bool = False) -> bytes:
     data = os.pread(fd, n, offset)
+    if drop and data:
+        os.posix_fadvise(fd, offset, len(data), os.POSIX_FADV_DONTNEED)
     if hasher is not None:
         hasher.update(data)
     return data
@@ -48,12 +50,13 @@ class CachedBody:
     async def read(self, start: int, end: int) -> AsyncIterator[bytes]:
         whole = self.check and start == 0 and end == self.size
         hasher = hashlib.sha256() if whole else None
+        drop = self.size >= Pull.FLUSH_BYTES  # big objects stream through, as they were written (Pull.flush)
         pos = start
         while pos < end:
             n = min(CHUNK, end - pos)
             if whole and pos + n > end - HOLDBACK:
                 n = max(0, end - HOLDBACK - pos) or (end - pos)
-            data = await asyncio.to_thread(_read_hash, self._fd, pos, n, hasher)
+            data = await asyncio.to_thread(_read_hash, self._fd, pos, n, hasher, drop)
             if len(data) != n:
                 self._on_corrupt(self.entry)
                 raise IntegrityError(f"cached {self.entry.key} is shorter than {self.size} bytes")
@@ -84,10 +87,13 @@ class PullBody:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        if self.pull.readers.pop(id(self), None) is not None:
+            self.pull.release()
 
-    async def read(self, start: int, end: int) -> AsyncIterator[bytes]:
+    async def read(self, start: int, end: int) -> AsyncIterator[bytes | memoryview]:
         pull = self.pull
         pos = start
+        pull.readers[id(self)] = pos  # the landed pieces from here on stay in memory for this read
         while pos < end:
             event = pull.changed()
             if isinstance(pull.error, CacheFull) and self._rest is not None:
@@ -108,11 +114,12 @@ class PullBody:
             else:
                 limit = start
             if limit > pos:
-                # Bytes this process wrote moments ago (page cache): read them in the loop, no
-                # thread hand-off per chunk. A finished pull may have much left: read in a thread.
-                n = min(CHUNK, limit - pos)
-                data = await asyncio.to_thread(os.pread, self._fd, n, pos) if pull.done else os.pread(self._fd, n, pos)
-                pos += len(data)
-                yield data
+                # From memory while the pull holds the piece, else read back from the file (a
+                # reader that fell behind, or one that came after the pull let the piece go).
+                held = pull.memory_view(pos, limit)
+                chunk = held if held is not None else await asyncio.to_thread(os.pread, self._fd, min(CHUNK, limit - pos), pos)
+                pos += len(chunk)
+                pull.readers[id(self)] = pos
+                yield chunk  # aiohttp writes any buffer
                 continue
             await event.wait()

@@ -21,6 +21,13 @@ class Pull:
     check; ``error`` means the pull failed and nothing more will arrive. Only the event-loop
     thread mutates a pull.
 
+    Memory: the bytes of each piece stay in memory as they land, so readers following the pull
+    are served from there (no read back from the file) and each piece is hashed from there; a
+    piece is let go once every open reader is past it, or when a pull holds more than
+    ``memory_bytes`` (a slow reader then reads it back from the file). The file is flushed and
+    dropped from the page cache window by window behind the landed prefix (:meth:`flush_due`),
+    so a multi-GB pull neither piles up dirty pages nor leaves them cached.
+
     Verification: once the object's manifest ref is known (:meth:`expect`), each of its v2 pieces is
     hashed as soon as all its bytes have landed; :meth:`verified` says how far the checked bytes run
     from an offset, and a reader that must not send unchecked bytes serves only those. A piece that
@@ -28,7 +35,12 @@ class Pull:
     ref (no pieces) is checked whole, when the pull is done.
     """
 
-    def __init__(self, key: str) -> None:
+    #: Bytes of landed pieces a pull keeps in memory for its readers at most.
+    MEMORY_BYTES = 64 << 20
+    #: The file is flushed and dropped from the page cache in windows this large.
+    FLUSH_BYTES = 32 << 20
+
+    def __init__(self, key: str, *, memory_bytes: int = MEMORY_BYTES) -> None:
         self.key = key
         self.size: int | None = None
         self.etag = ""
@@ -49,6 +61,12 @@ class Pull:
         self._checked: list[bool] = []  # per manifest piece
         self._next_check = 0  # no piece below this one is left unchecked
         self.bad: IntegrityError | None = None  # a piece that differs from the manifest
+        self.memory_bytes = memory_bytes
+        self._mem: dict[int, list[bytes]] = {}  # piece -> its landed chunks, in order
+        self._held = 0  # bytes in _mem
+        self._digests: dict[int, str] = {}  # piece -> sha256 hex, hashed where it landed (off the loop)
+        self.readers: dict[int, int] = {}  # id of an open reader -> the offset it reads next
+        self._flushed = 0  # the file's bytes [0, _flushed) are flushed and out of the page cache
 
     @property
     def settled(self) -> bool:
@@ -81,22 +99,39 @@ class Pull:
 
     def write(self, offset: int, data: bytes) -> None:
         """Land ``data`` at ``offset``: the next bytes of the piece that holds ``offset``."""
-        self.store(offset, data)
-        self.landed(offset, data)
+        self.landed(offset, data, self.store(offset, data))
 
-    def store(self, offset: int, data: bytes) -> None:
-        """Write ``data`` into the temporary file (thread-safe: pieces never overlap). A relay calls
-        it on a worker thread, so a disk that throttles writes does not stall its event loop, then
+    def store(self, offset: int, data: bytes) -> str | None:
+        """Write ``data`` into the temporary file (thread-safe: pieces never overlap); if it completes
+        its piece, return the piece's sha256 (hashed here from memory). A relay calls it on a worker
+        thread, so neither a disk that throttles writes nor the hashing stalls its event loop, then
         :meth:`landed` on the loop."""
         i = offset // self.piece_bytes
         assert offset == i * self.piece_bytes + self._filled[i], "a piece's bytes arrive in order"
-        os.pwrite(self._fd, data, offset)  # page cache; readers pread it back in the same loop
+        os.pwrite(self._fd, data, offset)
+        start, stop = self.piece_range(i)
+        if offset + len(data) != stop:
+            return None
+        chunks = self._mem.get(i, [])
+        if sum(len(c) for c in chunks) != offset - start:
+            return None  # part of the piece was let go: it is hashed from the file on the loop
+        h = hashlib.sha256()
+        for c in chunks:
+            h.update(c)
+        h.update(data)
+        return h.hexdigest()
 
-    def landed(self, offset: int, data: bytes) -> None:
-        """``data`` is in the file at ``offset``: readers may have it, and what it completes is checked."""
+    def landed(self, offset: int, data: bytes, digest: str | None = None) -> None:
+        """``data`` is in the file at ``offset``: readers may have it, and what it completes is checked
+        (``digest``: the sha256 of the piece it completes, from :meth:`store`)."""
         i = offset // self.piece_bytes
         assert offset == i * self.piece_bytes + self._filled[i], "a piece's bytes arrive in order"
         self._filled[i] += len(data)
+        if data and (i in self._mem or offset == i * self.piece_bytes):
+            self._mem.setdefault(i, []).append(data)
+            self._held += len(data)
+        if digest is not None:
+            self._digests[i] = digest
         if offset == self.prefix:
             if self._hasher is not None:
                 self._hasher.update(data)
@@ -106,10 +141,49 @@ class Pull:
             if self._hasher is not None:
                 self._hasher.update(os.pread(self._fd, end - self.prefix, self.prefix))
             self.prefix = end
-        self._check_pieces()
+        self._check_pieces((offset, offset + len(data)))
+        self.release()
         self.notify()
         if self.bad is not None:
             raise self.bad
+
+    # --- memory and page cache ----------------------------------------------------------------
+
+    def memory_view(self, pos: int, limit: int) -> memoryview | None:
+        """Landed bytes from ``pos`` (up to ``limit``) still held in memory, or ``None``."""
+        i = pos // self.piece_bytes
+        at = i * self.piece_bytes
+        for chunk in self._mem.get(i, ()):
+            if at <= pos < at + len(chunk):
+                return memoryview(chunk)[pos - at : min(limit, at + len(chunk)) - at]
+            at += len(chunk)
+        return None
+
+    def release(self) -> None:
+        """Let go of the pieces every open reader is past (all, with no reader), then of the
+        oldest ones while more than ``memory_bytes`` are held."""
+        if not self._mem:
+            return
+        behind = min(self.readers.values(), default=self.size or 0)
+        for i in sorted(self._mem):
+            start, stop = self.piece_range(i)
+            if self._filled[i] == stop - start and (stop <= behind or self._held > self.memory_bytes):
+                self._held -= sum(len(c) for c in self._mem.pop(i))
+
+    def flush_due(self) -> tuple[int, int] | None:
+        """The next window of the landed prefix to flush and drop from the page cache (and mark it
+        taken), once at least ``FLUSH_BYTES`` of it (or the whole object) has landed. Objects smaller
+        than a window (segments) stay cached: they are what many readers ask for again."""
+        size = self.size or 0
+        if self._fd < 0 or size < self.FLUSH_BYTES or (self.prefix - self._flushed < self.FLUSH_BYTES and not (self.prefix == size > self._flushed)):
+            return None
+        window, self._flushed = (self._flushed, self.prefix), self.prefix
+        return window
+
+    def flush(self, start: int, end: int) -> None:
+        """Write ``[start, end)`` of the file back to disk and drop it from the page cache (worker thread)."""
+        os.fdatasync(self._fd)
+        os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
 
     # --- verification against the manifest ----------------------------------------------------
 
@@ -125,19 +199,25 @@ class Pull:
                 self._check_pieces()
         self.notify()
 
-    def _check_pieces(self) -> None:
+    def _check_pieces(self, touched: tuple[int, int] | None = None) -> None:
+        """Check the manifest pieces that have wholly landed: all unchecked ones, or only those
+        overlapping ``touched`` (the byte range a landing just extended), so each landing costs
+        O(1) and not a walk over the whole object."""
         if self.expected is None or self.size is None or self._fd < 0:
             return
         _, pieces, ps = self.expected
         if pieces is None:
             return
-        for j in range(self._next_check, len(pieces)):
+        lo, hi = self._next_check, len(pieces)
+        if touched is not None:
+            lo, hi = max(lo, touched[0] // ps), min(hi, -(-touched[1] // ps))
+        for j in range(lo, hi):
             if self._checked[j]:
                 continue
             start, stop = j * ps, min((j + 1) * ps, self.size)
             if self.available(start) < stop:
                 continue
-            got = hashlib.sha256(os.pread(self._fd, stop - start, start)).hexdigest()
+            got = (self._digests.get(j) if ps == self.piece_bytes else None) or self._hash_from_file(start, stop)
             if got != pieces[j]:
                 self.bad = IntegrityError(f"{self.key}: piece {j} (bytes {start}..{stop}) from upstream has sha256 "
                                      f"{got[:16]}…, its manifest records {pieces[j][:16]}…")
@@ -145,6 +225,11 @@ class Pull:
             self._checked[j] = True
         while self._next_check < len(self._checked) and self._checked[self._next_check]:
             self._next_check += 1
+
+    def _hash_from_file(self, start: int, stop: int) -> str:
+        """sha256 of landed bytes read back (a manifest piece size other than the pull's, or a
+        piece let go before its manifest ref was known)."""
+        return hashlib.sha256(os.pread(self._fd, stop - start, start)).hexdigest()
 
     def verified(self, pos: int) -> int:
         """End of the manifest-checked bytes that run on from ``pos`` (``pos`` itself if none)."""
@@ -182,6 +267,8 @@ class Pull:
 
     def fail(self, error: BaseException) -> None:
         self.error = error
+        self._mem.clear()
+        self._held = 0
         self._close_file()
         if self.tmp_path is not None:
             with contextlib.suppress(FileNotFoundError):  # already moved or removed

@@ -10,8 +10,8 @@ import re
 import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from deltarl.errors import CacheFull, IntegrityError, ObjectNotFound, StoreError, TransientStoreError
 from deltarl.relay.bodies import CachedBody, PullBody
@@ -26,6 +26,7 @@ from deltarl.storage.retry import POLL_BACKOFF
 from deltarl.storage.store import ObjectInfo
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _SEGMENT = re.compile(r"^(?P<run>[^/]+)/versions/(?P<v>\d+)/(?:seg-\d+|e\d{6}-seg-r\d{3}-\d{5})\.bin$")
 _KEYFRAME = re.compile(r"^(?P<run>[^/]+)/keyframes/(?P<v>\d+)(?:/e\d{6}-part-r\d{3}-\d{3})?\.safetensors$")
@@ -77,14 +78,15 @@ class _Wait:
         self.waiters = 0
 
 
-async def _store_off_loop(pull: Pull, pos: int, data: bytes) -> None:
-    """``pull.store`` on a worker thread, so a disk that throttles writes does not stall serving.
+async def _off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` (a write, hash or flush of a pull's file) on a worker thread, so a disk that
+    throttles writes does not stall serving.
 
-    A cancelled caller still waits for the write to finish: the pull closes its file only after its
-    piece tasks end, and a write racing that close could land in whatever file reuses the descriptor."""
-    fut = asyncio.get_running_loop().run_in_executor(None, pull.store, pos, data)
+    A cancelled caller still waits for it to finish: the pull closes its file only after its piece
+    tasks end, and a write racing that close could land in whatever file reuses the descriptor."""
+    fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
     try:
-        await asyncio.shield(fut)
+        return await asyncio.shield(fut)
     except asyncio.CancelledError:
         await asyncio.wait({fut})
         raise
@@ -352,10 +354,12 @@ class ObjectService:
                 async for data in self.upstream.stream_range(pull.key, pos, end, unverified=True):
                     data = data[: end - pos]
                     if data:
-                        await _store_off_loop(pull, pos, data)
-                        pull.landed(pos, data)
+                        digest = await _off_loop(pull.store, pos, data)
+                        pull.landed(pos, data, digest)
                         pos += len(data)
                         self.metrics.bytes_in.inc(len(data))
+                        if (window := pull.flush_due()) is not None:
+                            await _off_loop(pull.flush, *window)
                 if pos != end:
                     raise TransientStoreError(f"{pull.key}: upstream stopped at {pos - start} of {end - start} bytes")
                 return

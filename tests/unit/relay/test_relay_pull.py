@@ -85,3 +85,71 @@ async def test_a_piece_that_differs_fails_the_digest_too(tmp_path: Path) -> None
         pull.write(8192, data[8192:])
     with pytest.raises(IntegrityError, match="piece 1"):
         pull.digest()  # never the manifest's sha256 for bytes that did not match it
+
+
+async def test_landed_pieces_are_served_from_memory_until_every_reader_is_past_them(tmp_path: Path) -> None:
+    data = os.urandom(4 * 4096)
+    pull, _ = _begun(tmp_path, len(data))
+    pull.readers[1] = 0  # a reader at the start
+    pull.write(0, data[:4096])
+    pull.write(4096, data[4096:8192])
+    view = pull.memory_view(100, 6000)
+    assert view is not None
+    assert bytes(view) == data[100:4096]  # up to the end of the chunk holding 100
+    assert bytes(pull.memory_view(4096, 8192) or b"") == data[4096:8192]
+    pull.readers[1] = 4096  # the reader passed piece 0
+    pull.release()
+    assert pull.memory_view(0, 4096) is None  # let go: a late reader reads the file
+    assert pull.memory_view(4096, 8192) is not None
+    del pull.readers[1]
+    pull.release()
+    assert pull.memory_view(4096, 8192) is None  # no reader left: nothing is held
+
+
+async def test_a_pull_holds_at_most_its_memory_budget_for_a_slow_reader(tmp_path: Path) -> None:
+    data = os.urandom(8 * 4096)
+    tmp = tmp_path / "obj"
+    tmp.touch()
+    pull = Pull("k", memory_bytes=3 * 4096)
+    pull.begin(len(data), "e", str(tmp), piece_bytes=4096)
+    pull.readers[1] = 0  # never moves
+    for i in range(8):
+        pull.write(i * 4096, data[i * 4096 : (i + 1) * 4096])
+    assert sum(pull.memory_view(i * 4096, (i + 1) * 4096) is not None for i in range(8)) == 3  # the newest three
+    assert pull.memory_view(7 * 4096, 8 * 4096) is not None
+    assert tmp.read_bytes() == data  # every piece is in the file for the reader that fell behind
+
+
+async def test_store_hashes_the_piece_it_completes_and_landed_checks_that_hash(tmp_path: Path) -> None:
+    data = os.urandom(9000)
+    pull, _ = _begun(tmp_path, len(data))
+    pull.expect(hashlib.sha256(data).hexdigest(), _pieces(data, 4096), 4096)
+    assert pull.store(0, data[:1000]) is None  # the piece is not complete yet
+    pull.landed(0, data[:1000])
+    digest = pull.store(1000, data[1000:4096])
+    assert digest == hashlib.sha256(data[:4096]).hexdigest()
+    pull.landed(1000, data[1000:4096], digest)
+    assert pull.verified(0) == 4096
+    pull.store(4096, data[4096:8192])
+    with pytest.raises(IntegrityError, match="piece 1"):  # bytes that hashed to other than the manifest's piece
+        pull.landed(4096, data[4096:8192], "0" * 64)
+
+
+async def test_big_pulls_are_flushed_window_by_window_and_small_ones_not(tmp_path: Path) -> None:
+    data = os.urandom(10 * 4096 + 123)
+    pull, tmp = _begun(tmp_path, len(data))
+    pull.FLUSH_BYTES = 3 * 4096  # a window of three pieces (the default is 32 MiB)
+    windows = []
+    for i in range(0, len(data), 4096):
+        pull.write(i, data[i : i + 4096])
+        if (window := pull.flush_due()) is not None:
+            pull.flush(*window)
+            windows.append(window)
+    assert windows == [(0, 12288), (12288, 24576), (24576, 36864), (36864, len(data))]
+    assert tmp.read_bytes() == data
+    (tmp_path / "small").mkdir()
+    small, _ = _begun(tmp_path / "small", 5000)
+    small.FLUSH_BYTES = 1 << 20
+    small.write(0, os.urandom(4096))
+    small.write(4096, os.urandom(5000 - 4096))
+    assert small.flush_due() is None  # smaller than a window: it stays in the page cache for more readers
