@@ -22,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import bisect
 import functools
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
+
+import numpy as np
 
 from deltarl.errors import (
     DeltaRLError,
@@ -70,6 +73,10 @@ class _Object:
     failed: BaseException | None = None
     #: fetch_into: (object offset, writable view) covering [0, size) in order; no buffer of its own
     views: list[tuple[int, memoryview]] | None = None
+    #: fetch_into of a v2 ref whose ranges hold whole pieces: each range is checked as it lands
+    #: (:meth:`land`), so the object needs no pass of its own at the end; ``mismatch`` if one differed
+    checked_by_range: bool = False
+    mismatch: bool = False
 
     def write(self, start: int, data: bytes) -> None:
         """Put one arrived range where it belongs: the object's buffer, or the caller's views."""
@@ -86,9 +93,35 @@ class _Object:
             view[pos - off : pos - off + take] = src[:take]
             src, pos, i = src[take:], pos + take, i + 1
 
+    def land(self, start: int, data: bytes) -> None:
+        """Check one arrived range's pieces, then copy it into the caller's views (a worker thread:
+        hashlib and numpy's copy drop the GIL, so the event loop keeps moving the other streams)."""
+        assert self.views is not None
+        assert self.ref.pieces is not None
+        assert self.ref.piece_size is not None
+        ps = self.ref.piece_size
+        mv = memoryview(data)
+        for a in range(0, len(mv), ps):
+            j = (start + a) // ps
+            got = hashlib.sha256(mv[a : a + ps]).hexdigest()
+            if got != self.ref.pieces[j]:
+                log.warning("%s: piece %d (bytes %d..%d) has sha256 %s…, its manifest records %s…",
+                            self.ref.key, j, start + a, start + a + len(mv[a : a + ps]), got[:16], self.ref.pieces[j][:16])
+                self.mismatch = True
+                return  # never copied: the caller's memory holds no unchecked byte of it
+        i = bisect.bisect_right(self.views, start, key=lambda v: v[0]) - 1
+        pos, src = start, np.frombuffer(data, dtype=np.uint8)
+        while src.size:
+            off, view = self.views[i]
+            take = min(src.size, off + len(view) - pos)
+            np.copyto(np.frombuffer(view, dtype=np.uint8)[pos - off : pos - off + take], src[:take])
+            src, pos, i = src[take:], pos + take, i + 1
+
     def verified(self) -> bool:
         """Whether the caller's views hold exactly the object (pieces for v2, sha256 for v1): one pass."""
         assert self.views is not None
+        if self.checked_by_range:
+            return not self.mismatch
         verifier = self.ref.verifier("its manifest")
         try:
             for _, view in self.views:
@@ -214,6 +247,7 @@ class Fetcher:
             raise ValueError(f"{ref.key}: views cover {pos} bytes, the object has {ref.size}")
         obj = self._plan(ref)
         obj.views = [(off, view.cast("B")) for off, view in views if len(view)]
+        obj.checked_by_range = ref.piece_size is not None and self.range_bytes % ref.piece_size == 0
         async for _ in self._run([obj], wait_s):
             pass
 
@@ -262,6 +296,7 @@ class Fetcher:
                 f"{obj.ref.key}: sha256 mismatch from every source tried"
             )
         obj.source = nxt
+        obj.mismatch = False
         obj.used.clear()
         obj.missing = set(range(len(obj.ranges)))
         obj.buf = bytearray()  # (views, if any, are overwritten in place)
@@ -284,7 +319,10 @@ class Fetcher:
                 obj.failed = err
                 done.put_nowait(obj)
                 continue
-            obj.write(start, data)
+            if obj.checked_by_range:
+                await asyncio.to_thread(obj.land, start, data)
+            else:
+                obj.write(start, data)
             obj.used.add(i)
             self._count(i, len(data))
             obj.missing.discard(idx)

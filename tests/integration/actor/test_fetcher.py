@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 
 import pytest
@@ -129,3 +130,40 @@ async def test_every_source_failing_raises_transfer_error(start_relay: StartRela
             await fetcher.fetch(bad)
         with pytest.raises(FileNotFoundError):
             await fetcher.fetch(ObjectRef(key=f"{RUN}/versions/000000000009/seg-00000.bin", sha256="0" * 64, size=1))
+
+
+def _views_of(buf: bytearray, cuts: list[int]) -> list[tuple[int, memoryview]]:
+    """``buf`` as (offset, view) pairs cut at ``cuts``, as a keyframe part's header and tensors are."""
+    bounds = [0, *cuts, len(buf)]
+    return [(a, memoryview(buf)[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+@pytest.mark.parametrize("range_bytes", [128 << 10, 100_000])  # whole pieces per range / ranges across pieces
+async def test_fetch_into_checks_each_range_and_refetches_a_lying_source(range_bytes: int) -> None:
+    data = os.urandom(1_000_003)
+    key = f"{RUN}/keyframes/000000000000/e000001-part-r000-000.safetensors"
+    ref = ObjectRef.of(key, data, piece_size=64 << 10)
+    good, liar = MemoryStore(), MemoryStore()
+    good.put(key, data)
+    flipped = bytearray(data)
+    flipped[700_000] ^= 0x10  # one byte in piece 10 of 16
+    liar.put(key, bytes(flipped))
+    dest = bytearray(len(data))
+    async with Fetcher([liar, good], streams=3, range_bytes=range_bytes) as fetcher:
+        await fetcher.fetch_into(ref, _views_of(dest, [40, 300_001, 300_002]))
+    assert dest == data
+    assert fetcher.stats.integrity_refetches == 1
+    assert fetcher.stats.bytes_by_source[good.url] == len(data)
+
+
+async def test_fetch_into_from_only_a_lying_source_fails_naming_the_object() -> None:
+    data = os.urandom(300_000)
+    key = f"{RUN}/keyframes/000000000000/e000001-part-r000-000.safetensors"
+    ref = ObjectRef.of(key, data, piece_size=64 << 10)
+    liar = MemoryStore()
+    liar.put(key, data[:-1] + bytes([data[-1] ^ 1]))  # the last (short) piece differs
+    dest = bytearray(len(data))
+    async with Fetcher([liar], range_bytes=64 << 10) as fetcher:
+        with pytest.raises(TransferError, match=key):
+            await fetcher.fetch_into(ref, _views_of(dest, []))
+    assert dest[-(300_000 % (64 << 10)) :] == bytes(300_000 % (64 << 10))  # the bad range never reached memory
