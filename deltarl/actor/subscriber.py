@@ -120,6 +120,25 @@ class _FullUpdate:
             self._swapped = False
 
 
+#: Keyframe parts a bootstrap fetches at once: while one part's last ranges arrive, a relay is
+#: already pulling the next one from its upstream.
+KEYFRAME_PARTS_IN_FLIGHT = 2
+
+
+class _InPlace:
+    """A first bootstrap that loaded straight into the live tensors: nothing left to write, and
+    nothing to roll back to (no version was held, the tensors held no run's weights)."""
+
+    def __init__(self, state: Mapping[str, Any]) -> None:
+        self.changed_elements = sum(int(t.numel()) for t in state.values())
+
+    def commit(self) -> None:
+        pass
+
+    def rollback(self) -> None:
+        pass
+
+
 @dataclass
 class _Staged:
     version: int
@@ -244,8 +263,9 @@ class Subscriber:
 
     # --- bootstrap and catch-up -------------------------------------------------------------------
 
-    async def _catch_up_state(self, target: int) -> tuple[dict[str, Any], Manifest, str]:
-        """A fresh state at ``target``: the newest keyframe at or before it, then the deltas after."""
+    async def _catch_up_state(self, target: int, into: dict[str, Any] | None = None) -> tuple[dict[str, Any], Manifest, str]:
+        """The state at ``target``: the newest keyframe at or before it, then the deltas after; in
+        fresh tensors, or in ``into``'s (the live state, written in place)."""
         from deltarl.pipeline import stage_delta
 
         chain: list[tuple[Manifest, str]] = []
@@ -261,12 +281,30 @@ class Subscriber:
                 raise RunError(f"{self.layout.run}: no keyframe at or before version {target}")
             v -= 1
         chain.reverse()
-        state = await self._load_base(chain)
-        for manifest, _ in chain[1:]:
-            parent_id = self._manifests[manifest.version - 1][1]
-            segments = [data async for _, data in self.fetcher.fetch_objects(list(manifest.segments))]  # any order
-            staged = await asyncio.to_thread(stage_delta, state, segments, base=parent_id)
-            staged.commit()
+
+        async def segments_of(manifest: Manifest) -> list[bytes]:
+            return [data async for _, data in self.fetcher.fetch_objects(list(manifest.segments))]  # any order
+
+        # One version's segments are fetched ahead: the first delta's while the keyframe streams in,
+        # each next one's while the one before is decoded.
+        ahead: dict[int, asyncio.Task[list[bytes]]] = {}
+        if len(chain) > 1:
+            ahead[chain[1][0].version] = asyncio.ensure_future(segments_of(chain[1][0]))
+        try:
+            state = await self._load_base(chain, into)  # (may extend the chain down to an older keyframe)
+            for pos in range(1, len(chain)):
+                manifest = chain[pos][0]
+                fetching = ahead.pop(manifest.version, None) or asyncio.ensure_future(segments_of(manifest))
+                if pos + 1 < len(chain) and chain[pos + 1][0].version not in ahead:
+                    ahead[chain[pos + 1][0].version] = asyncio.ensure_future(segments_of(chain[pos + 1][0]))
+                segments = await fetching
+                parent_id = self._manifests[manifest.version - 1][1]
+                staged = await asyncio.to_thread(stage_delta, state, segments, base=parent_id)
+                staged.commit()
+        finally:
+            for task in ahead.values():
+                task.cancel()
+            await asyncio.gather(*ahead.values(), return_exceptions=True)
         last, vid = chain[-1]
         # a v2 keyframe alone was checked piece by piece as it landed: no second pass over it
         if last.state_digest is not None and (len(chain) > 1 or last.format_version < 2):
@@ -282,10 +320,11 @@ class Subscriber:
             self._info = info
         return self._info
 
-    async def _load_keyframe(self, manifest: Manifest) -> dict[str, Any]:
-        """The full state of a keyframe version, read straight into fresh tensors: each part's header
-        first (checked against the ranges the manifest records), then its bytes by ranges into
-        the tensors they fill, checked by the part's pieces. No object-sized buffer, no second copy."""
+    async def _load_keyframe(self, manifest: Manifest, into: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The full state of a keyframe version, read straight into fresh tensors (or ``into``'s):
+        each part's header first (checked against the ranges the manifest records), then its bytes
+        by ranges into the tensors they fill, checked by the part's pieces. No object-sized buffer,
+        no second copy."""
         from deltarl.pipeline.keyframe import empty_state, part_views
 
         assert manifest.keyframe is not None
@@ -293,22 +332,37 @@ class Subscriber:
             from safetensors.torch import load
 
             state: dict[str, Any] = await asyncio.to_thread(load, await self.fetcher.fetch(manifest.keyframe.parts[0]))
+            if into is not None:
+                for name, value in state.items():
+                    into[name].copy_(value)
+                return into
             return state
         info = await self._run_info()
         manifest.keyframe.check_covers(info.tensors, manifest.key)
         specs = {t.name: t for t in info.tensors}
-        state = await asyncio.to_thread(empty_state, info.tensors)
-        for part in manifest.keyframe.parts:
-            head = await self.fetcher.fetch_range(part.key, 0, min(part.size, 64 << 10))
-            views = part_views(part, head, specs, state, named_by=manifest.key)
-            if views is None:  # a header longer than 64 KiB: fetch it whole
-                head = await self.fetcher.fetch_range(part.key, 0, 8 + int.from_bytes(head[:8], "little"))
+        state = into if into is not None else await asyncio.to_thread(empty_state, info.tensors)
+        ahead = asyncio.Semaphore(KEYFRAME_PARTS_IN_FLIGHT)
+
+        async def load_part(part: Any) -> None:
+            async with ahead:
+                head = await self.fetcher.fetch_range(part.key, 0, min(part.size, 64 << 10))
                 views = part_views(part, head, specs, state, named_by=manifest.key)
-                assert views is not None
-            await self.fetcher.fetch_into(part, views)
+                if views is None:  # a header longer than 64 KiB: fetch it whole
+                    head = await self.fetcher.fetch_range(part.key, 0, 8 + int.from_bytes(head[:8], "little"))
+                    views = part_views(part, head, specs, state, named_by=manifest.key)
+                    assert views is not None
+                await self.fetcher.fetch_into(part, views)
+
+        tasks = [asyncio.ensure_future(load_part(part)) for part in manifest.keyframe.parts]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         return state
 
-    async def _load_base(self, chain: list[tuple[Manifest, str]]) -> dict[str, Any]:
+    async def _load_base(self, chain: list[tuple[Manifest, str]], into: dict[str, Any] | None = None) -> dict[str, Any]:
         """The state of ``chain[0]``'s keyframe. One that no source delivers intact (or that does not
         load) is skipped with a warning naming it: the chain is extended down to an older keyframe,
         whose deltas lead back up (every version stores its delta)."""
@@ -316,7 +370,7 @@ class Subscriber:
             kf = chain[0][0]
             assert kf.keyframe is not None
             try:
-                return await self._load_keyframe(kf)
+                return await self._load_keyframe(kf, into)
             except (TransferError, ValueError, RuntimeError) as err:  # FormatError, safetensors errors
                 older: list[tuple[Manifest, str]] = []
                 for v in range(kf.version - 1, -1, -1):
@@ -339,12 +393,33 @@ class Subscriber:
         if head is None:
             raise ObjectNotFound(f"{self.layout.head}: run {self.layout.run!r} has no HEAD yet")
         t0 = time.monotonic()
-        state, manifest, vid = await self._catch_up_state(head.version)
+        into = await self._writable_in_place()
+        state, manifest, vid = await self._catch_up_state(head.version, into)
         stage_s = time.monotonic() - t0
-        self._staged = _Staged(manifest.version, vid, manifest, _FullUpdate(self.state, state), stage_s, full=True)
+        update = _InPlace(state) if into is not None else _FullUpdate(self.state, state)
+        self._staged = _Staged(manifest.version, vid, manifest, update, stage_s, full=True)
         info = self.commit()
         trim()  # catch-up buffers (segments, staged deltas) are gone: give their memory back to the OS
         return info
+
+    async def _writable_in_place(self) -> dict[str, Any] | None:
+        """The live state, if a first bootstrap can load straight into it: no version is held (its
+        tensors hold no run's weights, so there is nothing to keep for a rollback), and it has
+        exactly run.json's tensors as contiguous CPU tensors of their dtypes and shapes (an actor's
+        model, built before it joins). Then a bootstrap holds one copy of the model, not two."""
+        import torch
+
+        if self.version is not None or not self.state:
+            return None
+        info = await self._run_info()
+        if set(self.state) != {t.name for t in info.tensors}:
+            return None
+        for spec in info.tensors:
+            t = self.state[spec.name]
+            if not (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous()
+                    and str(t.dtype) == f"torch.{spec.dtype}" and tuple(t.shape) == tuple(spec.shape)):
+                return None
+        return self.state if isinstance(self.state, dict) else dict(self.state)
 
     # --- the background loop ------------------------------------------------------------------------
 
