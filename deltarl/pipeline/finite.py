@@ -102,6 +102,15 @@ def check_finite(state_dict: Mapping[str, Any], *, threads: int | None = None) -
                                   "refusing to publish it (pass allow_nonfinite=True to publish anyway)")
 
 
+def is_finite(state_dict: Mapping[str, Any], *, threads: int | None = None) -> bool:
+    """Whether no floating tensor of ``state_dict`` holds NaN or Inf (what :func:`check_finite` checks)."""
+    try:
+        check_finite(state_dict, threads=threads)
+    except NonFiniteTensor:
+        return False
+    return True
+
+
 def check_before_encode(state_dict: Mapping[str, Any], *, allow_nonfinite: bool, base_finite: bool) -> bool:
     """The finite check of one version, before its delta is encoded; returns whether the encoder
     must check the changed values (``check_finite=`` of the encode functions).

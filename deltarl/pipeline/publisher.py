@@ -30,9 +30,10 @@ from deltarl.errors import (
     StoreError,
     WriterConflict,
 )
+from deltarl.pipeline import kernels
 from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
-from deltarl.pipeline.finite import check_before_encode
+from deltarl.pipeline.finite import check_before_encode, is_finite
 from deltarl.pipeline.keyframe import plan_parts, write_part
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import (
@@ -163,6 +164,13 @@ class Publisher:
             self._lease.release()
             raise
         self._pool = ThreadPoolExecutor(cfg.upload_workers, thread_name_prefix="deltarl-upload")
+        self._pool.submit(kernels.preload)  # while the trainer computes its first step
+        #: A resumed base is checked for NaN/Inf in the background (the trainer's next step runs
+        #: meanwhile): if finite, the first publish checks only the values it changes.
+        self._base_check: Future[bool] | None = None
+        if self._prev is not None:
+            base = self._prev
+            self._base_check = self._pool.submit(is_finite, base)
         self._background: BackgroundPublishing[VersionInfo] = BackgroundPublishing(self.run, lambda: self._closed)
 
     # --- opening -----------------------------------------------------------------------------------
@@ -274,6 +282,8 @@ class Publisher:
 
         if self._closed:
             raise RunError(f"publisher of run {self.run!r} is closed")
+        if self._base_check is not None:  # the resumed base: checked whole in the background
+            self._prev_finite, self._base_check = self._base_check.result(), None
         check_changes = check_before_encode(state_dict, allow_nonfinite=allow_nonfinite,
                                             base_finite=self._prev_finite and self._next > 0)
         t0 = time.perf_counter()

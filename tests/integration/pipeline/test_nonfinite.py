@@ -119,6 +119,18 @@ def test_a_resumed_publisher_checks_its_first_version_whole(memory_store: Memory
         pub.publish(poisoned, step=1)
 
 
+def test_a_resumed_publisher_with_a_finite_base_checks_only_what_its_first_version_changes(memory_store: MemoryStore) -> None:
+    trainer = TinyTrainer(4)
+    with Publisher(memory_store, "r") as pub:
+        pub.publish(trainer.export(), step=0)
+    trainer.step()
+    bad = trainer.export()
+    bad["embed.weight"].view(-1)[7] = float("nan")
+    # the base was checked whole in the background when the publisher opened: the new NaN is a change
+    with Publisher(memory_store, "r") as pub, pytest.raises(NonFiniteTensor, match=r"'embed\.weight' holds 1 NaN/Inf values among"):
+        pub.publish(bad, step=1)
+
+
 def test_the_encoder_checks_changed_values_only_when_asked() -> None:
     import torch
 
