@@ -270,31 +270,40 @@ class Stager:
 
     def add_segment(self, data: bytes) -> None:
         """Validate and decode one segment; on error nothing is kept and the stager stays usable."""
+        self.add_segments([data])
+
+    def add_segments(self, segments: Iterable[bytes]) -> None:
+        """Validate and decode several segments at once, their chunks spread over one pool of
+        threads (no barrier per segment); on error nothing is kept and the stager stays usable."""
         if self._finished:
             raise StagingError("stager already finished")
-        header = read_segment_header(data)
-        if header.base != self._base:
-            raise BaseMismatch(f"segment applies to base {header.base!r}, state holds {self._base!r}")
-        for spec in header.tensors:
-            have = self._specs.get(spec.name)
-            if have is None:
-                raise TensorMismatch(f"segment names tensor {spec.name!r}, which the state does not have")
-            if have != spec:
-                raise TensorMismatch(
-                    f"tensor {spec.name!r}: segment has {spec.dtype}{list(spec.shape)}, "
-                    f"state has {have.dtype}{list(have.shape)}"
-                )
-        mv = memoryview(data).cast("B")
-        off = header.payload_offset
-        jobs = []
-        for c in header.chunks:
-            if any(s < c.start + c.count and c.start < e for s, e in self._covered.get(c.tensor, [])):
-                raise FormatError(
-                    f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} was already staged"
-                )
-            if c.changed:
-                jobs.append((c, mv[off : off + c.nbytes]))
-            off += c.nbytes
+        jobs: list[tuple[ChunkInfo, memoryview]] = []
+        staged: dict[str, list[tuple[int, int]]] = {}
+        for data in segments:
+            header = read_segment_header(data)
+            if header.base != self._base:
+                raise BaseMismatch(f"segment applies to base {header.base!r}, state holds {self._base!r}")
+            for spec in header.tensors:
+                have = self._specs.get(spec.name)
+                if have is None:
+                    raise TensorMismatch(f"segment names tensor {spec.name!r}, which the state does not have")
+                if have != spec:
+                    raise TensorMismatch(
+                        f"tensor {spec.name!r}: segment has {spec.dtype}{list(spec.shape)}, "
+                        f"state has {have.dtype}{list(have.shape)}"
+                    )
+            mv = memoryview(data).cast("B")
+            off = header.payload_offset
+            for c in header.chunks:
+                taken = [*self._covered.get(c.tensor, []), *staged.get(c.tensor, [])]
+                if any(s < c.start + c.count and c.start < e for s, e in taken):
+                    raise FormatError(
+                        f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} was already staged"
+                    )
+                staged.setdefault(c.tensor, []).append((c.start, c.start + c.count))
+                if c.changed:
+                    jobs.append((c, mv[off : off + c.nbytes]))
+                off += c.nbytes
         threads = worker_threads()
         tasks = self._tasks(jobs, threads)
         threads = min(threads, len(tasks))
@@ -306,8 +315,8 @@ class Stager:
         for parts in done:
             for name, part in parts:
                 self._parts.setdefault(name, []).append(part)
-        for c in header.chunks:
-            self._covered.setdefault(c.tensor, []).append((c.start, c.start + c.count))
+        for name, ranges in staged.items():
+            self._covered.setdefault(name, []).extend(ranges)
 
     def _tasks(self, jobs: list[tuple[ChunkInfo, memoryview]], threads: int) -> list[tuple[int, ...]]:
         """Group job indices into tasks, largest first: 16-bit chunks of a codec with a pair decoder
@@ -377,8 +386,7 @@ def stage_delta(
 ) -> StagedUpdate:
     """Decode every segment against ``state`` (nothing is written) and return the staged update."""
     stager = Stager(state, base=base, torch_scatter=torch_scatter)
-    for seg in segments:
-        stager.add_segment(seg)
+    stager.add_segments(segments)
     return stager.finish()
 
 

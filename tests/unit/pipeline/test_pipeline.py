@@ -103,6 +103,21 @@ def test_wrong_base_and_mismatches() -> None:
     assert state_digest(state) == state_digest(old)
 
 
+def test_a_batch_of_segments_is_staged_all_or_nothing() -> None:
+    old, new = _pair(4)
+    segs = encode_delta(old, new, base="b", segment_bytes=512)
+    assert len(segs) >= 3
+    state = _copy(old)
+    st = Stager(state, base="b")
+    with pytest.raises(FormatError, match="already staged"):
+        st.add_segments([segs[0], segs[1], segs[0]])  # a duplicate within one batch
+    with pytest.raises(FormatError):
+        st.add_segments([segs[0], segs[1][:-1]])  # a truncated one: the good one is not kept either
+    st.add_segments(segs)  # the failed batches left nothing behind
+    st.finish().commit()
+    assert state_digest(state) == state_digest(new)
+
+
 def test_stager_rejects_duplicates_missing_and_reuse() -> None:
     old, new = _pair(4)
     segs = encode_delta(old, new, base="b", segment_bytes=512)
