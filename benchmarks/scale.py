@@ -299,6 +299,8 @@ def phase_bootstrap(args: argparse.Namespace, *, into_model: bool = False, warm:
     """A new actor's first version through a relay: cold (its first actor) or ``warm`` (it has
     every object cached); into an empty state (a follower), or (``into_model``) into the model the
     actor built before joining, whose memory it then reuses."""
+    import torch
+
     from deltarl.actor.fetcher import Fetcher
     from deltarl.actor.subscriber import Subscriber
     from deltarl.pipeline import state_digest
@@ -309,8 +311,6 @@ def phase_bootstrap(args: argparse.Namespace, *, into_model: bool = False, warm:
     base = rss_bytes("VmRSS")
     state: dict[str, Any] = {}
     if into_model:  # the actor's model, built (and so in memory) before it joins; it counts as the one copy
-        import torch
-
         for spec in qwen3_specs(MODELS[args.model]):
             state[spec.name] = torch.zeros(spec.shape, dtype=torch.bfloat16)
     reset_peak()
@@ -379,6 +379,8 @@ def phase_stage_commit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def phase_replay(args: argparse.Namespace) -> dict[str, Any]:
+    import torch  # noqa: F401  # loaded before the clock, as in every other phase: a process's start-up, not replay work
+
     from deltarl.pipeline import state_digest
     from deltarl.pipeline.replay import replay
 

@@ -154,7 +154,7 @@ class RunReader:
         ref = manifest.segments[index]
         return check_ref(ref, self._get(ref.key, f"segment {index} of version {manifest.version}"), named_by=manifest.key)
 
-    def keyframe(self, manifest: Manifest, into: dict[str, Any] | None = None, *, workers: int = 2) -> dict[str, Any]:
+    def keyframe(self, manifest: Manifest, into: dict[str, Any] | None = None, *, workers: int = 4) -> dict[str, Any]:
         """The full state of a keyframe version, checked (pieces or sha256, tensor table of run.json).
 
         v2 parts are read straight into ``into`` (writable CPU tensors of run.json's table; default:
