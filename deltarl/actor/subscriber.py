@@ -37,10 +37,10 @@ from typing import Any
 from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.staging import VersionStaging
 from deltarl.errors import IntegrityError, ObjectNotFound, RunError, StagingError, TransferError
-from deltarl.pipeline import kernels
 from deltarl.pipeline.layout import RunLayout, key_epoch
 from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo, version_id
 from deltarl.pipeline.memory import trim
+from deltarl.pipeline.warmup import warm_codec
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ class Subscriber:
         ahead: dict[int, asyncio.Task[list[bytes]]] = {}
         if len(chain) > 1:
             ahead[chain[1][0].version] = asyncio.ensure_future(segments_of(chain[1][0]))
-            preloading = asyncio.ensure_future(asyncio.to_thread(kernels.preload))  # the decoder, meanwhile
+            preloading = asyncio.ensure_future(asyncio.to_thread(warm_codec))  # the decoder, meanwhile
         try:
             state = await self._load_base(chain, into)  # (may extend the chain down to an older keyframe)
             for pos in range(1, len(chain)):

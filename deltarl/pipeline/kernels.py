@@ -71,13 +71,6 @@ def ctx_jit() -> Any:
     return _compiled_ctx() if numba_enabled() else None
 
 
-def preload() -> None:
-    """Load the compiled kernels now: numba's cached machine code takes a few hundred ms to load,
-    which a publisher spends on a worker thread at start-up rather than in its first publish."""
-    jit()
-    ctx_jit()
-
-
 def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """Sorted int64 indices where the bit patterns differ."""
     k = jit()

@@ -30,7 +30,6 @@ from deltarl.errors import (
     StoreError,
     WriterConflict,
 )
-from deltarl.pipeline import kernels
 from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
 from deltarl.pipeline.finite import check_before_encode, is_finite
@@ -52,6 +51,7 @@ from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.reader import RunReader, entries_of, table_of
 from deltarl.pipeline.tensors import BLOCKS_V2
 from deltarl.pipeline.uploads import UploadPool, copy_into, cpu_copy
+from deltarl.pipeline.warmup import warm_codec
 from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,11 @@ class VersionInfo:
     commit_s: float = 0.0
     #: bytes of the keyframe this version uploaded (0 for a delta-only version)
     keyframe_bytes: int = 0
+
+
+def _log_warm_up_failure(done: Future[None]) -> None:
+    if not done.cancelled() and (err := done.exception()) is not None:
+        logger.warning("codec warm-up failed (the first publish loads the kernels instead): %s", err)
 
 
 def utc_now() -> str:
@@ -164,13 +169,13 @@ class Publisher:
             self._lease.release()
             raise
         self._pool = ThreadPoolExecutor(cfg.upload_workers, thread_name_prefix="deltarl-upload")
-        self._pool.submit(kernels.preload)  # while the trainer computes its first step
-        #: A resumed base is checked for NaN/Inf in the background (the trainer's next step runs
-        #: meanwhile): if finite, the first publish checks only the values it changes.
+        #: A resumed publisher's next publish encodes a delta (a fresh run's is a keyframe): while the
+        #: trainer computes its step, the codec is warmed up and the base checked for NaN/Inf (if
+        #: finite, the first publish checks only the values it changes).
         self._base_check: Future[bool] | None = None
         if self._prev is not None:
-            base = self._prev
-            self._base_check = self._pool.submit(is_finite, base)
+            self._pool.submit(warm_codec).add_done_callback(_log_warm_up_failure)
+            self._base_check = self._pool.submit(is_finite, self._prev)
         self._background: BackgroundPublishing[VersionInfo] = BackgroundPublishing(self.run, lambda: self._closed)
 
     # --- opening -----------------------------------------------------------------------------------
