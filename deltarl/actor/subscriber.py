@@ -40,7 +40,7 @@ from deltarl.errors import IntegrityError, ObjectNotFound, RunError, StagingErro
 from deltarl.pipeline.layout import RunLayout, key_epoch
 from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo, version_id
 from deltarl.pipeline.memory import trim
-from deltarl.pipeline.warmup import warm_codec
+from deltarl.pipeline.warmup import warm_codec_quietly
 
 log = logging.getLogger(__name__)
 
@@ -289,9 +289,11 @@ class Subscriber:
         # One version's segments are fetched ahead: the first delta's while the keyframe streams in,
         # each next one's while the one before is decoded.
         ahead: dict[int, asyncio.Task[list[bytes]]] = {}
+        warming: asyncio.Future[None] | None = None
         if len(chain) > 1:
+            dtypes = [t.dtype for t in (await self._run_info()).tensors]
+            warming = asyncio.ensure_future(asyncio.to_thread(warm_codec_quietly, dtypes))  # the decoder, meanwhile
             ahead[chain[1][0].version] = asyncio.ensure_future(segments_of(chain[1][0]))
-            preloading = asyncio.ensure_future(asyncio.to_thread(warm_codec))  # the decoder, meanwhile
         try:
             state = await self._load_base(chain, into)  # (may extend the chain down to an older keyframe)
             for pos in range(1, len(chain)):
@@ -300,14 +302,15 @@ class Subscriber:
                 if pos + 1 < len(chain) and chain[pos + 1][0].version not in ahead:
                     ahead[chain[pos + 1][0].version] = asyncio.ensure_future(segments_of(chain[pos + 1][0]))
                 segments = await fetching
-                await preloading
+                if warming is not None:
+                    await warming
                 parent_id = self._manifests[manifest.version - 1][1]
                 staged = await asyncio.to_thread(stage_delta, state, segments, base=parent_id)
                 staged.commit()
         finally:
             for task in ahead.values():
                 task.cancel()
-            await asyncio.gather(*ahead.values(), return_exceptions=True)
+            await asyncio.gather(*ahead.values(), *([warming] if warming is not None else []), return_exceptions=True)
         last, vid = chain[-1]
         # a v2 keyframe alone was checked piece by piece as it landed: no second pass over it
         if last.state_digest is not None and (len(chain) > 1 or last.format_version < 2):

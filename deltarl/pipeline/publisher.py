@@ -51,7 +51,7 @@ from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.reader import RunReader, entries_of, table_of
 from deltarl.pipeline.tensors import BLOCKS_V2
 from deltarl.pipeline.uploads import UploadPool, copy_into, cpu_copy
-from deltarl.pipeline.warmup import warm_codec
+from deltarl.pipeline.warmup import warm_codec_quietly
 from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -79,11 +79,6 @@ class VersionInfo:
     commit_s: float = 0.0
     #: bytes of the keyframe this version uploaded (0 for a delta-only version)
     keyframe_bytes: int = 0
-
-
-def _log_warm_up_failure(done: Future[None]) -> None:
-    if not done.cancelled() and (err := done.exception()) is not None:
-        logger.warning("codec warm-up failed (the first publish loads the kernels instead): %s", err)
 
 
 def utc_now() -> str:
@@ -174,7 +169,8 @@ class Publisher:
         #: finite, the first publish checks only the values it changes).
         self._base_check: Future[bool] | None = None
         if self._prev is not None:
-            self._pool.submit(warm_codec).add_done_callback(_log_warm_up_failure)
+            dtypes = [t.dtype for t in self._info.tensors] if self._info is not None else []
+            self._pool.submit(warm_codec_quietly, dtypes)
             self._base_check = self._pool.submit(is_finite, self._prev)
         self._background: BackgroundPublishing[VersionInfo] = BackgroundPublishing(self.run, lambda: self._closed)
 

@@ -20,7 +20,7 @@ from deltarl.errors import FormatError, IntegrityError, ObjectNotFound, RunError
 from deltarl.pipeline.manifest import Manifest
 from deltarl.pipeline.memory import trim
 from deltarl.pipeline.reader import RunReader
-from deltarl.pipeline.warmup import warm_codec
+from deltarl.pipeline.warmup import warm_codec_quietly
 from deltarl.storage.store import ObjectStore
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def replay(
     reader.check_head(version, chain[-1][1])
     with ThreadPoolExecutor(1, thread_name_prefix="deltarl-warmup") as warming:
         if len(chain) > 1:
-            warming.submit(warm_codec)  # the decoder's first call, while the keyframe streams in
+            warming.submit(warm_codec_quietly, [t.dtype for t in reader.info().tensors])  # while the keyframe streams in
         state, chain = load_base(reader, chain, verify=verify)
     apply_versions(reader, state, chain, verify=verify, progress=progress)
     trim()  # staged updates and segments are gone: give their memory back to the OS

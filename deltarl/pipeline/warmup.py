@@ -4,9 +4,15 @@ waits for other things (the trainer's step, the keyframe) instead of inside its 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
+
 import numpy as np
 
 from deltarl.pipeline import kernels
+from deltarl.pipeline.tensors import DTYPES
+
+log = logging.getLogger(__name__)
 
 #: Elements of the warm-up tensors, cut into 16 chunks (so the paired decoder runs too).
 _ELEMENTS = 1 << 18
@@ -14,15 +20,18 @@ _SEGMENT_BYTES = 1 << 16
 _BASE = "0" * 64
 
 
-def warm_codec() -> None:
-    """Encode, check and stage a tiny delta of each raw width (16 and 32 bits); nothing is kept."""
+def warm_codec(dtypes: Iterable[str]) -> None:
+    """Encode, check and stage a tiny delta of each raw width the run's ``dtypes`` use (16 bits for
+    bfloat16/float16, 32 for float32); nothing is kept. Only those widths: on a fresh install numba
+    compiles each signature on first use, and a width the run never uses would cost seconds."""
     from deltarl.pipeline.encode import iter_encode_delta
     from deltarl.pipeline.stage import stage_delta
 
     if kernels.jit() is None:
         return  # the numpy path has nothing to load
+    widths = {DTYPES[d][1] for d in dtypes if d in DTYPES}
     rng = np.random.default_rng(0)
-    for dtype in (np.float16, np.float32):
+    for dtype in [np.float16] * (16 in widths) + [np.float32] * (32 in widths):
         old = {"w": rng.standard_normal(_ELEMENTS).astype(dtype)}
         new = {"w": old["w"].copy()}
         new["w"][::97] = np.nextafter(new["w"][::97], np.inf)
@@ -30,4 +39,13 @@ def warm_codec() -> None:
         stage_delta(old, segments, base=_BASE)
 
 
-__all__ = ["warm_codec"]
+def warm_codec_quietly(dtypes: Iterable[str]) -> None:
+    """:func:`warm_codec` for a background thread: a failure is logged, never raised (the first real
+    delta then loads the kernels itself, and reports any real problem)."""
+    try:
+        warm_codec(dtypes)
+    except Exception as err:
+        log.warning("codec warm-up failed (the first delta loads the kernels instead): %s", err)
+
+
+__all__ = ["warm_codec", "warm_codec_quietly"]

@@ -125,8 +125,11 @@ class FaultyCoordinator(ClientCoordinator):
         self.step_done: dict[int, threading.Event] = {s: threading.Event() for s in range(1, STEPS + 1)}
         self.results: dict[int, list[RolloutResult]] = {}
         self.joined = threading.Event()
+        self.victim_registered = threading.Event()
 
     def open_step(self, spec: Any) -> Any:
+        if spec.step == KILL_STEP:  # actor-3 must be registered when this step's leases are handed out
+            assert self.victim_registered.wait(120), "actor-3 did not register"
         if spec.step == JOIN_AFTER + 1:  # the late actor joins mid-run: hold the next step until it has
             assert self.joined.wait(120), "the late actor did not register"
         out = super().open_step(spec)
@@ -202,6 +205,7 @@ def test_end_to_end_over_seaweedfs_with_faults(fleet: Fleet, seaweed_s3: S3Locat
             # fault 1: kill the slow actor while it holds a lease of step KILL_STEP
             victim_id = _wait(lambda: next((e["actor_id"] for e in _events(tmp_path / "actor-3.events.jsonl")
                                             if e["event"] == "registered"), None), 120, "actor-3 to register")
+            faulty.victim_registered.set()
 
             def victim_step() -> int | None:
                 """The open step (the trainer opens one at a time) while actor-3 holds a lease of it."""
