@@ -78,7 +78,7 @@ def phase_limits(args: argparse.Namespace) -> dict[str, Any]:
     first and then one fsync), cached read, sha256 on one core, copy between warm buffers, and
     first touch of fresh memory (what materializing a state costs; on a VM whose host reclaims
     free guest memory it is far below a copy)."""
-    from deltarl.storage.local import WRITE_BEHIND_BYTES
+    from deltarl.storage.pagecache import FLUSH_WINDOW_BYTES, WriteBehind
 
     size = 256 << 20
     buf = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
@@ -87,15 +87,12 @@ def phase_limits(args: argparse.Namespace) -> dict[str, Any]:
     def write(windowed: bool) -> float:
         t = time.perf_counter()
         with open(path, "wb", buffering=0) as f:
-            done = flushed = 0
+            behind = WriteBehind(f.fileno()) if windowed else None  # what the local store does
             for _ in range(4):
-                for a in range(0, size, WRITE_BEHIND_BYTES):
-                    f.write(memoryview(buf)[a : a + WRITE_BEHIND_BYTES])
-                    done += min(WRITE_BEHIND_BYTES, size - a)
-                    if windowed:
-                        os.fdatasync(f.fileno())
-                        os.posix_fadvise(f.fileno(), flushed, done - flushed, os.POSIX_FADV_DONTNEED)
-                        flushed = done
+                for a in range(0, size, FLUSH_WINDOW_BYTES):
+                    n = f.write(memoryview(buf)[a : a + FLUSH_WINDOW_BYTES])
+                    if behind is not None:
+                        behind.wrote(n)
             os.fsync(f.fileno())
         return 4 * size / (time.perf_counter() - t)
 

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from deltarl.errors import CacheFull, IntegrityError, TransientStoreError
 from deltarl.relay.cache import CacheEntry
 from deltarl.relay.pull import Pull
+from deltarl.storage import pagecache
 
 CHUNK = 1 << 20
 #: Bytes at the end of a whole-object response held back until its sha256 is confirmed.
@@ -25,7 +26,7 @@ HOLDBACK = 64 << 10
 def _read_hash(fd: int, offset: int, n: int, hasher: hashlib._Hash | None, drop: bool = False) -> bytes:
     data = os.pread(fd, n, offset)
     if drop and data:
-        os.posix_fadvise(fd, offset, len(data), os.POSIX_FADV_DONTNEED)
+        pagecache.drop(fd, offset, len(data))
     if hasher is not None:
         hasher.update(data)
     return data

@@ -8,6 +8,7 @@ import hashlib
 import os
 
 from deltarl.errors import IntegrityError
+from deltarl.storage.pagecache import FLUSH_WINDOW_BYTES, flush_and_drop
 
 
 class Pull:
@@ -38,7 +39,7 @@ class Pull:
     #: Bytes of landed pieces a pull keeps in memory for its readers at most.
     MEMORY_BYTES = 64 << 20
     #: The file is flushed and dropped from the page cache in windows this large.
-    FLUSH_BYTES = 32 << 20
+    FLUSH_BYTES = FLUSH_WINDOW_BYTES
 
     def __init__(self, key: str, *, memory_bytes: int = MEMORY_BYTES) -> None:
         self.key = key
@@ -182,8 +183,7 @@ class Pull:
 
     def flush(self, start: int, end: int) -> None:
         """Write ``[start, end)`` of the file back to disk and drop it from the page cache (worker thread)."""
-        os.fdatasync(self._fd)
-        os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        flush_and_drop(self._fd, start, end)
 
     # --- verification against the manifest ----------------------------------------------------
 

@@ -43,6 +43,7 @@ from typing import Any
 
 from deltarl.errors import InvalidKey, ObjectExists, ObjectNotFound, PreconditionFailed, StoreError
 from deltarl.storage.keys import clamp_range, etag_of, validate_key, validate_prefix
+from deltarl.storage.pagecache import WriteBehind, drop_read
 from deltarl.storage.store import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -51,10 +52,6 @@ TMP_DIR = ".deltarl-tmp"
 _LOCK_STRIPES = 64
 _READ_CHUNK = 1 << 20
 _ETAG_XATTR = "user.deltarl.md5"
-#: Reads at least this large drop what they read from the page cache (see ``_drop_behind``).
-DROP_BEHIND_READ_BYTES = 1 << 20
-#: A streamed write flushes each window this large and drops it from the page cache as it goes.
-WRITE_BEHIND_BYTES = 32 << 20
 
 
 def _remember_etag(fd: int, etag: str) -> None:
@@ -73,40 +70,6 @@ def _recall_etag(fd: int, st: os.stat_result) -> str | None:
     except (OSError, ValueError, UnicodeDecodeError):
         return None
     return etag if (int(size), int(mtime_ns)) == (st.st_size, st.st_mtime_ns) else None
-
-
-def _drop_behind(fd: int, offset: int, length: int) -> None:
-    """Drop ``[offset, offset + length)`` of a file just read from the page cache.
-
-    Keyframe parts and segments are read once per reader (a replay, a relay filling its own
-    cache, an actor) and held by it afterwards; leaving GBs of them cached makes the kernel find
-    fresh pages for every read and evicts what other processes use. Small reads (manifests) stay
-    cached."""
-    if length >= DROP_BEHIND_READ_BYTES:
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
-
-
-class _WriteBehind:
-    """Flush a streamed file window by window and drop each flushed window from the page cache.
-
-    A multi-GB object written through the page cache would otherwise pile up as dirty pages until
-    the final fsync (and stay cached after it): the writer then runs at the rate the kernel can
-    find fresh pages, not at the disk's, and evicts everything else. Flushing as it goes costs no
-    extra I/O (the final fsync must write every byte anyway) and keeps the cached footprint to
-    about one window, whose pages are reused for the next."""
-
-    def __init__(self, fd: int, window: int | None = None) -> None:
-        self.fd = fd
-        self.window = window or WRITE_BEHIND_BYTES
-        self.flushed = 0
-        self.written = 0
-
-    def wrote(self, n: int) -> None:
-        self.written += n
-        if self.written - self.flushed >= self.window:
-            os.fdatasync(self.fd)
-            os.posix_fadvise(self.fd, self.flushed, self.written - self.flushed, os.POSIX_FADV_DONTNEED)
-            self.flushed = self.written
 
 
 class LocalStore(ObjectStore):
@@ -252,7 +215,7 @@ class LocalStore(ObjectStore):
             lo, hi = clamp_range(key, start, end, os.fstat(f.fileno()).st_size)
             f.seek(lo)
             data = f.read(hi - lo)
-            _drop_behind(f.fileno(), lo, len(data))
+            drop_read(f.fileno(), lo, len(data))
             return data
 
     def head(self, key: str) -> ObjectInfo:
@@ -303,7 +266,7 @@ class LocalStore(ObjectStore):
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                behind = _WriteBehind(fd) if self.fsync else None
+                behind = WriteBehind(fd) if self.fsync else None  # keyframes pass through the page cache
                 for chunk in chunks:
                     mv = memoryview(chunk).cast("B")
                     while mv:
@@ -337,7 +300,7 @@ class LocalStore(ObjectStore):
                 if n == 0:
                     break
                 done += n
-            _drop_behind(fd, start, done)
+            drop_read(fd, start, done)
             return done
         finally:
             os.close(fd)

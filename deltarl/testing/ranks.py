@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 
@@ -32,6 +35,17 @@ def leave_process_group(exit_code: int = 0, *, barrier: bool = True, flush: tupl
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)
+
+
+@contextmanager
+def traceback_to(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Write the traceback of whatever the block raises to ``path``, then re-raise: a spawned rank's
+    stderr is not the test's, so the parent reads the file to fail with the rank's own error."""
+    try:
+        yield
+    except BaseException:
+        Path(path).write_text(traceback.format_exc())
+        raise
 
 
 def spawn_ranks(target: Callable[..., None], world: int, *args: Any, timeout_s: float = 240.0) -> list[int | None]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import traceback
 from pathlib import Path
 
 import pytest
@@ -30,9 +29,9 @@ def _worker(rank: int, world: int, tmp: str) -> None:
     from deltarl.model.tokenizer import TokenizerSpec
     from deltarl.pipeline.sharded import ShardedPublisher
     from deltarl.storage import LocalStore
-    from deltarl.testing.ranks import leave_process_group
+    from deltarl.testing.ranks import leave_process_group, traceback_to
 
-    try:
+    with traceback_to(Path(tmp, f"error-{rank}.txt")):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=world)
         spec = ModelSpec(seed=0)
@@ -68,9 +67,6 @@ def _worker(rank: int, world: int, tmp: str) -> None:
         Path(tmp, f"report-{rank}.json").write_text(json.dumps(report))
         if rank == 0:
             torch.save(fulls, os.path.join(tmp, "fulls.pt"))
-    except BaseException:
-        Path(tmp, f"error-{rank}.txt").write_text(traceback.format_exc())
-        raise
     leave_process_group()
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -63,9 +62,9 @@ def _worker(rank: int, world: int, tmp: str, mode: str, first_step: int, steps: 
     from deltarl.pipeline.sharded import ShardedPublisher
     from deltarl.storage import LocalStore
     from deltarl.testing.faults import CrashAt
-    from deltarl.testing.ranks import leave_process_group
+    from deltarl.testing.ranks import leave_process_group, traceback_to
 
-    try:
+    with traceback_to(Path(tmp, f"error-{mode}-{rank}.txt")):
         _init(rank, world, os.path.join(tmp, f"init-{mode}-{world}"))
         failed = False
         crash = CrashAt(first_step + steps - 1, "segments", 1) if mode == "crash" and rank == 1 else None
@@ -84,9 +83,6 @@ def _worker(rank: int, world: int, tmp: str, mode: str, first_step: int, steps: 
                     break
                 if rank == 0:
                     torch.save(full, os.path.join(tmp, f"full-{info.version}.pt"))
-    except BaseException:
-        Path(tmp, f"error-{mode}-{rank}.txt").write_text(traceback.format_exc())
-        raise
     leave_process_group(barrier=not failed)  # a failed version may mean a killed peer: no barrier then
 
 
@@ -168,9 +164,9 @@ def _local_worker(rank: int, world: int, tmp: str) -> None:
     from deltarl.errors import ShardedPublishError
     from deltarl.pipeline.sharded import ShardedPublisher
     from deltarl.storage import LocalStore
-    from deltarl.testing.ranks import leave_process_group
+    from deltarl.testing.ranks import leave_process_group, traceback_to
 
-    try:
+    with traceback_to(Path(tmp, f"error-local-{rank}.txt")):
         _init(rank, world, os.path.join(tmp, "init-local"))
         g = torch.Generator().manual_seed(0)
         full = {"a": torch.randn(10, 300, generator=g).bfloat16(), "b": torch.randn(3, generator=g)}
@@ -213,9 +209,6 @@ def _local_worker(rank: int, world: int, tmp: str) -> None:
             assert pub.next_version == 4
         if rank == 0:
             torch.save(fulls, os.path.join(tmp, "fulls.pt"))
-    except BaseException:
-        Path(tmp, f"error-local-{rank}.txt").write_text(traceback.format_exc())
-        raise
     leave_process_group()
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from pathlib import Path
 
 
@@ -21,10 +20,10 @@ def main(out: str, steps: int) -> None:
     from deltarl.model.build import ModelSpec, build_model
     from deltarl.pipeline import ShardedPublisher
     from deltarl.storage import LocalStore
-    from deltarl.testing.ranks import leave_process_group
+    from deltarl.testing.ranks import leave_process_group, traceback_to
 
     rank = int(os.environ["RANK"])
-    try:
+    with traceback_to(Path(out, f"error-{rank}.txt")):
         torch.set_num_threads(1)
         dist.init_process_group("gloo")  # rank, world and rendezvous from torchrun's environment
         model = build_model(ModelSpec(seed=0))
@@ -49,9 +48,6 @@ def main(out: str, steps: int) -> None:
             info = pub.wait()
             if info is None or info.version != steps - 1:
                 raise RuntimeError(f"the last background publish is {info}, not version {steps - 1}")
-    except BaseException:
-        Path(out, f"error-{rank}.txt").write_text(traceback.format_exc())
-        raise
     leave_process_group()
 
 

@@ -152,11 +152,11 @@ def _drops_pages(directory: Path) -> bool:
 
 
 def test_a_streamed_write_and_big_reads_leave_the_page_cache_as_they_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import deltarl.storage.local as local
+    import deltarl.storage.pagecache as pagecache
 
     if not _drops_pages(tmp_path):
         pytest.skip("this file system keeps pages cached regardless")
-    monkeypatch.setattr(local, "WRITE_BEHIND_BYTES", 1 << 20)
+    monkeypatch.setattr(pagecache, "FLUSH_WINDOW_BYTES", 1 << 20)
     store = LocalStore(tmp_path / "store")
     data = os.urandom(8 << 20)
     store.put_stream_if_absent("big", (data[i : i + (256 << 10)] for i in range(0, len(data), 256 << 10)))
@@ -176,18 +176,18 @@ def test_a_streamed_write_and_big_reads_leave_the_page_cache_as_they_go(tmp_path
 
 
 def test_a_streamed_write_holds_at_most_a_window_of_dirty_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import deltarl.storage.local as local
+    import deltarl.storage.pagecache as pagecache
 
     if not _drops_pages(tmp_path):
         pytest.skip("this file system keeps pages cached regardless")
-    monkeypatch.setattr(local, "WRITE_BEHIND_BYTES", 1 << 20)
+    monkeypatch.setattr(pagecache, "FLUSH_WINDOW_BYTES", 1 << 20)
     store = LocalStore(tmp_path / "store")
     cached: list[int] = []
 
     def chunks() -> Iterator[bytes]:
         for _ in range(8):
             yield os.urandom(1 << 20)
-            temp = [p for p in (tmp_path / "store" / local.TMP_DIR).iterdir() if p.suffix == ".tmp"]
+            temp = [p for p in (tmp_path / "store" / TMP_DIR).iterdir() if p.suffix == ".tmp"]
             if temp:
                 cached.append(_resident(temp[0]))
 
