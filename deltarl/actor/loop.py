@@ -12,9 +12,10 @@ A new actor first bootstraps (newest keyframe, then the deltas after it) and onl
 work. Every result is tagged with the version id of the weights that generated it.
 
 Events (one JSON line each, in ``config.events``) let an operator or the demo follow the actor:
-``registered``, ``bootstrap``, ``commit`` (publish → staged seconds, the commit pause),
-``commit_failed`` (refused or rolled back, also after a digest mismatch), ``result`` (admitted or
-the rejection reason), ``exit``.
+``registered``, ``bootstrap``, ``lease`` (granted, before its generation starts), ``lapsed`` (a
+lease given up: no accepted version in time), ``commit`` (publish → staged seconds, the commit
+pause), ``commit_failed`` (refused or rolled back, also after a digest mismatch), ``result``
+(admitted or the rejection reason), ``exit``.
 """
 
 from __future__ import annotations
@@ -286,6 +287,7 @@ class ActorLoop:
 
     def _serve(self, client: Any, grant: LeaseGrant) -> None:
         lease = grant.lease
+        self.events.emit("lease", lease_id=lease.lease_id, step=lease.step, prompts=len(grant.prompts))
         if not self._ensure_accepted(grant.accepted_versions):
             log.warning("lease %s: no accepted version staged in time (have %s); letting it lapse",
                         lease.lease_id, self.weights.version_id[:12])

@@ -133,6 +133,11 @@ async def test_actor_follows_versions_and_ends_on_the_trainers_bits(
     assert results
     assert all(r["admitted"] for r in results)
     assert sorted({r["step"] for r in results}) == [1, 2, 3]
+    # every result answers a lease the log announced before its generation started
+    leased = {e["lease_id"]: i for i, e in enumerate(evs) if e["event"] == "lease"}
+    for i, e in enumerate(evs):
+        if e["event"] == "result":
+            assert leased[e["lease_id"]] < i
     # step s accepts versions s-1 and s-2 (one-step asynchrony); nothing newer was ever used
     for r in results:
         assert r["step"] - 2 <= r["version"] <= r["step"] - 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import threading
 import time
 import urllib.request
@@ -42,13 +43,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.torch]
 RUN = "e2e"
 TOKEN = "e2e-token"
 STEPS = 5
-KILL_STEP = 2  # the slow actor is killed while it holds a lease of this step (or the next it gets one in)
+KILL_STEP = 2  # the slow actor is killed while it holds a lease of this step (or of the first later one it gets)
 FORGE_STEP = 3  # a result claiming version 0 (not accepted any more) is forged in this step
 JOIN_AFTER = 2  # after this step a relay's cached segment is corrupted and a new actor joins through it
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    """An actor's events so far (a line still being written is left for the next read)."""
+    return [json.loads(x) for x in path.read_text().split("\n")[:-1]] if path.exists() else []
 
 
 def _held(path: Path) -> int:
@@ -113,6 +115,31 @@ def _corrupt_cached_segment(cache_dir: Path, version: int) -> str:
             data.write_bytes(bytes(raw))
             return str(key)
     raise AssertionError(f"no cached segment of version {version} in {cache_dir}")
+
+
+def _kill_in_lease(victim: Child, events: Path, url: str, victim_id: str, done: threading.Event) -> dict[str, Any]:
+    """SIGKILL ``victim`` while it provably holds a lease of step ``KILL_STEP`` or later; that lease
+    (its event), or nothing if ``done`` is set first. Every lease the actor's log announces (before its generation
+    starts) freezes it (SIGSTOP); half a second later, so that a report already on its way has been
+    admitted, the actor is killed if the coordinator still lists the lease as its own, and resumed
+    otherwise (its result got in first) to wait for its next lease. No polling window can miss one."""
+    seen: set[str] = set()
+    with SyncCoordinatorClient(url, TOKEN) as watcher:
+        while not done.is_set():
+            for e in _events(events):
+                if e["event"] != "lease" or e["step"] < KILL_STEP or e["lease_id"] in seen:
+                    continue
+                seen.add(e["lease_id"])
+                victim.proc.send_signal(signal.SIGSTOP)
+                time.sleep(0.5)
+                mine = next(a for a in watcher.status()["actors"] if a["actor_id"] == victim_id)
+                if e["lease_id"] in mine["leases"]:
+                    victim.proc.kill()
+                    victim.wait()
+                    return e
+                victim.proc.send_signal(signal.SIGCONT)
+            done.wait(0.01)
+    return {}
 
 
 class FaultyCoordinator(ClientCoordinator):
@@ -202,21 +229,15 @@ def test_end_to_end_over_seaweedfs_with_faults(fleet: Fleet, seaweed_s3: S3Locat
         trainer = threading.Thread(target=train, name="trainer", daemon=True)
         trainer.start()
         with SyncCoordinatorClient(url, TOKEN) as watcher:
-            # fault 1: kill the slow actor while it holds a lease of step KILL_STEP
+            # fault 1 (in the background): kill the slow actor while it holds a lease of step KILL_STEP or later
             victim_id = _wait(lambda: next((e["actor_id"] for e in _events(tmp_path / "actor-3.events.jsonl")
                                             if e["event"] == "registered"), None), 120, "actor-3 to register")
             faulty.victim_registered.set()
-
-            def victim_step() -> int | None:
-                """The open step (the trainer opens one at a time) while actor-3 holds a lease of it."""
-                st = watcher.status()
-                mine = next(a for a in st["actors"] if a["actor_id"] == victim_id)
-                steps = [s["step"] for s in st["steps"] if s["step"] >= KILL_STEP]
-                return steps[0] if mine["leases"] and steps else None
-
-            killed_in = _wait(victim_step, 120, f"actor-3 to hold a lease of step {KILL_STEP} or later")
-            victim.proc.kill()
-            victim.wait()
+            killed: dict[str, Any] = {}
+            run_over = threading.Event()
+            killer = threading.Thread(name="killer", daemon=True, target=lambda: killed.update(
+                _kill_in_lease(victim, tmp_path / "actor-3.events.jsonl", url, victim_id, run_over)))
+            killer.start()
             # fault 2: corrupt relay A's cached copy of a segment of version 1, then a new actor joins through relay A
             assert faulty.step_done[JOIN_AFTER].wait(120)
             corrupted = _corrupt_cached_segment(cache_a, 1)
@@ -227,8 +248,11 @@ def test_end_to_end_over_seaweedfs_with_faults(fleet: Fleet, seaweed_s3: S3Locat
             with urllib.request.urlopen(f"{url_a}/metrics", timeout=10) as resp:
                 metrics = resp.read().decode()
             trainer.join(timeout=180)
+            run_over.set()
+            killer.join(timeout=30)
             assert not trainer.is_alive()
             assert "error" not in box, box.get("error")
+            assert killed, f"actor-3 held no lease of step {KILL_STEP} or later to be killed in"
             status = watcher.status()
     export = loop.trainer.export_bf16()
     final = len(loop.version_ids) - 1
@@ -251,8 +275,8 @@ def test_end_to_end_over_seaweedfs_with_faults(fleet: Fleet, seaweed_s3: S3Locat
         assert (st["version"], st["version_id"], st["state_digest"]) == (final, loop.version_ids[-1], digest), n
     # fault 1: the victim's lease was revoked and its prompts were completed by others
     assert status["counters"].get("leases_revoked", 0) >= 1, status["counters"]
-    killed_step = faulty.results[killed_in]
-    assert victim_id not in {r.actor_id for r in killed_step}
+    killed_step = faulty.results[killed["step"]]
+    assert killed["lease_id"] not in {r.lease_id for r in killed_step}
     assert sum(len(r.prompt_counts()) for r in killed_step) == trainer_cfg.prompts_per_step
     # fault 2: the corrupted segment was refetched from the next source and never applied
     joiner = _events(tmp_path / "actor-4.events.jsonl")
