@@ -115,6 +115,30 @@ def test_wrong_run_json(run5):
         replay(store, "r", 1)
 
 
+def test_verify_checks_the_newest_recorded_digest_once(memory_store, monkeypatch):
+    """digest_interval=7: versions 7 and 14 record digests; replaying 16 hashes the state once (at
+    14), and a digest forged into the newest version is caught, naming its manifest."""
+    import deltarl.pipeline as pipeline
+
+    exports = publish_run(memory_store, "r", 17, **KW)
+    passes: list[int] = []
+    real = pipeline.state_digest
+    monkeypatch.setattr(pipeline, "state_digest", lambda state, *a, **k: passes.append(1) or real(state, *a, **k))
+    assert states_equal(replay(memory_store, "r", 16), exports[16])
+    assert len(passes) == 1
+    assert states_equal(replay(memory_store, "r", 6), exports[6])  # no digest between keyframe 0 and 6
+    assert len(passes) == 1
+    # the newest version's digest, forged (and HEAD moved to its new id): caught, named
+    assert Manifest.from_bytes(memory_store.get(LAY.manifest(16))).state_digest is None
+    _rewrite_manifest(memory_store, 16, state_digest={"algo": "blocks64k-v2", "value": "ab" * 32})
+    head = json.loads(memory_store.get(LAY.head))
+    head["version_id"] = Manifest.from_bytes(memory_store.get(LAY.manifest(16))).version_id
+    memory_store.put(LAY.head, canonical_json(head))
+    with pytest.raises(IntegrityError, match=rf"{LAY.manifest(16)}: replayed state digest"):
+        replay(memory_store, "r", 16)
+    assert states_equal(replay(memory_store, "r", 16, verify=False), exports[16])
+
+
 def test_manifest_for_other_version(run5):
     store, _ = run5
     store.put(LAY.manifest(4), store.get(LAY.manifest(3)))
