@@ -3,8 +3,8 @@
 A dim-0 (row) shard of a row-major tensor is one contiguous range of its flattened elements, so a
 shard is described by its tensor's global :class:`TensorSpec` and its first element. This module
 turns FSDP2/DTensor parameters and plain ``(local, global shape, row offset)`` triples into that
-form, checks that ranges from every rank cover each tensor exactly once, writes keyframe parts
-(docs/FORMAT.md) and cuts a rank's rows out of a full state.
+form, checks that ranges from every rank cover each tensor exactly once, and writes keyframe parts
+(docs/FORMAT.md).
 """
 
 from __future__ import annotations
@@ -165,13 +165,3 @@ def iter_local_part(local: Mapping[str, Any], rows: Rows, ranges: Sequence[Tenso
         lo = (start - rows[name][1]) * size
         for a in range(lo, lo + count * size, chunk):
             yield view[a : min(a + chunk, lo + count * size)]
-
-
-def slice_rows(full: Mapping[str, Any], like: Mapping[str, Any], rows: Rows) -> dict[str, Any]:
-    """Private copies of this rank's rows of a full state, shaped like the local tensors ``like``."""
-    out: dict[str, Any] = {}
-    for name, (_, start) in rows.items():
-        count = numel(like[name])
-        flat = full[name].reshape(-1)
-        out[name] = flat[start : start + count].clone().reshape(like[name].shape)
-    return out

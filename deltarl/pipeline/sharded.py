@@ -11,7 +11,10 @@ raises :class:`~deltarl.errors.ShardedPublishError` (objects already uploaded ar
 possible and otherwise left for ``gc``). Keyframes are parts written by every rank; the
 ``blocks64k-v2`` digest is computed rank by rank (:mod:`deltarl.pipeline.shard_digest`).
 
-Memory per rank: its previous rows, its new rows, and a few encoded segments in flight.
+Memory per rank: its previous rows, its new rows, and a few encoded segments in flight. A job that
+resumes a run gets its base rows from rank 0, which replays the HEAD version once (verified) and
+scatters each tensor's rows to the rank that holds them: one process holds the full state for the
+time of the resume, not every rank.
 """
 
 from __future__ import annotations
@@ -309,18 +312,21 @@ class ShardedPublisher:
             raise ShardedPublishError(f"version {version}: {plan['error']}")
         keyframe = version % self.keyframe_interval == 0
         digest = keyframe or version % self.digest_interval == 0 or self._force_digest
+        # _prev is set only by a commit, on every rank alike, so every rank takes this branch or none
+        resumed = version > 0 and self._prev is None
+        resume_error = self._resume_rows(local, rows) if resumed else None
         uploads = UploadPool(self._pool, self.max_in_flight)
         report: dict[str, Any]
         encode_s = upload_wait_s = 0.0
         try:
             if early is not None:
                 raise early
+            if resume_error is not None:
+                raise resume_error
             assert local is not None
             assert rows is not None
             report = {"error": None, "specs": sorted((s.name, s.dtype, s.shape) for s, _ in rows.values())}
             report["ranges"] = sr.held_ranges(local, rows)
-            if version > 0 and self._prev is None:
-                self._prev = self._resume_rows(local, rows)
             te = time.perf_counter()
             check_changes = check_before_encode(local, allow_nonfinite=allow_nonfinite,
                                                 base_finite=self._prev_finite and version > 0)
@@ -359,6 +365,8 @@ class ShardedPublisher:
             raise ShardedPublishError(f"version {version} not committed (or not known to be): the process group failed: {err}") from err
         if outcome["error"] is not None:
             self._discard(uploads)
+            if resumed:  # every rank resumes again on the next call (a rank that failed early got no rows)
+                self._prev = None
             raise ShardedPublishError(f"version {version} not committed: {outcome['error']}")
         assert local is not None
         self._prev = local if owned else {name: t.detach().clone() for name, t in local.items()}
@@ -431,13 +439,53 @@ class ShardedPublisher:
                 except StoreError as err:
                     logger.warning("could not delete %s after a failed publish (gc will): %s", f.result().key, err)
 
-    def _resume_rows(self, local: dict[str, Any], rows: sr.Rows) -> dict[str, Any]:
-        """This rank's rows of the HEAD version, replayed from the store (verified, whole tensors)."""
+    def _resume_rows(self, local: dict[str, Any] | None, rows: sr.Rows | None) -> Exception | None:
+        """Every rank's rows of the HEAD version, as its base (``_prev``). Collective: rank 0 replays
+        the version from the store (verified) and scatters each tensor's rows to the rank that holds
+        them, dropping each full tensor once sent. Returns the error to fail this version with on
+        this rank (the replay's, named on every rank), or None. A rank without rows (its export
+        failed) takes part and receives nothing."""
+        import math
+
         from deltarl.pipeline.replay import replay
 
-        logger.info("run %s rank %d: replaying version %d to resume", self.run, self.rank, self._next - 1)
-        full = replay(self.store, self.run, self._next - 1)
-        return sr.slice_rows(full, local, rows)
+        head = self._next - 1
+        want = None if local is None or rows is None else {
+            name: (start, tuple(local[name].shape)) for name, (_, start) in rows.items()}
+        wants = self._gather(want)
+        full: dict[str, Any] = {}
+        status: dict[str, Any] = {"error": None, "names": []}
+        if self.rank == 0:
+            logger.info("run %s: replaying version %d to resume; its rows go to each of %d ranks", self.run, head, self.world)
+            try:
+                full = replay(self.store, self.run, head)
+                status["names"] = sorted(full)
+            except Exception as err:  # every rank fails the version with it
+                status["error"] = f"{type(err).__name__}: {err}"
+        status = self._bcast(status)
+        if status["error"] is not None:
+            return RunError(f"resuming from version {head}: {status['error']}")
+        mine: dict[str, Any] = {}
+        for name in status["names"]:
+            inputs: list[Any] | None = None
+            if self.rank == 0:
+                assert wants is not None
+                flat = full.pop(name).reshape(-1)
+                inputs = [None if w is None or name not in w
+                          else flat[w[name][0]: w[name][0] + math.prod(w[name][1])].clone().reshape(w[name][1])
+                          for w in wants]  # clones: a view would send its whole storage
+                del flat
+            out: list[Any] = [None]
+            self._dist.scatter_object_list(out, inputs, src=self._root, group=self.group)
+            if out[0] is not None:
+                mine[name] = out[0]
+        if want is None:
+            return None
+        missing = sorted(set(want) - set(mine))
+        if missing:
+            return RunError(f"resuming from version {head}: it has no tensor {missing[0]!r} ({len(missing)} missing)")
+        self._prev = mine
+        return None
 
     # --- rank 0: check and commit ---------------------------------------------------------------------
     def _commit(self, version: int, step: int, reports: list[dict[str, Any]], keyframe: bool, digest: bool) -> dict[str, Any]:

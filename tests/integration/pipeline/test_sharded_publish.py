@@ -9,8 +9,11 @@ import signal
 import tempfile
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from deltarl.storage import LocalStore
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 KW = {"keyframe_interval": 3, "digest_interval": 2, "segment_bytes": 8192, "upload_workers": 2, "encode_threads": 1}
@@ -55,6 +58,26 @@ def _gathered(model) -> dict:
     return {n: p.full_tensor().detach().to(torch.bfloat16).clone() for n, p in model.named_parameters()}
 
 
+class NoKeyframeReads(LocalStore):
+    """A local store that refuses to read keyframe parts (a rank that must not replay the run)."""
+
+    def _refuse(self, key: str) -> None:
+        if "-part-" in key:
+            raise AssertionError(f"this rank read keyframe part {key}")
+
+    def get(self, key: str) -> bytes:
+        self._refuse(key)
+        return super().get(key)
+
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
+        self._refuse(key)
+        return super().get_range(key, start, end)
+
+    def get_range_into(self, key: str, start: int, buf: Any) -> int:
+        self._refuse(key)
+        return super().get_range_into(key, start, buf)
+
+
 def _worker(rank: int, world: int, tmp: str, mode: str, first_step: int, steps: int) -> None:
     import torch
 
@@ -69,7 +92,8 @@ def _worker(rank: int, world: int, tmp: str, mode: str, first_step: int, steps: 
         failed = False
         crash = CrashAt(first_step + steps - 1, "segments", 1) if mode == "crash" and rank == 1 else None
         model, opt = _model(seed=0)
-        store = LocalStore(os.path.join(tmp, "store"))
+        # a resuming job: only rank 0 replays the run; the others get their rows from it
+        store = (NoKeyframeReads if mode == "resume" and rank else LocalStore)(os.path.join(tmp, "store"))
         with ShardedPublisher(store, "r", writer_id="job", on_stage=crash, **KW) as pub:
             for step in range(first_step, first_step + steps):
                 if step:
@@ -141,8 +165,12 @@ def test_killed_rank_leaves_no_half_version_and_resume_at_other_world_size() -> 
         assert reader.last_committed() == 2
         assert not reader.has_manifest(3)
         _check_replays(tmp, range(3))
-        # a new job of 2 ranks resumes the run (base rows replayed from the store, a new writer epoch)
-        assert _spawn(2, tmp, "plain", 3, 3) == [0, 0]
+        # a new job of 2 ranks resumes the run (rank 0 replays the base and scatters each rank's rows;
+        # rank 1 never reads a keyframe), under a new writer epoch
+        for f in tmp.glob("failed-*.txt"):
+            f.unlink()
+        assert _spawn(2, tmp, "resume", 3, 3) == [0, 0]
+        assert not [f.read_text() for f in tmp.glob("failed-*.txt")]
         _check_replays(tmp, range(6))
         manifest, _ = reader.manifest(3)
         assert manifest.keyframe is not None
@@ -230,3 +258,68 @@ def test_publish_local_and_a_failed_rank_fails_the_version_everywhere() -> None:
         for v, want in enumerate(fulls):
             got = replay(store, "r", v)
             assert all(torch.equal(got[k].view(torch.uint8), want[k].view(torch.uint8)) for k in want), v
+
+
+def _resume_worker(rank: int, world: int, tmp: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from deltarl.errors import ShardedPublishError
+    from deltarl.pipeline import RunLayout
+    from deltarl.pipeline.sharded import ShardedPublisher
+    from deltarl.testing.ranks import leave_process_group, traceback_to
+
+    with traceback_to(Path(tmp, f"error-resume-{rank}.txt")):
+        _init(rank, world, os.path.join(tmp, "init-resume"))
+        g = torch.Generator().manual_seed(0)
+        fulls = [{"a": torch.randn(10, 300, generator=g).bfloat16(), "s": torch.randn((), generator=g)}]
+        for _ in range(3):
+            fulls.append({k: torch.where(torch.rand(v.shape, generator=g) < 0.1, v * 1.5, v).to(v.dtype)
+                          for k, v in fulls[-1].items()})
+
+        def shards(state: dict) -> dict:
+            lo, hi = (0, 4) if rank == 0 else (4, 10)
+            return {"a": (state["a"][lo:hi].clone(), (10, 300), lo),
+                    "s": (state["s"].clone() if rank == 0 else torch.empty(0), (), 0)}  # the scalar: rank 0's
+
+        store = LocalStore(os.path.join(tmp, "store"))
+        with ShardedPublisher(store, "r", writer_id="first", **KW) as pub:
+            for step in range(3):
+                pub.publish_local(shards(fulls[step]), step)
+        key = RunLayout("r").segment(2, 0, epoch=1, rank=1)
+        good = store.get(key)
+        if rank == 0:  # a damaged delta under HEAD: the new job's replay of its base fails
+            store.put(key, good[:-1] + bytes([good[-1] ^ 1]))
+        dist.barrier()
+        with ShardedPublisher(store, "r", writer_id="second", **KW) as pub:
+            with pytest.raises(ShardedPublishError, match=rf"resuming from version 2: IntegrityError: .*{key}"):
+                pub.publish_local(shards(fulls[3]), 3)  # on every rank, named; nobody waits for rows
+            assert pub.next_version == 3
+            dist.barrier()
+            if rank == 0:
+                store.put(key, good)
+            dist.barrier()
+            pub.publish_local(shards(fulls[3]), 3)  # every rank resumes again: rank 0 replays, scatters
+            assert pub.next_version == 4
+        if rank == 0:
+            torch.save(fulls, os.path.join(tmp, "fulls.pt"))
+    leave_process_group()
+
+
+def test_resume_that_cannot_replay_fails_the_version_on_every_rank_then_resumes() -> None:
+    import torch
+
+    from deltarl.pipeline import replay
+    from deltarl.testing.ranks import spawn_ranks
+
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        codes = spawn_ranks(_resume_worker, 2, str(tmp), timeout_s=120)
+        for err in sorted(tmp.glob("error-resume-*.txt")):
+            pytest.fail(err.read_text())
+        assert codes == [0, 0]
+        fulls = torch.load(tmp / "fulls.pt")
+        store = LocalStore(tmp / "store")
+        for v, want in enumerate(fulls):
+            got = replay(store, "r", v)
+            assert all(torch.equal(got[k].reshape(-1).view(torch.uint8), want[k].reshape(-1).view(torch.uint8)) for k in want), v
