@@ -10,13 +10,19 @@ each rank's peak RSS above its RSS before it held any tensor (the interpreter, t
 Targets: N ranks publish a delta in <= 0.6x the one-rank wall time; no rank's data peak exceeds its
 shard + its previous shard + 10% of one model copy; bytes within 3% of the one-rank encoding.
 
-    python -m benchmarks.sharded --ranks 2 [--model 1.7b|0.6b|tiny] [--versions 3]
+``--resume`` then opens a new job's publisher on the run and publishes one more version: its
+base rows come from the store (rank 0 replays the HEAD version and scatters each rank's rows).
+Measured: that version's wall time and each rank's peak RSS above its RSS before it, in model
+copies (rank 0 holds the full state for the time of the resume; the others only their rows).
+
+    python -m benchmarks.sharded --ranks 2 [--model 1.7b|0.6b|tiny] [--versions 3] [--resume]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import statistics
@@ -31,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _scale_state import reset_peak, rss_bytes
 from _trace import qwen3_like_shapes
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -104,6 +111,8 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, out: Any
     from deltarl.testing.ranks import leave_process_group
 
     torch.set_num_threads(1)
+    logging.basicConfig(level=logging.WARNING, format="rank " + str(rank) + ": %(message)s")
+    logging.getLogger("deltarl.pipeline.sharded").setLevel(logging.INFO)
     dist.init_process_group("gloo", init_method=f"file://{root}/init", rank=rank, world_size=world, timeout=timedelta(minutes=20))
     shapes = qwen3_like_shapes(**MODELS[args.model])
     _warm_up()
@@ -144,7 +153,9 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, out: Any
             sizes.append(info.stats.encoded_bytes)
             del triples
     peak = _rss_bytes() - base_rss
-    rec = {"rank": rank, "shard_bytes": shard_bytes, "peak_data_bytes": peak, "peak_rss_bytes": _rss_bytes(),
+    del pub  # its previous rows: a new job starts without them
+    resume = _resume(args, store, shapes, bits, rank, world) if args.resume else None
+    rec = {"resume": resume, "rank": rank, "shard_bytes": shard_bytes, "peak_data_bytes": peak, "peak_rss_bytes": _rss_bytes(),
            "budget_bytes": 2 * shard_bytes + model_bytes // 10, "model_bytes": model_bytes, "walls": walls, "sizes": sizes,
            "encode_s": encodes, "cpu_s": cpus, "phases": phases}  # fmt: skip
     gathered: list[Any] = [None] * world
@@ -152,6 +163,36 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, out: Any
     if rank == 0:
         out.put(gathered)
     leave_process_group(flush=(out,))  # not a normal return: gloo's teardown can abort at interpreter exit
+
+
+def _resume(args: argparse.Namespace, store: Any, shapes: list[Any], bits: dict[str, np.ndarray], rank: int, world: int
+            ) -> dict[str, Any]:
+    """One more version from a new job's publisher, which resumes the run: wall time, peak RSS above
+    the start (this rank's current rows) in bytes."""
+    import torch
+    import torch.distributed as dist
+
+    from deltarl.pipeline.sharded import ShardedPublisher
+
+    v = args.versions + 1
+    triples: dict[str, Any] = {}
+    for k, (name, shape) in enumerate(shapes):
+        a, b = _my_rows(shape, rank, world)
+        arr = bits[name].copy()
+        _fill(k, shape, a, b, v, arr.reshape(-1))
+        bits[name] = arr
+        triples[name] = (torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16), shape, a)
+    dist.barrier()
+    reset_peak()
+    before = rss_bytes("VmRSS")
+    t = time.perf_counter()
+    with ShardedPublisher(store, "bench", keyframe_interval=10_000, digest_interval=10_000, encode_threads=1,
+                          upload_workers=2, writer_id="resumed") as pub:
+        t_open = time.perf_counter()
+        pub.publish_local(triples, v, owned=True)
+        dist.barrier()
+        t_first = time.perf_counter()
+    return {"wall_s": t_first - t_open, "open_s": t_open - t, "peak_over_start_bytes": rss_bytes("VmHWM") - before}
 
 
 def run(world: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -179,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", choices=sorted(MODELS), default="1.7b")
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--name", default="sharded")
+    ap.add_argument("--resume", action="store_true", help="also publish one version from a new job that resumes the run")
     args = ap.parse_args(argv)
     rows = {}
     load_before = os.getloadavg()
@@ -208,6 +250,12 @@ def main(argv: list[str] | None = None) -> None:
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"bytes {size:.4f}x (within 3%); "
           f"memory within shard+previous+10%: {memory_ok}")  # fmt: skip
+    if args.resume:
+        for world, r in rows.items():
+            copies = " ".join(f"{x['resume']['peak_over_start_bytes'] / x['model_bytes']:.2f}" for x in r["ranks"])
+            print(f"resume with {world} rank(s): opened in {r['ranks'][0]['resume']['open_s']:.2f} s, "
+                  f"{r['ranks'][0]['resume']['wall_s']:.2f} s for the first version; "
+                  f"peak RSS above the start per rank, in model copies: {copies}")
     load = (load_before, os.getloadavg())
     out = {"model": args.model, "ranks": args.ranks, "versions": args.versions, "cpus": os.cpu_count(), "load_avg": load,
            "results": {str(k): v for k, v in rows.items()}, "targets": targets}  # fmt: skip

@@ -84,6 +84,10 @@ def encode_threads_per_rank() -> int:
 class ShardedPublisher:
     """Publishes versions of one run from every rank of ``group`` (collective: call on all ranks)."""
 
+    #: backends whose point-to-point calls move CPU tensors (a resume sends rows that way; other
+    #: backends, NCCL, get them through ``scatter_object_list``)
+    _p2p_backends: frozenset[str] = frozenset({"gloo"})
+
     def __init__(
         self,
         store: ObjectStore,
@@ -314,7 +318,11 @@ class ShardedPublisher:
         digest = keyframe or version % self.digest_interval == 0 or self._force_digest
         # _prev is set only by a commit, on every rank alike, so every rank takes this branch or none
         resumed = version > 0 and self._prev is None
-        resume_error = self._resume_rows(local, rows) if resumed else None
+        try:
+            resume_error = self._resume_rows(local, rows) if resumed else None
+        except Exception as err:  # a collective failed: a rank died
+            self._closed = True
+            raise ShardedPublishError(f"version {version}: the process group failed while resuming: {err}") from err
         uploads = UploadPool(self._pool, self.max_in_flight)
         report: dict[str, Any]
         encode_s = upload_wait_s = 0.0
@@ -441,12 +449,10 @@ class ShardedPublisher:
 
     def _resume_rows(self, local: dict[str, Any] | None, rows: sr.Rows | None) -> Exception | None:
         """Every rank's rows of the HEAD version, as its base (``_prev``). Collective: rank 0 replays
-        the version from the store (verified) and scatters each tensor's rows to the rank that holds
+        the version from the store (verified) and sends each tensor's rows to the rank that holds
         them, dropping each full tensor once sent. Returns the error to fail this version with on
         this rank (the replay's, named on every rank), or None. A rank without rows (its export
         failed) takes part and receives nothing."""
-        import math
-
         from deltarl.pipeline.replay import replay
 
         head = self._next - 1
@@ -454,31 +460,23 @@ class ShardedPublisher:
             name: (start, tuple(local[name].shape)) for name, (_, start) in rows.items()}
         wants = self._gather(want)
         full: dict[str, Any] = {}
-        status: dict[str, Any] = {"error": None, "names": []}
+        status: dict[str, Any] = {"error": None, "dtypes": {}}
+        t0 = time.perf_counter()
         if self.rank == 0:
             logger.info("run %s: replaying version %d to resume; its rows go to each of %d ranks", self.run, head, self.world)
             try:
                 full = replay(self.store, self.run, head)
-                status["names"] = sorted(full)
+                status["dtypes"] = {name: str(t.dtype).removeprefix("torch.") for name, t in sorted(full.items())}
             except Exception as err:  # every rank fails the version with it
                 status["error"] = f"{type(err).__name__}: {err}"
         status = self._bcast(status)
         if status["error"] is not None:
             return RunError(f"resuming from version {head}: {status['error']}")
-        mine: dict[str, Any] = {}
-        for name in status["names"]:
-            inputs: list[Any] | None = None
-            if self.rank == 0:
-                assert wants is not None
-                flat = full.pop(name).reshape(-1)
-                inputs = [None if w is None or name not in w
-                          else flat[w[name][0]: w[name][0] + math.prod(w[name][1])].clone().reshape(w[name][1])
-                          for w in wants]  # clones: a view would send its whole storage
-                del flat
-            out: list[Any] = [None]
-            self._dist.scatter_object_list(out, inputs, src=self._root, group=self.group)
-            if out[0] is not None:
-                mine[name] = out[0]
+        t1 = time.perf_counter()
+        mine = self._send_rows(full, wants, want, status["dtypes"])
+        if self.rank == 0:
+            logger.info("run %s: resumed from version %d (replay %.1f s, rows sent in %.1f s)", self.run, head,
+                        t1 - t0, time.perf_counter() - t1)
         if want is None:
             return None
         missing = sorted(set(want) - set(mine))
@@ -486,6 +484,51 @@ class ShardedPublisher:
             return RunError(f"resuming from version {head}: it has no tensor {missing[0]!r} ({len(missing)} missing)")
         self._prev = mine
         return None
+
+    def _send_rows(self, full: dict[str, Any], wants: list[Any] | None, want: dict[str, Any] | None,
+                   dtypes: dict[str, str]) -> dict[str, Any]:
+        """Rank 0 sends each rank its rows of ``full`` (emptied as it goes); every rank returns its own.
+        On gloo point to point as raw bytes; on other backends with ``scatter_object_list``."""
+        import math
+
+        import torch
+
+        p2p = self.world > 1 and self._dist.get_backend(self.group) in self._p2p_backends
+        mine: dict[str, Any] = {}
+        for name, dtype_name in dtypes.items():
+            dtype = getattr(torch, dtype_name)
+            if self.rank == 0:
+                assert wants is not None
+                flat = full.pop(name).reshape(-1)
+                pieces = [None if w is None or name not in w else flat[w[name][0]: w[name][0] + math.prod(w[name][1])]
+                          for w in wants]
+                if pieces[0] is not None:
+                    mine[name] = pieces[0].clone().reshape(wants[0][name][1])
+                if p2p:
+                    for r, piece in enumerate(pieces[1:], start=1):
+                        if piece is not None and piece.numel():
+                            self._dist.send(piece.contiguous().view(torch.uint8), dst=self._global_rank(r), group=self.group)
+                elif self.world > 1:  # clones: a pickled view would carry its whole storage
+                    inputs = [None, *(None if p is None else p.clone() for p in pieces[1:])]
+                    self._dist.scatter_object_list([None], inputs, src=self._root, group=self.group)
+                del flat, pieces
+                continue
+            if p2p:
+                if want is not None and name in want:
+                    count = math.prod(want[name][1])
+                    raw = torch.empty(count * torch.empty((), dtype=dtype).element_size(), dtype=torch.uint8)
+                    if count:
+                        self._dist.recv(raw, src=self._root, group=self.group)
+                    mine[name] = raw.view(dtype).reshape(want[name][1])
+            else:
+                out: list[Any] = [None]
+                self._dist.scatter_object_list(out, None, src=self._root, group=self.group)
+                if out[0] is not None:
+                    mine[name] = out[0].reshape(want[name][1]) if want is not None and name in want else out[0]
+        return mine
+
+    def _global_rank(self, rank: int) -> int:
+        return int(self._dist.get_global_rank(self.group, rank)) if self.group is not None else rank
 
     # --- rank 0: check and commit ---------------------------------------------------------------------
     def _commit(self, version: int, step: int, reports: list[dict[str, Any]], keyframe: bool, digest: bool) -> dict[str, Any]:
