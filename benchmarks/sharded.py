@@ -135,13 +135,7 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, out: Any
         os.sync()  # flush the keyframe's dirty pages now, not into the fsyncs of the timed versions
         dist.barrier()
         for v in range(1, args.versions + 1):
-            triples = {}
-            for k, (name, shape) in enumerate(shapes):
-                a, b = _my_rows(shape, rank, world)
-                arr = bits[name].copy()
-                _fill(k, shape, a, b, v, arr.reshape(-1))
-                bits[name] = arr
-                triples[name] = (torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16), shape, a)
+            triples = _next_rows(shapes, bits, rank, world, v)
             dist.barrier()
             t, c = time.perf_counter(), time.process_time()
             info = pub.publish_local(triples, v, owned=True)
@@ -165,23 +159,31 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, out: Any
     leave_process_group(flush=(out,))  # not a normal return: gloo's teardown can abort at interpreter exit
 
 
+def _next_rows(shapes: list[Any], bits: dict[str, np.ndarray], rank: int, world: int, version: int) -> dict[str, Any]:
+    """This rank's rows of ``version`` (a new buffer per tensor, as a trainer's next export), as
+    ``publish_local`` triples; ``bits`` is updated to them."""
+    import torch
+
+    triples: dict[str, Any] = {}
+    for k, (name, shape) in enumerate(shapes):
+        a, b = _my_rows(shape, rank, world)
+        arr = bits[name].copy()
+        _fill(k, shape, a, b, version, arr.reshape(-1))
+        bits[name] = arr
+        triples[name] = (torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16), shape, a)
+    return triples
+
+
 def _resume(args: argparse.Namespace, store: Any, shapes: list[Any], bits: dict[str, np.ndarray], rank: int, world: int
             ) -> dict[str, Any]:
     """One more version from a new job's publisher, which resumes the run: wall time, peak RSS above
     the start (this rank's current rows) in bytes."""
-    import torch
     import torch.distributed as dist
 
     from deltarl.pipeline.sharded import ShardedPublisher
 
     v = args.versions + 1
-    triples: dict[str, Any] = {}
-    for k, (name, shape) in enumerate(shapes):
-        a, b = _my_rows(shape, rank, world)
-        arr = bits[name].copy()
-        _fill(k, shape, a, b, v, arr.reshape(-1))
-        bits[name] = arr
-        triples[name] = (torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16), shape, a)
+    triples = _next_rows(shapes, bits, rank, world, v)
     dist.barrier()
     reset_peak()
     before = rss_bytes("VmRSS")

@@ -240,24 +240,30 @@ def _local_worker(rank: int, world: int, tmp: str) -> None:
     leave_process_group()
 
 
-def test_publish_local_and_a_failed_rank_fails_the_version_everywhere() -> None:
+def _spawn_and_replay(worker: Any, world: int, name: str) -> None:
+    """Run ``worker`` on ``world`` ranks (a traceback from any fails the test), then replay every
+    version rank 0 saved in ``fulls.pt``, bit-exact."""
     import torch
 
     from deltarl.pipeline import replay
-    from deltarl.storage import LocalStore
     from deltarl.testing.ranks import spawn_ranks
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        codes = spawn_ranks(_local_worker, 3, str(tmp))
-        for err in sorted(tmp.glob("error-local-*.txt")):
+        codes = spawn_ranks(worker, world, str(tmp))
+        for err in sorted(tmp.glob(f"error-{name}-*.txt")):
             pytest.fail(err.read_text())
-        assert codes == [0, 0, 0]
+        assert codes == [0] * world
         fulls = torch.load(tmp / "fulls.pt")
         store = LocalStore(tmp / "store")
         for v, want in enumerate(fulls):
             got = replay(store, "r", v)
-            assert all(torch.equal(got[k].view(torch.uint8), want[k].view(torch.uint8)) for k in want), v
+            for k in want:  # (reshaped: a 0-d tensor has no byte view)
+                assert torch.equal(got[k].reshape(-1).view(torch.uint8), want[k].reshape(-1).view(torch.uint8)), (v, k)
+
+
+def test_publish_local_and_a_failed_rank_fails_the_version_everywhere() -> None:
+    _spawn_and_replay(_local_worker, 3, "local")
 
 
 def _resume_worker(rank: int, world: int, tmp: str) -> None:
@@ -308,19 +314,4 @@ def _resume_worker(rank: int, world: int, tmp: str) -> None:
 
 
 def test_resume_that_cannot_replay_fails_the_version_on_every_rank_then_resumes() -> None:
-    import torch
-
-    from deltarl.pipeline import replay
-    from deltarl.testing.ranks import spawn_ranks
-
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        codes = spawn_ranks(_resume_worker, 2, str(tmp), timeout_s=120)
-        for err in sorted(tmp.glob("error-resume-*.txt")):
-            pytest.fail(err.read_text())
-        assert codes == [0, 0]
-        fulls = torch.load(tmp / "fulls.pt")
-        store = LocalStore(tmp / "store")
-        for v, want in enumerate(fulls):
-            got = replay(store, "r", v)
-            assert all(torch.equal(got[k].reshape(-1).view(torch.uint8), want[k].reshape(-1).view(torch.uint8)) for k in want), v
+    _spawn_and_replay(_resume_worker, 2, "resume")
