@@ -81,6 +81,19 @@ def encode_threads_per_rank() -> int:
     return max(1, min(4, (os.cpu_count() or 1) // max(1, local)))
 
 
+def _rows_outside(full: Mapping[str, Any], wants: Sequence[dict[str, tuple[int, tuple[int, ...]]] | None], version: int
+                  ) -> str | None:
+    """Why some rank's rows do not lie inside the replayed tensors (nothing could be sent), or None."""
+    import math
+
+    for rank, want in enumerate(wants):
+        for name, (start, shape) in (want or {}).items():
+            if name in full and start + math.prod(shape) > full[name].numel():
+                return (f"rank {rank} holds elements [{start}, {start + math.prod(shape)}) of tensor {name!r}, "
+                        f"which has {full[name].numel()} at version {version}")
+    return None
+
+
 class ShardedPublisher:
     """Publishes versions of one run from every rank of ``group`` (collective: call on all ranks)."""
 
@@ -467,6 +480,7 @@ class ShardedPublisher:
             try:
                 full = replay(self.store, self.run, head)
                 status["dtypes"] = {name: str(t.dtype).removeprefix("torch.") for name, t in sorted(full.items())}
+                status["error"] = _rows_outside(full, wants or [], head)
             except Exception as err:  # every rank fails the version with it
                 status["error"] = f"{type(err).__name__}: {err}"
         status = self._bcast(status)

@@ -305,6 +305,11 @@ def _resume_worker(rank: int, world: int, tmp: str) -> None:
             if rank == 0:
                 store.put(key, good)
             dist.barrier()
+            wrong = shards(fulls[3])
+            if rank == 1:  # rows 4..12 of a tensor the run has 10 rows of: nothing is sent, nobody waits
+                wrong["a"] = (torch.cat([wrong["a"][0], wrong["a"][0][:2]]), (12, 300), 4)
+            with pytest.raises(ShardedPublishError, match=r"rank 1 holds elements \[1200, 3600\) of tensor 'a', which has 3000"):
+                pub.publish_local(wrong, 3)
             pub._p2p_backends = frozenset()  # the rows go by scatter_object_list (NCCL's way) this time
             pub.publish_local(shards(fulls[3]), 3)  # every rank resumes again: rank 0 replays, scatters
             assert pub.next_version == 4
