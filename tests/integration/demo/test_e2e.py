@@ -281,13 +281,16 @@ def test_end_to_end_over_seaweedfs_with_faults(fleet: Fleet, seaweed_s3: S3Locat
     # fault 2: the corrupted segment was refetched from the next source and never applied
     joiner = _events(tmp_path / "actor-4.events.jsonl")
     boot = next(e for e in joiner if e["event"] == "bootstrap")
-    # the bad bytes were caught before use: by the relay as it streamed them (sha256 of the manifest:
-    # response aborted, entry evicted and pulled again, the actor retried) or by the actor's fetcher
-    # (sha256 mismatch: refetched from the next source); either way only verified bytes were staged
+    # the bad bytes were caught before use, by the relay or by the actor's fetcher, and only verified
+    # bytes were staged (the final weights are checked below). Which one caught them depends on
+    # timing: a segment the relay cached before its manifest was committed (an actor's speculative
+    # prefetch) is hashed whole before it is served, so the relay evicts it and pulls it again
+    # without the actor noticing; one cached after is checked as it streams (response aborted, the
+    # actor retries); and bytes the relay passed on unchecked fail the actor's sha256 (refetched
+    # from the next source).
     failures = re.search(r"^deltarl_relay_integrity_failures_total (\S+)$", metrics, re.MULTILINE)
     relay_caught = failures is not None and float(failures.group(1)) >= 1
     assert relay_caught or boot["fetch"]["integrity_refetches"] >= 1, (corrupted, boot)
-    assert boot["fetch"]["retries"] + boot["fetch"]["integrity_refetches"] >= 1, boot
     assert 1 <= boot["version"] <= JOIN_AFTER
     assert any(e["event"] == "result" and e["admitted"] for e in joiner), "the late actor did some work"
     # fault 3: the forged result was rejected for its version id
