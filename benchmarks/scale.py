@@ -242,15 +242,22 @@ class _Relay:
         shutil.rmtree(self.cache, ignore_errors=True)
 
 
-def phase_relay(args: argparse.Namespace) -> dict[str, Any]:
-    from deltarl.actor.fetcher import Fetcher
+def _run_objects(args: argparse.Namespace) -> list[Any]:
+    """The refs of every segment and keyframe part of the run's versions."""
     from deltarl.pipeline.reader import RunReader
 
     reader = RunReader(_store(args), RUN)
-    refs = []
+    refs: list[Any] = []
     for v in range(args.versions + 1):
         manifest, _ = reader.manifest(v)
         refs += [*manifest.segments, *(manifest.keyframe.parts if manifest.keyframe else ())]
+    return refs
+
+
+def phase_relay(args: argparse.Namespace) -> dict[str, Any]:
+    from deltarl.actor.fetcher import Fetcher
+
+    refs = _run_objects(args)
     total = sum(r.size for r in refs)
     relay = _Relay(args)
     base = rss_bytes("VmRSS")
@@ -275,13 +282,8 @@ def phase_relay(args: argparse.Namespace) -> dict[str, Any]:
 def _warm(relay: _Relay, args: argparse.Namespace) -> None:
     """Pull every object of the run through ``relay`` once (another actor came first)."""
     from deltarl.actor.fetcher import Fetcher
-    from deltarl.pipeline.reader import RunReader
 
-    reader = RunReader(_store(args), RUN)
-    refs = []
-    for v in range(args.versions + 1):
-        manifest, _ = reader.manifest(v)
-        refs += [*manifest.segments, *(manifest.keyframe.parts if manifest.keyframe else ())]
+    refs = _run_objects(args)
 
     async def pull() -> None:
         async with Fetcher([relay.url], streams=4) as f:

@@ -86,11 +86,11 @@ class _Object:
             self.buf[start : start + len(data)] = data
             return
         i = bisect.bisect_right(self.views, start, key=lambda v: v[0]) - 1
-        pos, src = start, memoryview(data)
-        while src:
+        pos, src = start, np.frombuffer(data, dtype=np.uint8)
+        while src.size:  # numpy's copy drops the GIL (land() runs this on a worker thread)
             off, view = self.views[i]
-            take = min(len(src), off + len(view) - pos)
-            view[pos - off : pos - off + take] = src[:take]
+            take = min(src.size, off + len(view) - pos)
+            np.copyto(np.frombuffer(view, dtype=np.uint8)[pos - off : pos - off + take], src[:take])
             src, pos, i = src[take:], pos + take, i + 1
 
     def land(self, start: int, data: bytes) -> None:
@@ -109,13 +109,7 @@ class _Object:
                             self.ref.key, j, start + a, start + a + len(mv[a : a + ps]), got[:16], self.ref.pieces[j][:16])
                 self.mismatch = True
                 return  # never copied: the caller's memory holds no unchecked byte of it
-        i = bisect.bisect_right(self.views, start, key=lambda v: v[0]) - 1
-        pos, src = start, np.frombuffer(data, dtype=np.uint8)
-        while src.size:
-            off, view = self.views[i]
-            take = min(src.size, off + len(view) - pos)
-            np.copyto(np.frombuffer(view, dtype=np.uint8)[pos - off : pos - off + take], src[:take])
-            src, pos, i = src[take:], pos + take, i + 1
+        self.write(start, data)
 
     def verified(self) -> bool:
         """Whether the caller's views hold exactly the object (pieces for v2, sha256 for v1): one pass."""

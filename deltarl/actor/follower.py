@@ -82,18 +82,12 @@ class Follower:
         self._fetcher: Fetcher | None = None
         self._sub: Subscriber | None = None
         self._staged: asyncio.Event | None = None
-        self._warm: threading.Thread | None = None
 
     # --- lifetime ----------------------------------------------------------------------------------
 
     async def open(self) -> None:
         """Create the fetcher and subscriber (once; a follower is not reopened after ``close``)."""
         if self._fetcher is None:
-            from deltarl.actor.weights import warm_decoders
-
-            # compile the codecs' kernels now, so the first version after the bootstrap is not late
-            self._warm = threading.Thread(target=warm_decoders, name="follower-warm-codecs", daemon=True)
-            self._warm.start()
             self._fetcher = Fetcher(self._sources, streams=self._streams, cooldown_s=5.0)
             self._staged = asyncio.Event()
             self._sub = Subscriber(self.state, self.run_name, self._fetcher, poll_wait_s=self._poll_wait_s,
@@ -106,9 +100,6 @@ class Follower:
             await self._sub.close()
         if self._fetcher is not None:
             await self._fetcher.close()
-        if self._warm is not None:  # an interpreter exiting mid-compile can crash: let it finish
-            await asyncio.to_thread(self._warm.join)
-            self._warm = None
 
     async def __aenter__(self) -> Follower:
         await self.open()

@@ -185,9 +185,6 @@ class ActorLoop:
             import torch
 
             torch.set_num_threads(cfg.torch_threads)
-        from deltarl.actor.weights import warm_decoders
-
-        threading.Thread(target=warm_decoders, name="actor-warm-codecs", daemon=True).start()
         self.weights = Weights(cfg, store)  # relays first, the origin (if any) last: model.json too
         info = self.weights.wait_model_json(timeout_s=cfg.bootstrap_timeout_s, stop=self._stop)
         if info is None:

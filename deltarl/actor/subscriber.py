@@ -229,6 +229,7 @@ class Subscriber:
         self._staged: _Staged | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._warming: asyncio.Future[None] | None = None  # the codec warm-up (once)
         self._error: BaseException | None = None
         self._manifests: dict[int, tuple[Manifest, str]] = {}
         self._info: RunInfo | None = None
@@ -286,13 +287,12 @@ class Subscriber:
         async def segments_of(manifest: Manifest) -> list[bytes]:
             return [data async for _, data in self.fetcher.fetch_objects(list(manifest.segments))]  # any order
 
-        # One version's segments are fetched ahead: the first delta's while the keyframe streams in,
-        # each next one's while the one before is decoded.
+        # Every version after this state is a delta: numba loads the decoder while the keyframe
+        # streams in. One version's segments are fetched ahead: the first delta's while the keyframe
+        # streams in, each next one's while the one before is decoded.
+        warming = await self._warm_codec()
         ahead: dict[int, asyncio.Task[list[bytes]]] = {}
-        warming: asyncio.Future[None] | None = None
         if len(chain) > 1:
-            dtypes = [t.dtype for t in (await self._run_info()).tensors]
-            warming = asyncio.ensure_future(asyncio.to_thread(warm_codec_quietly, dtypes))  # the decoder, meanwhile
             ahead[chain[1][0].version] = asyncio.ensure_future(segments_of(chain[1][0]))
         try:
             state = await self._load_base(chain, into)  # (may extend the chain down to an older keyframe)
@@ -302,20 +302,26 @@ class Subscriber:
                 if pos + 1 < len(chain) and chain[pos + 1][0].version not in ahead:
                     ahead[chain[pos + 1][0].version] = asyncio.ensure_future(segments_of(chain[pos + 1][0]))
                 segments = await fetching
-                if warming is not None:
-                    await warming
+                await asyncio.shield(warming)
                 parent_id = self._manifests[manifest.version - 1][1]
                 staged = await asyncio.to_thread(stage_delta, state, segments, base=parent_id)
                 staged.commit()
         finally:
             for task in ahead.values():
                 task.cancel()
-            await asyncio.gather(*ahead.values(), *([warming] if warming is not None else []), return_exceptions=True)
+            await asyncio.gather(*ahead.values(), return_exceptions=True)
         last, vid = chain[-1]
         # a v2 keyframe alone was checked piece by piece as it landed: no second pass over it
         if last.state_digest is not None and (len(chain) > 1 or last.format_version < 2):
             await self._check_digest(state, last)
         return state, last, vid
+
+    async def _warm_codec(self) -> asyncio.Future[None]:
+        """The codec warm-up for the run's dtypes, started on a thread the first time."""
+        if self._warming is None:
+            dtypes = [t.dtype for t in (await self._run_info()).tensors]
+            self._warming = asyncio.ensure_future(asyncio.to_thread(warm_codec_quietly, dtypes))
+        return self._warming
 
     async def _run_info(self) -> RunInfo:
         if self._info is None:
@@ -438,6 +444,8 @@ class Subscriber:
 
     async def close(self) -> None:
         await self._stop_background()
+        if self._warming is not None:  # an interpreter exiting mid-compile can crash: let it finish
+            await asyncio.gather(self._warming, return_exceptions=True)
         if self._digests is not None:
             await asyncio.to_thread(self._digests.shutdown)
             self._digests = None

@@ -18,7 +18,7 @@ from collections.abc import Coroutine, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from deltarl.actor.subscriber import CommitInfo, Subscriber
-from deltarl.errors import ConfigError, DeltaRLError, ObjectNotFound, RunError, TransferError
+from deltarl.errors import ConfigError, ObjectNotFound, RunError, TransferError
 
 if TYPE_CHECKING:
     from deltarl.actor.config import ActorConfig
@@ -29,27 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-
-
-def warm_decoders() -> None:
-    """Load every codec's compiled kernels now (numba import and cache, ~0.5-3 s), so that the first
-    version after the bootstrap is not staged that much later than the rest. Best effort."""
-    try:
-        import torch
-
-        from deltarl.pipeline import encode_delta, stage_delta
-        from deltarl.pipeline.registry import ENCODABLE
-
-        gen = torch.Generator().manual_seed(0)
-        old = {"w": torch.randn(8192, generator=gen).to(torch.bfloat16)}
-        for frac in (0.01, 1.0):  # sparse and dense chunks take different paths
-            new = {"w": old["w"].clone()}
-            n = int(8192 * frac)
-            new["w"][:n] = (old["w"][:n].float() * 1.01 + 1e-3).to(torch.bfloat16)
-            for codec in ENCODABLE:
-                stage_delta({"w": old["w"].clone()}, encode_delta(old, new, base="0" * 64, codec=codec), base="0" * 64)
-    except (DeltaRLError, ImportError, RuntimeError, ValueError) as err:
-        log.debug("codec warm-up skipped: %s", err)
 
 
 class Weights:

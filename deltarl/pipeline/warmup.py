@@ -21,9 +21,10 @@ _BASE = "0" * 64
 
 
 def warm_codec(dtypes: Iterable[str]) -> None:
-    """Encode, check and stage a tiny delta of each raw width the run's ``dtypes`` use (16 bits for
-    bfloat16/float16, 32 for float32); nothing is kept. Only those widths: on a fresh install numba
-    compiles each signature on first use, and a width the run never uses would cost seconds."""
+    """Encode, check and stage tiny deltas of each raw width the run's ``dtypes`` use (16 bits for
+    bfloat16/float16, 32 for float32), sparse and wholly changed (the ``ctx`` and ``dense`` codecs
+    ``auto`` picks from); nothing is kept. Only those widths and codecs: on a fresh install numba
+    compiles each signature on first use, and one the run never uses would cost seconds."""
     from deltarl.pipeline.encode import iter_encode_delta
     from deltarl.pipeline.stage import stage_delta
 
@@ -33,10 +34,11 @@ def warm_codec(dtypes: Iterable[str]) -> None:
     rng = np.random.default_rng(0)
     for dtype in [np.float16] * (16 in widths) + [np.float32] * (32 in widths):
         old = {"w": rng.standard_normal(_ELEMENTS).astype(dtype)}
-        new = {"w": old["w"].copy()}
-        new["w"][::97] = np.nextafter(new["w"][::97], np.inf)
-        segments = list(iter_encode_delta(old, new, base=_BASE, segment_bytes=_SEGMENT_BYTES, check_finite=True))
-        stage_delta(old, segments, base=_BASE)
+        for every in (97, 1):
+            new = {"w": old["w"].copy()}
+            new["w"][::every] = np.nextafter(new["w"][::every], np.inf)
+            segments = list(iter_encode_delta(old, new, base=_BASE, segment_bytes=_SEGMENT_BYTES, check_finite=True))
+            stage_delta(old, segments, base=_BASE)
 
 
 def warm_codec_quietly(dtypes: Iterable[str]) -> None:
