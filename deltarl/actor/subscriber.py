@@ -36,7 +36,7 @@ from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.staging import VersionStaging
-from deltarl.errors import IntegrityError, ObjectNotFound, RunError, StagingError, TransferError
+from deltarl.errors import DeltaRLError, IntegrityError, ObjectNotFound, RunError, StagingError, TransferError
 from deltarl.pipeline.layout import RunLayout, key_epoch
 from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo, version_id
 from deltarl.pipeline.memory import trim
@@ -287,12 +287,11 @@ class Subscriber:
         async def segments_of(manifest: Manifest) -> list[bytes]:
             return [data async for _, data in self.fetcher.fetch_objects(list(manifest.segments))]  # any order
 
-        # Every version after this state is a delta: numba loads the decoder while the keyframe
-        # streams in. One version's segments are fetched ahead: the first delta's while the keyframe
-        # streams in, each next one's while the one before is decoded.
-        warming = await self._warm_codec()
+        # One version's segments are fetched ahead: the first delta's while the keyframe streams in
+        # (and numba loads the decoder meanwhile), each next one's while the one before is decoded.
         ahead: dict[int, asyncio.Task[list[bytes]]] = {}
         if len(chain) > 1:
+            await self._warm_codec()
             ahead[chain[1][0].version] = asyncio.ensure_future(segments_of(chain[1][0]))
         try:
             state = await self._load_base(chain, into)  # (may extend the chain down to an older keyframe)
@@ -302,7 +301,7 @@ class Subscriber:
                 if pos + 1 < len(chain) and chain[pos + 1][0].version not in ahead:
                     ahead[chain[pos + 1][0].version] = asyncio.ensure_future(segments_of(chain[pos + 1][0]))
                 segments = await fetching
-                await asyncio.shield(warming)
+                await asyncio.shield(await self._warm_codec())
                 parent_id = self._manifests[manifest.version - 1][1]
                 staged = await asyncio.to_thread(stage_delta, state, segments, base=parent_id)
                 staged.commit()
@@ -317,7 +316,8 @@ class Subscriber:
         return state, last, vid
 
     async def _warm_codec(self) -> asyncio.Future[None]:
-        """The codec warm-up for the run's dtypes, started on a thread the first time."""
+        """The codec warm-up for the run's dtypes, started on a thread the first time: by a catch-up
+        with deltas to apply, else when background staging starts (the next version is a delta)."""
         if self._warming is None:
             dtypes = [t.dtype for t in (await self._run_info()).tensors]
             self._warming = asyncio.ensure_future(asyncio.to_thread(warm_codec_quietly, dtypes))
@@ -464,6 +464,10 @@ class Subscriber:
         await self.close()
 
     async def _run(self) -> None:
+        try:
+            await self._warm_codec()
+        except DeltaRLError as err:  # best effort (run.json unreachable now): the first delta loads the kernels
+            log.debug("codec warm-up not started: %s", err)
         while True:
             if self._staged is not None:
                 self._wake.clear()
