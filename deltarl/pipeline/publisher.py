@@ -32,7 +32,7 @@ from deltarl.errors import (
 )
 from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
-from deltarl.pipeline.finite import check_before_encode, is_finite
+from deltarl.pipeline.finite import check_before_encode, check_finite, is_finite
 from deltarl.pipeline.keyframe import plan_parts, write_part
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import (
@@ -166,7 +166,8 @@ class Publisher:
         self._pool = ThreadPoolExecutor(cfg.upload_workers, thread_name_prefix="deltarl-upload")
         #: A resumed publisher's next publish encodes a delta (a fresh run's is a keyframe): while the
         #: trainer computes its step, the codec is warmed up and the base checked for NaN/Inf (if
-        #: finite, the first publish checks only the values it changes).
+        #: finite, the first publish checks only the values it changes). A publish that comes first
+        #: encodes meanwhile and awaits the check before its commit.
         self._base_check: Future[bool] | None = None
         if self._prev is not None:
             dtypes = [t.dtype for t in self._info.tensors] if self._info is not None else []
@@ -283,10 +284,14 @@ class Publisher:
 
         if self._closed:
             raise RunError(f"publisher of run {self.run!r} is closed")
-        if self._base_check is not None:  # the resumed base: checked whole in the background
-            self._prev_finite, self._base_check = self._base_check.result(), None
-        check_changes = check_before_encode(state_dict, allow_nonfinite=allow_nonfinite,
-                                            base_finite=self._prev_finite and self._next > 0)
+        base_check = self._base_check  # the resumed base, checked in the background
+        if base_check is not None and (base_check.done() or allow_nonfinite):
+            self._prev_finite, self._base_check, base_check = base_check.result(), None, None
+        if base_check is not None:  # still running: the encoder checks the changes, the base is awaited before commit
+            check_changes = True
+        else:
+            check_changes = check_before_encode(state_dict, allow_nonfinite=allow_nonfinite,
+                                                base_finite=self._prev_finite and self._next > 0)
         t0 = time.perf_counter()
         early: Future[None] | None = None
         try:
@@ -317,6 +322,10 @@ class Publisher:
                     uploads.submit(self._upload_part, version, key, state_dict, ranges, specs)
             if is_keyframe or version % self.digest_interval == 0 or self._force_digest:
                 digest = StateDigest(BLOCKS_V2, state_digest(state_dict, BLOCKS_V2))
+            if base_check is not None:  # unchanged values are the base's: a base with NaN/Inf needs a whole check
+                self._prev_finite, self._base_check = base_check.result(), None
+                if not self._prev_finite:
+                    check_finite(state_dict)
             refs = uploads.results()
         except BaseException:
             if early is not None and early.exception() is not None:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -129,6 +134,54 @@ def test_a_resumed_publisher_with_a_finite_base_checks_only_what_its_first_versi
     # the base was checked whole in the background when the publisher opened: the new NaN is a change
     with Publisher(memory_store, "r") as pub, pytest.raises(NonFiniteTensor, match=r"'embed\.weight' holds 1 NaN/Inf values among"):
         pub.publish(bad, step=1)
+
+
+@pytest.mark.parametrize("base_finite", [True, False])
+def test_a_first_publish_encodes_while_the_resumed_base_is_still_checked(
+    memory_store: MemoryStore, monkeypatch: pytest.MonkeyPatch, base_finite: bool
+) -> None:
+    import deltarl.pipeline.publisher as publisher_module
+    from deltarl.pipeline.layout import RunLayout
+
+    trainer = TinyTrainer(6)
+    base = trainer.export()
+    if not base_finite:
+        base["embed.weight"].view(-1)[5] = float("inf")
+    with Publisher(memory_store, "r") as pub:
+        pub.publish(base, step=0, allow_nonfinite=not base_finite)
+    trainer.step()
+    nxt = trainer.export()
+    if not base_finite:
+        nxt["embed.weight"].view(-1)[5] = float("inf")  # kept from the base: not a change
+    release = threading.Event()
+    real_is_finite = publisher_module.is_finite
+
+    def held_base_check(state: Any, **kw: Any) -> bool:  # the resumed base's check, held until released
+        assert release.wait(30)
+        return real_is_finite(state, **kw)
+
+    monkeypatch.setattr(publisher_module, "is_finite", held_base_check)
+    prefix = RunLayout("r").version_prefix(1)
+    with Publisher(memory_store, "r") as pub, ThreadPoolExecutor(1) as caller:
+        publishing = caller.submit(pub.publish, nxt, 1)
+        deadline = time.monotonic() + 30
+        while not any(memory_store.list(prefix)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert any(memory_store.list(prefix)), "the delta was not encoded while the base check ran"
+        time.sleep(0.2)
+        assert not publishing.done()  # nothing commits before the base is known
+        assert RunReader(memory_store, "r").head().version == 0
+        release.set()
+        if base_finite:
+            assert publishing.result().version == 1
+        else:
+            with pytest.raises(NonFiniteTensor, match=r"'embed\.weight' holds 1 NaN/Inf values of"):
+                publishing.result()
+    if base_finite:
+        assert states_equal(replay(memory_store, "r", 1), nxt)
+    else:
+        assert RunReader(memory_store, "r").head().version == 0
+        assert not any(memory_store.list(prefix))  # its segments were discarded
 
 
 def test_the_encoder_checks_changed_values_only_when_asked() -> None:
