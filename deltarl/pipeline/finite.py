@@ -9,7 +9,6 @@ device tensor) falls back to one float32 sum (NaN or Inf anywhere makes it non-f
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from deltarl.errors import NonFiniteTensor
+from deltarl.pipeline.kernels import worker_threads
 
 # raw-bits dtype and exponent mask of each float dtype (by itemsize and numpy kind)
 _MASKS = {"bfloat16": (np.uint16, 0x7F80), "float16": (np.uint16, 0x7C00),
@@ -87,10 +87,10 @@ def _nonfinite(value: Any) -> int:
 def check_finite(state_dict: Mapping[str, Any], *, threads: int | None = None) -> None:
     """Raise :class:`~deltarl.errors.NonFiniteTensor` naming the first floating tensor (in the
     mapping's order) that holds NaN or Inf (torch tensors and numpy arrays; other values are not
-    checked). Tensors are checked on ``threads`` threads (default: every core; numpy releases the
+    checked). Tensors are checked on ``threads`` threads (default: :func:`worker_threads`; numpy releases the
     GIL), so the pass scales with cores like the encoder it precedes."""
     items = list(state_dict.items())
-    workers = max(1, min(threads or os.cpu_count() or 1, len(items)))
+    workers = max(1, min(threads or worker_threads(), len(items)))
     if workers == 1:
         counts = [_nonfinite(value) for _, value in items]
     else:

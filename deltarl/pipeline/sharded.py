@@ -78,7 +78,7 @@ def encode_threads_per_rank() -> int:
     if os.environ.get("DELTARL_THREADS"):
         return worker_threads()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return max(1, min(4, (os.cpu_count() or 1) // max(1, local)))
+    return max(1, min(4, worker_threads() // max(1, local)))
 
 
 def _rows_outside(full: Mapping[str, Any], wants: Sequence[dict[str, tuple[int, tuple[int, ...]]] | None], version: int

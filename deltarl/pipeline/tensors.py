@@ -167,7 +167,7 @@ def state_digest(state: Mapping[str, Any], algo: str = BLOCKS_V2, *, threads: in
     """The state digest (hex) of ``state`` by ``algo``; identical for torch and numpy holding the same bits.
 
     ``blocks64k-v2`` (default, see docs/FORMAT.md) hashes 64 KiB blocks on ``threads`` threads
-    (default: every core); ``sha256-seq-v1`` is the sequential digest of format v1 runs.
+    (default: :func:`~deltarl.pipeline.kernels.worker_threads`); ``sha256-seq-v1`` is the sequential digest of format v1 runs.
     """
     if algo == BLOCKS_V2:
         return state_digest_blocks(state, threads=threads)
@@ -194,13 +194,14 @@ def state_digest_blocks(state: Mapping[str, Any], *, threads: int | None = None)
     """``blocks64k-v2``: per tensor (sorted names), tensor_hash = sha256 of the concatenated sha256s of
     its 64 KiB blocks; digest = sha256 over (u32 LE name length, name, tensor_hash). The blocks are
     hashed on a thread pool (hashlib releases the GIL), so it scales with cores."""
-    import os
     from concurrent.futures import ThreadPoolExecutor
+
+    from deltarl.pipeline.kernels import worker_threads
 
     specs = tensor_table(state)
     views = [_le_bytes(spec.name, state[spec.name]) for spec in specs]
     tasks = [(t, a, min(a + _DIGEST_TASK_BYTES, len(mv))) for t, mv in enumerate(views) for a in range(0, len(mv), _DIGEST_TASK_BYTES)]
-    workers = max(1, min(threads or os.cpu_count() or 1, len(tasks)))
+    workers = max(1, min(threads or worker_threads(), len(tasks)))
     if workers == 1:
         parts = [_leaves(views[t], a, b) for t, a, b in tasks]
     else:
