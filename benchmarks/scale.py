@@ -491,9 +491,11 @@ def main() -> None:
     args.scratch = args.scratch or tempfile.mkdtemp(prefix=f"deltarl-scale-{args.model}-", dir=os.environ.get("DELTARL_SCRATCH"))
     scratch = Path(args.scratch)
     copy = _model_bytes(args.model)
-    print(f"Qwen3-{args.model.upper()} shapes: {copy / GB:.2f} GB per BF16 copy, scratch {scratch}, load {loadavg()}", flush=True)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    print(f"Qwen3-{args.model.upper()} shapes: {copy / GB:.2f} GB per BF16 copy, scratch {scratch}, {cpus} CPUs, "
+          f"load {loadavg()}", flush=True)
     results: dict[str, Any] = {"model": args.model, "copy_gb": round(copy / GB, 3), "load_avg_start": loadavg(),
-                               "cpus": os.cpu_count(), "phases": {}}  # fmt: skip
+                               "cpus": cpus, "machine_cpus": os.cpu_count(), "phases": {}}  # fmt: skip
     try:
         if not (scratch / "meta.json").exists():
             t = time.perf_counter()
@@ -513,7 +515,7 @@ def main() -> None:
         results["load_avg_end"] = loadavg()
         _summarize(results)
         RESULTS.mkdir(exist_ok=True)
-        out = RESULTS / f"scale-{args.model}.json"
+        out = RESULTS / f"scale-{args.model}{'' if cpus == os.cpu_count() else f'-{cpus}cpu'}.json"  # under taskset
         out.write_text(json.dumps(results, indent=1) + "\n")
         print(f"wrote {out}")
     finally:
