@@ -18,6 +18,10 @@ follower), through a cold relay into the model the actor built before joining, a
 relay into the model; stage + commit of each delta (with a plain numpy scatter of the same
 positions and values), replay with verify, inspect, gc. The relay shares this machine's cores
 with the actor (in a deployment it runs on its own host).
+
+Opt-in: ``--only keyframe,deltas_long [--long 50]`` publishes 50 delta versions in a row and
+records the RSS after each (memory must stay flat over a long run); it writes
+``scale-<model>-long.json``.
 """
 
 from __future__ import annotations
@@ -160,12 +164,34 @@ def _file_backed(path: Path, total: int) -> Any:
 
 
 def phase_deltas(args: argparse.Namespace) -> dict[str, Any]:
-    """Resume the run from version 0 and publish each version, handing each export over.
+    """Resume the run from version 0 and publish versions 1..``--versions``, handing each export over.
 
     Two copies are inherent (the base and the new export). Where 2.3 copies do not fit in this
     benchmark's share of a shared machine, each new export is a file-backed (MAP_SHARED) mapping
     of a scratch copy, so the kernel can write it back and evict it under pressure instead of
     failing other processes; VmHWM still counts its resident pages."""
+    return _publish_deltas(args, args.versions)
+
+
+def phase_deltas_long(args: argparse.Namespace) -> dict[str, Any]:
+    """``--long`` versions (default 50) of delta publishing from version 0: the peak stays at the
+    base plus the new export, and the RSS after each version stays flat (each dropped export goes
+    back to the OS). The generated change sets are applied forward and back (+1 +2 +3 -3 -2 -1 +1
+    ...), so every version changes ~1% of the elements."""
+    res = _publish_deltas(args, args.long)
+    after = [p["rss_after_copies"] for p in res["versions"]]
+    res["rss_after_copies_min_max"] = [min(after), max(after)]
+    res["rss_growth_copies"] = round(after[-1] - after[min(4, len(after) - 1)], 3)  # last vs version 5
+    return res
+
+
+def _schedule(count: int, sets: int) -> list[tuple[int, bool]]:
+    """(change set, forward?) of each version 1..count: +1 .. +sets, -sets .. -1, and again."""
+    cycle = [(k, True) for k in range(1, sets + 1)] + [(k, False) for k in range(sets, 0, -1)]
+    return [cycle[i % len(cycle)] for i in range(count)]
+
+
+def _publish_deltas(args: argparse.Namespace, count: int) -> dict[str, Any]:
     import torch
 
     from benchmarks._scale_state import apply_changes, views
@@ -174,8 +200,8 @@ def phase_deltas(args: argparse.Namespace) -> dict[str, Any]:
 
     head = RunReader(_store(args), RUN).head()
     if head is None or head.version != 0:
-        raise SystemExit(f"the deltas phase publishes versions 1.. onto version 0; the store's HEAD is "
-                         f"{None if head is None else head.version}: run it with the keyframe phase")
+        raise SystemExit(f"the deltas phases publish versions 1.. onto version 0; the store's HEAD is "
+                         f"{None if head is None else head.version}: run them after the keyframe phase")
     scratch = Path(args.scratch)
     copy = _model_bytes(args.model)
     specs = qwen3_specs(MODELS[args.model])
@@ -187,25 +213,35 @@ def phase_deltas(args: argparse.Namespace) -> dict[str, Any]:
         state = views(flat, specs)
     else:
         flat, state = load_state(scratch, args.model, 0)
+    undo: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # change set -> (positions, bits before it)
     per = []
     with Publisher(_store(args), RUN, previous_state=state, writer_id="bench") as pub:
-        for v in range(1, args.versions + 1):
+        for v, (k, forward) in enumerate(_schedule(count, args.versions), start=1):
             if backed:  # the trainer's next export: a new buffer (file-backed here)
-                work = scratch / f"work-{v}.bin"
-                shutil.copyfile(scratch / ("v0.bin" if v == 1 else f"work-{v - 1}.bin"), work)
+                work = scratch / f"work-{v % 3}.bin"  # version v - 3 used it: the publisher dropped it two versions ago
+                shutil.copyfile(scratch / ("v0.bin" if v == 1 else f"work-{(v - 1) % 3}.bin"), work)
                 flat = _file_backed(work, total)
             elif v > 1:
                 flat = flat.clone()
             state = views(flat, specs)
-            apply_changes(flat.view(torch.int16).numpy().view(np.uint16), scratch, v)
+            bits = flat.view(torch.int16).numpy().view(np.uint16)
+            if forward:
+                before = bits[np.load(scratch / f"pos-v{k}.npy")]
+                pos, _ = apply_changes(bits, scratch, k)
+                undo[k] = (pos, before)
+            else:
+                pos, before = undo.pop(k)
+                bits[pos] = before
             t = time.perf_counter()
             info = pub.publish(state, step=v, owned=True)
             wall = time.perf_counter() - t
+            del state, bits
+            _trim()
             per.append({"version": v, "wall_s": round(wall, 3), "gb_s": round(copy / wall / GB, 3),
                         "encode_s": round(info.encode_s, 3), "upload_s": round(info.upload_s, 3),
                         "segments": len(info.segment_keys), "encoded_mb": round(info.stats.encoded_bytes / 1e6, 1),
-                        "changed": info.stats.changed_elements})  # fmt: skip
-            _trim()
+                        "changed": info.stats.changed_elements,
+                        "rss_after_copies": round((rss_bytes("VmRSS") - base) / copy, 3)})  # fmt: skip
     walls = [p["wall_s"] for p in per]
     return _result(args, sum(walls) / len(walls), base, versions=per, state_backing="file (MAP_SHARED)" if backed else "anonymous")
 
@@ -435,6 +471,7 @@ PHASES = {
     "digests": phase_digests,
     "keyframe": phase_keyframe,
     "deltas": phase_deltas,
+    "deltas_long": phase_deltas_long,
     "relay": phase_relay,
     "bootstrap": phase_bootstrap,
     "bootstrap_model": phase_bootstrap_model,
@@ -444,10 +481,13 @@ PHASES = {
     "inspect": phase_inspect,
     "gc": phase_gc,
 }
+#: Phases that run only when named in --only (a run that names one writes scale-<model>-long.json).
+OPT_IN = {"deltas_long"}
 #: (phase, the limit it is bound by, target GB/s as a fraction of that limit or absolute, target copies)
 TARGETS = {
     "keyframe": ("durable_write_gb_s", "0.8x limit", 1.3),
     "deltas": (None, ">= 2.0 GB/s", 2.3),
+    "deltas_long": (None, ">= 2.0 GB/s", 2.3),
     "relay": ("cached_read_gb_s", "-", None),
     "bootstrap": ("sha256_gb_s", ">= 0.5 GB/s", 1.3),
     "bootstrap_model": ("sha256_gb_s", ">= 0.5 GB/s", 1.3),
@@ -459,7 +499,7 @@ TARGETS = {
 
 def _run_phase(args: argparse.Namespace, name: str) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.scale", "--phase", name, "--scratch", args.scratch, "--model", args.model,
-           "--versions", str(args.versions)]  # fmt: skip
+           "--versions", str(args.versions), "--long", str(args.long)]  # fmt: skip
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -475,6 +515,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="1.7b", choices=sorted(MODELS))
     parser.add_argument("--versions", type=int, default=3)
+    parser.add_argument("--long", type=int, default=50, help="versions the deltas_long phase publishes (opt-in phase)")
     parser.add_argument("--scratch", default=None, help="scratch directory (default: a temp dir, removed after)")
     parser.add_argument("--only", default=None, help="comma-separated phases (default: all)")
     parser.add_argument("--phase", default=None, help=argparse.SUPPRESS)
@@ -501,7 +542,7 @@ def main() -> None:
             t = time.perf_counter()
             results["state"] = generate(scratch, args.model, args.versions)
             print(f"generated states in {time.perf_counter() - t:.1f}s: {results['state']}", flush=True)
-        only = args.only.split(",") if args.only else list(PHASES)
+        only = args.only.split(",") if args.only else [name for name in PHASES if name not in OPT_IN]
         if "keyframe" in only:  # a reused scratch keeps its states, not the last run's store
             shutil.rmtree(scratch / "store", ignore_errors=True)
         if "digests" in only and not (scratch / "digests.json").exists():
@@ -515,7 +556,7 @@ def main() -> None:
         results["load_avg_end"] = loadavg()
         _summarize(results)
         RESULTS.mkdir(exist_ok=True)
-        out = RESULTS / f"scale-{args.model}{'' if cpus == os.cpu_count() else f'-{cpus}cpu'}.json"  # under taskset
+        out = RESULTS / f"scale-{args.model}{'-long' if OPT_IN & set(only) else ''}{'' if cpus == os.cpu_count() else f'-{cpus}cpu'}.json"  # under taskset
         out.write_text(json.dumps(results, indent=1) + "\n")
         print(f"wrote {out}")
     finally:
