@@ -1,9 +1,11 @@
-"""Whole-model paths hold one copy of the model: keyframe publish, replay and bootstrap, each in a
-subprocess that reads its own peak RSS (VmHWM) at a ~256 MB state, bit-exact.
+"""Whole-model paths hold one copy of the model (keyframe publish, replay, bootstrap) and delta
+publishing two, flat over 30 versions; each runs in a subprocess that reads its own peak RSS
+(VmHWM) at a ~256 MB state, bit-exact.
 
 Memory is not noisy the way time is: the peak counts the state once (the caller's state, or the
-fresh state built), plus chunk-sized buffers. The interpreter's own RSS, measured before the state
-is allocated, is subtracted. Linux only (``/proc/self/status``).
+fresh state built), plus chunk-sized buffers. The interpreter's own RSS (with the codec's compiled
+code where deltas are published), measured before the state is allocated, is subtracted. Linux
+only (``/proc/self/status``).
 """
 
 from __future__ import annotations
@@ -80,11 +82,36 @@ asyncio.run(boot())
 peak = rss("VmHWM")
 print(json.dumps({"copies": (peak - base) / COPY, "digest": state_digest(live)}))
 ''',
+    "deltas": '''
+from deltarl.pipeline.memory import trim
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.warmup import warm_codec
+from deltarl.storage import LocalStore
+warm_codec(["bfloat16"])  # the codec's compiled code (~120 MB with numba) is the process's, not data
+trim()
+base = rss("VmRSS")
+s = state(0)
+after = []
+with Publisher(LocalStore(root), "d", keyframe_interval=1000, digest_interval=1000, keyframe_part_bytes=64 << 20) as pub:
+    pub.publish(s, step=0, owned=True)
+    for v in range(1, VERSIONS + 1):  # each version a new export, ~1% of it moved by one ulp, handed over
+        s = {name: t.clone() for name, t in s.items()}
+        for t in s.values():
+            t.view(torch.int16)[::97] += 1 if v % 2 else -1
+        info = pub.publish(s, step=v, owned=True)
+        assert info.stats.changed_elements == 16 * -(-2048 // 97) * 4096, info.stats  # every 97th row
+        after.append((rss("VmRSS") - base) / COPY)
+peak = rss("VmHWM")
+print(json.dumps({"copies": (peak - base) / COPY, "after": after, "digest": state_digest(s)}))
+''',
 }
+
+DELTA_VERSIONS = 30
+DELTA_LIMIT = 2.3  # the previous base plus the new export
 
 
 def _run(root: Path, mode: str) -> dict:
-    script = textwrap.dedent(_COMMON) + textwrap.dedent(_PHASES[mode])
+    script = textwrap.dedent(_COMMON) + f"VERSIONS = {DELTA_VERSIONS}\n" + textwrap.dedent(_PHASES[mode])
     proc = subprocess.run([sys.executable, "-c", script, str(root), mode], capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -99,3 +126,20 @@ def test_keyframe_publish_replay_and_bootstrap_hold_one_copy(tmp_path):
     booted = _run(tmp_path, "bootstrap")
     assert booted["copies"] <= LIMIT, booted
     assert booted["digest"] == published["digest"]
+
+
+@pytest.mark.slow
+def test_delta_publishing_holds_two_copies_and_does_not_grow(tmp_path):
+    published = _run(tmp_path, "deltas")
+    assert published["copies"] <= DELTA_LIMIT, published
+    after = published["after"]
+    assert len(after) == DELTA_VERSIONS
+    # what the process holds after each version: the adopted export (one copy) plus buffers; the
+    # memory of each dropped export goes back to the OS, so the last version holds what the fifth did
+    assert max(after) <= 1.3, after
+    assert after[-1] - after[4] <= 0.05, after
+    from deltarl.pipeline.replay import replay
+    from deltarl.pipeline.tensors import state_digest
+    from deltarl.storage import LocalStore
+
+    assert state_digest(replay(LocalStore(tmp_path), "d", DELTA_VERSIONS)) == published["digest"]  # bit-exact
