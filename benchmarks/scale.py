@@ -213,7 +213,7 @@ def _publish_deltas(args: argparse.Namespace, count: int) -> dict[str, Any]:
         state = views(flat, specs)
     else:
         flat, state = load_state(scratch, args.model, 0)
-    undo: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # change set -> (positions, bits before it)
+    undo: dict[int, np.ndarray] = {}  # change set -> the bits it overwrote
     per = []
     with Publisher(_store(args), RUN, previous_state=state, writer_id="bench") as pub:
         for v, (k, forward) in enumerate(_schedule(count, args.versions), start=1):
@@ -225,13 +225,12 @@ def _publish_deltas(args: argparse.Namespace, count: int) -> dict[str, Any]:
                 flat = flat.clone()
             state = views(flat, specs)
             bits = flat.view(torch.int16).numpy().view(np.uint16)
-            if forward:
-                before = bits[np.load(scratch / f"pos-v{k}.npy")]
-                pos, _ = apply_changes(bits, scratch, k)
-                undo[k] = (pos, before)
+            if not forward:
+                bits[np.load(scratch / f"pos-v{k}.npy")] = undo.pop(k)
             else:
-                pos, before = undo.pop(k)
-                bits[pos] = before
+                if count > args.versions:  # it will be undone: keep the bits it overwrites (2 B a change)
+                    undo[k] = bits[np.load(scratch / f"pos-v{k}.npy")]
+                apply_changes(bits, scratch, k)
             t = time.perf_counter()
             info = pub.publish(state, step=v, owned=True)
             wall = time.perf_counter() - t
