@@ -58,9 +58,13 @@ class CachedBody:
 
     async def send(self, transport: asyncio.Transport, start: int, end: int) -> int:
         """Send ``[start, end)`` on ``transport`` by ``loop.sendfile`` (no copy through Python);
-        returns the bytes sent. Big objects' pages are dropped after, as :meth:`read` drops them."""
+        returns the bytes sent. Big objects' pages are dropped after, as :meth:`read` drops them. A
+        file cut short meanwhile is reported like a short read: the entry is evicted."""
         with os.fdopen(os.dup(self._fd), "rb", buffering=0) as f:
-            await asyncio.get_running_loop().sendfile(transport, f, start, end - start)
+            sent = await asyncio.get_running_loop().sendfile(transport, f, start, end - start)
+        if sent != end - start:
+            self._on_corrupt(self.entry)
+            raise IntegrityError(f"cached {self.entry.key} is shorter than {self.size} bytes")
         if self.size >= Pull.FLUSH_BYTES:
             pagecache.drop(self._fd, start, end - start)
         return end - start
