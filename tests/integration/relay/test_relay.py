@@ -334,3 +334,26 @@ async def test_cached_ranges_are_sent_from_the_file_and_a_short_file_is_caught(
                 await resp.read()  # cut short: not one byte past what the file holds
     assert relay.service.cache.get(SEG) is None  # the short file is evicted
     assert len(sent) == len(ranges)  # a range the file does not hold is read (and caught), not sent
+
+
+async def test_a_cached_file_cut_short_while_it_is_sent_is_evicted(start_relay: StartRelay, monkeypatch: pytest.MonkeyPatch) -> None:
+    from deltarl.relay.bodies import CachedBody
+
+    origin = MemoryStore()
+    data = os.urandom(3_000_000)
+    origin.put(SEG, data)
+    relay = await start_relay(origin)
+    url = f"{relay.url}/{SEG}?unverified=1"
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url) as resp:  # fills the cache
+            assert await resp.read() == data
+        entry = relay.service.cache.get(SEG)
+        assert entry is not None
+        # the file loses its tail after the size check passed: sendfile reaches its end early
+        monkeypatch.setattr(CachedBody, "sendable", lambda self, start, end: True)
+        os.truncate(entry.path, 2_000_000)
+        async with s.get(url, headers={"Range": "bytes=1500000-2499999"}) as resp:
+            assert resp.status == 206
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.read()
+    assert relay.service.cache.get(SEG) is None
