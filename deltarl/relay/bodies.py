@@ -48,27 +48,6 @@ class CachedBody:
             os.close(self._fd)
             self._fd = -1
 
-    def sendable(self, start: int, end: int) -> bool:
-        """Whether ``[start, end)`` can go out by ``sendfile``, straight from the page cache to the
-        socket: a range read (a whole read is hashed as it is sent) that the file holds (a short
-        file is left to :meth:`read`, which reports it)."""
-        if self.check and start == 0 and end == self.size:
-            return False
-        return os.fstat(self._fd).st_size >= end
-
-    async def send(self, transport: asyncio.Transport, start: int, end: int) -> int:
-        """Send ``[start, end)`` on ``transport`` by ``loop.sendfile`` (no copy through Python);
-        returns the bytes sent. Big objects' pages are dropped after, as :meth:`read` drops them. A
-        file cut short meanwhile is reported like a short read: the entry is evicted."""
-        with os.fdopen(os.dup(self._fd), "rb", buffering=0) as f:
-            sent = await asyncio.get_running_loop().sendfile(transport, f, start, end - start)
-        if sent != end - start:
-            self._on_corrupt(self.entry)
-            raise IntegrityError(f"cached {self.entry.key} is shorter than {self.size} bytes")
-        if self.size >= Pull.FLUSH_BYTES:
-            pagecache.drop(self._fd, start, end - start)
-        return end - start
-
     async def read(self, start: int, end: int) -> AsyncIterator[bytes]:
         whole = self.check and start == 0 and end == self.size
         hasher = hashlib.sha256() if whole else None

@@ -35,7 +35,6 @@ from deltarl.errors import (
     StoreError,
 )
 from deltarl.pipeline.layout import is_immutable
-from deltarl.relay.bodies import CachedBody
 from deltarl.relay.config import RelayConfig
 from deltarl.relay.metrics import RelayMetrics
 from deltarl.relay.ranges import parse_range
@@ -155,19 +154,16 @@ async def handle_get(request: web.Request) -> web.StreamResponse:
         resp.content_length = end - start
         await resp.prepare(request)
         try:
-            if isinstance(body, CachedBody) and request.transport is not None and body.sendable(start, end):
-                metrics.bytes_out.inc(await body.send(request.transport, start, end))
-            else:
-                async for chunk in body.read(start, end):
-                    await resp.write(chunk)
-                    metrics.bytes_out.inc(len(chunk))
+            async for chunk in body.read(start, end):
+                await resp.write(chunk)
+                metrics.bytes_out.inc(len(chunk))
         except DeltaRLError as err:
             # Headers are out: the only honest signal left is to cut the connection short.
             log.warning("aborting response for %s: %s", key, err)
             if request.transport is not None:
                 request.transport.abort()
             return resp
-        except (ConnectionResetError, BrokenPipeError):  # the client went away (e.g. a cancelled long-poll)
+        except ConnectionResetError:  # the client went away (e.g. a cancelled long-poll): nothing to tell it
             log.debug("client left during %s", key)
             return resp
         await resp.write_eof()

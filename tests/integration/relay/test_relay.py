@@ -292,19 +292,7 @@ async def test_a_client_leaving_a_long_poll_releases_it_along_the_chain(relay_ch
     assert not relay_chain.b.service._waits
 
 
-async def test_cached_ranges_are_sent_from_the_file_and_a_short_file_is_caught(
-    start_relay: StartRelay, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from deltarl.relay.bodies import CachedBody
-
-    sent: list[tuple[int, int]] = []
-    real_send = CachedBody.send
-
-    async def spy(self: CachedBody, transport: asyncio.Transport, start: int, end: int) -> int:
-        sent.append((start, end))
-        return await real_send(self, transport, start, end)
-
-    monkeypatch.setattr(CachedBody, "send", spy)
+async def test_cached_ranges_are_served_and_a_short_file_is_caught(start_relay: StartRelay) -> None:
     origin = MemoryStore()
     data = os.urandom(3_000_000)
     origin.put(SEG, data)
@@ -315,16 +303,15 @@ async def test_cached_ranges_are_sent_from_the_file_and_a_short_file_is_caught(
         async with s.get(url) as resp:  # a whole read: fills the cache
             assert await resp.read() == data
         served = relay.counters()["deltarl_relay_served_bytes_total"]
-        for a, b in ranges:  # each range goes out by sendfile, and the connection is reused after
+        for a, b in ranges:  # from the cached file, on one reused connection
             async with s.get(url, headers={"Range": f"bytes={a}-{b}"}) as resp:
                 assert resp.status == 206
                 assert await resp.read() == data[a : b + 1]
         want = served + sum(b + 1 - a for a, b in ranges)
-        deadline = time.monotonic() + 5  # the handler counts a range once sendfile returns, after the client has it
+        deadline = time.monotonic() + 5  # the handler counts a chunk after writing it, so maybe after the client has it
         while relay.counters()["deltarl_relay_served_bytes_total"] < want and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert relay.counters()["deltarl_relay_served_bytes_total"] == want
-        assert sent == [(a, b + 1) for a, b in ranges]  # by sendfile; the whole read was hashed as it went
         entry = relay.service.cache.get(SEG)
         assert entry is not None
         os.truncate(entry.path, 2_000_000)  # the cached file lost its tail
@@ -333,27 +320,3 @@ async def test_cached_ranges_are_sent_from_the_file_and_a_short_file_is_caught(
             with pytest.raises(aiohttp.ClientPayloadError):
                 await resp.read()  # cut short: not one byte past what the file holds
     assert relay.service.cache.get(SEG) is None  # the short file is evicted
-    assert len(sent) == len(ranges)  # a range the file does not hold is read (and caught), not sent
-
-
-async def test_a_cached_file_cut_short_while_it_is_sent_is_evicted(start_relay: StartRelay, monkeypatch: pytest.MonkeyPatch) -> None:
-    from deltarl.relay.bodies import CachedBody
-
-    origin = MemoryStore()
-    data = os.urandom(3_000_000)
-    origin.put(SEG, data)
-    relay = await start_relay(origin)
-    url = f"{relay.url}/{SEG}?unverified=1"
-    async with aiohttp.ClientSession() as s:
-        async with s.get(url) as resp:  # fills the cache
-            assert await resp.read() == data
-        entry = relay.service.cache.get(SEG)
-        assert entry is not None
-        # the file loses its tail after the size check passed: sendfile reaches its end early
-        monkeypatch.setattr(CachedBody, "sendable", lambda self, start, end: True)
-        os.truncate(entry.path, 2_000_000)
-        async with s.get(url, headers={"Range": "bytes=1500000-2499999"}) as resp:
-            assert resp.status == 206
-            with pytest.raises(aiohttp.ClientPayloadError):
-                await resp.read()
-    assert relay.service.cache.get(SEG) is None
