@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from deltarl.pipeline.tensors import TensorSpec
+from deltarl.codec.tensors import TensorSpec
 
 
 @dataclass(frozen=True)

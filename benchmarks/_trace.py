@@ -4,7 +4,7 @@ The master weights have LLM-like shapes and distributions (matrices ~N(0, sigma)
 log-normal scale and sigma ~ 1/sqrt(fan_in), norm weights near 1, embeddings); gradients have a
 persistent per-element signal plus fresh noise at a per-row log-normal scale, so Adam's normalised
 step varies across elements as in practice. ``export()`` rounds to BF16 (round-to-nearest-even)
-and returns ``{name: deltarl.pipeline.BF16}``; the first Adam step is the dense one (|update| = lr
+and returns ``{name: deltarl.codec.BF16}``; the first Adam step is the dense one (|update| = lr
 everywhere). Pure numpy, processed per tensor so memory stays ~4x the FP32 model.
 
 Typical use::
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from deltarl.pipeline import BF16
+from deltarl.codec import BF16
 
 Shape = tuple[int, ...]
 

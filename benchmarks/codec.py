@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from deltarl.pipeline import BF16, delta_stats, encode_delta, stage_delta, state_digest
-from deltarl.pipeline.kernels import worker_threads
+from deltarl.codec import BF16, delta_stats, encode_delta, stage_delta, state_digest
+from deltarl.codec.kernels import worker_threads
 
 from ._trace import AdamTrace, qwen3_like_shapes
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
-from deltarl.pipeline import encode_delta, stage_delta, state_digest
+from deltarl.codec import encode_delta, stage_delta, state_digest
 
 from ._e2e import netns
 from ._e2e.driver import drive, summarize

@@ -64,8 +64,8 @@ def bench_hf(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     import torch
 
     from deltarl.actor.backends.hf import HFBackend
+    from deltarl.codec import encode_delta, stage_delta
     from deltarl.model.build import ModelSpec, build_model
-    from deltarl.pipeline import encode_delta, stage_delta
 
     spec = ModelSpec(**(QUICK if args.quick else QWEN3_1_7B))
     t = time.perf_counter()
@@ -140,8 +140,8 @@ def bench_vllm(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from deltarl.actor.backends.vllm_ext import VLLMBackend
+    from deltarl.codec import encode_delta, stage_delta
     from deltarl.model.build import ModelSpec, build_model, export_bf16
-    from deltarl.pipeline import encode_delta, stage_delta
 
     spec = ModelSpec(hidden_size=256, intermediate_size=768, num_layers=2, num_heads=2, num_kv_heads=1,
                      vocab_size=1024, max_positions=512)  # fmt: skip

@@ -50,13 +50,13 @@ RESULTS = Path(__file__).resolve().parent / "results" / "pause.json"
 
 
 def _state(elements: int, tensors: int, seed: int) -> dict[str, Any]:
-    from deltarl.pipeline import BF16
+    from deltarl.codec import BF16
 
     return {n: BF16(weights(s, seed + i)) for i, (n, s) in enumerate(shapes_for(elements, tensors).items())}
 
 
 def _next(state: dict[str, Any], fraction: float, seed: int) -> tuple[dict[str, Any], int]:
-    from deltarl.pipeline import BF16
+    from deltarl.codec import BF16
 
     out, moved = {}, 0
     for i, (n, v) in enumerate(state.items()):
@@ -71,7 +71,7 @@ def _threads(n: int) -> None:
 
 
 def phase_commit(args: argparse.Namespace) -> dict[str, Any]:
-    from deltarl.pipeline import encode_delta, stage_delta
+    from deltarl.codec import encode_delta, stage_delta
 
     t = time.perf_counter()
     old = _state(args.elements, args.tensors, 1)
@@ -158,7 +158,8 @@ def _state_bits(args: argparse.Namespace, name: str) -> np.ndarray:
 def phase_publish(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from deltarl.pipeline import BF16, Publisher, RunReader, encode_delta
+    from deltarl.codec import BF16, encode_delta
+    from deltarl.pipeline import Publisher, RunReader
     from deltarl.storage import LocalStore
 
     _threads(os.cpu_count() or 1)

@@ -51,7 +51,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from deltarl.pipeline import Publisher, encode_delta
+from deltarl.codec import encode_delta
+from deltarl.pipeline import Publisher
 from deltarl.pipeline.manifest import ObjectRef
 from deltarl.storage import LocalStore, ObjectStore
 from deltarl.storage.store import ObjectInfo

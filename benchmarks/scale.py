@@ -68,7 +68,7 @@ def _result(args: argparse.Namespace, wall: float, base_rss: int, **extra: Any) 
 
 
 def _trim() -> None:
-    from deltarl.pipeline.memory import trim
+    from deltarl.codec.heap import trim
 
     trim()
 
@@ -337,7 +337,7 @@ def phase_bootstrap(args: argparse.Namespace, *, into_model: bool = False, warm:
 
     from deltarl.actor.fetcher import Fetcher
     from deltarl.actor.subscriber import Subscriber
-    from deltarl.pipeline import state_digest
+    from deltarl.codec import state_digest
 
     relay = _Relay(args)
     if warm:
@@ -378,7 +378,7 @@ def phase_bootstrap_warm(args: argparse.Namespace) -> dict[str, Any]:
 def phase_stage_commit(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from deltarl.pipeline import stage_delta
+    from deltarl.codec import stage_delta
     from deltarl.pipeline.reader import RunReader
 
     base = rss_bytes("VmRSS")
@@ -405,7 +405,7 @@ def phase_stage_commit(args: argparse.Namespace) -> dict[str, Any]:
         per.append({"version": v, "stage_s": round(stage_s, 3), "commit_s": round(pause, 4), "numpy_scatter_s": round(scatter, 4),
                     "pause_vs_scatter": round(pause / scatter, 2), "changed": int(pos.size)})  # fmt: skip
         del pos, new
-    from deltarl.pipeline import state_digest
+    from deltarl.codec import state_digest
 
     exact = state_digest(state) == json.loads((Path(args.scratch) / "digests.json").read_text())[str(args.versions)]
     worst = max(p["pause_vs_scatter"] for p in per)
@@ -415,7 +415,7 @@ def phase_stage_commit(args: argparse.Namespace) -> dict[str, Any]:
 def phase_replay(args: argparse.Namespace) -> dict[str, Any]:
     import torch  # noqa: F401  # loaded before the clock, as in every other phase: a process's start-up, not replay work
 
-    from deltarl.pipeline import state_digest
+    from deltarl.codec import state_digest
     from deltarl.pipeline.replay import replay
 
     base = rss_bytes("VmRSS")
@@ -429,7 +429,7 @@ def phase_replay(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def phase_inspect(args: argparse.Namespace) -> dict[str, Any]:
-    from deltarl.pipeline.inspect import inspect_run
+    from deltarl.pipeline.inspection import inspect_run
 
     base = rss_bytes("VmRSS")
     t = time.perf_counter()
@@ -453,7 +453,7 @@ def phase_digests(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from benchmarks._scale_state import apply_changes
-    from deltarl.pipeline import state_digest
+    from deltarl.codec import state_digest
 
     flat, state = load_state(Path(args.scratch), args.model, 0)
     bits = flat.view(torch.int16).numpy().view(np.uint16)

@@ -94,7 +94,7 @@ def _warm_up() -> None:
     """Load the encoder's kernels (numba) before the baseline RSS, so it counts only tensors."""
     import torch
 
-    from deltarl.pipeline import encode_delta
+    from deltarl.codec import encode_delta
 
     old = {"w": torch.zeros(1 << 16, dtype=torch.bfloat16)}
     new = {"w": old["w"].clone()}

@@ -27,12 +27,12 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from deltarl.actor.fetcher import Fetcher
     from deltarl.actor.subscriber import Subscriber
+    from deltarl.codec.apply import apply_delta, stage_delta
+    from deltarl.codec.encode import encode_delta
     from deltarl.errors import DeltaRLError
-    from deltarl.pipeline.encode import encode_delta
     from deltarl.pipeline.publish_config import PublishConfig
     from deltarl.pipeline.publisher import Publisher
     from deltarl.pipeline.replay import replay
-    from deltarl.pipeline.stage import apply_delta, stage_delta
     from deltarl.storage.open import open_store
     from deltarl.storage.store import ObjectStore
 
@@ -44,11 +44,11 @@ _EXPORTS = {
     "PublishConfig": "deltarl.pipeline.publish_config",
     "Publisher": "deltarl.pipeline.publisher",
     "Subscriber": "deltarl.actor.subscriber",
-    "apply_delta": "deltarl.pipeline.stage",
-    "encode_delta": "deltarl.pipeline.encode",
+    "apply_delta": "deltarl.codec.apply",
+    "encode_delta": "deltarl.codec.encode",
     "open_store": "deltarl.storage.open",
     "replay": "deltarl.pipeline.replay",
-    "stage_delta": "deltarl.pipeline.stage",
+    "stage_delta": "deltarl.codec.apply",
 }
 
 __all__ = [

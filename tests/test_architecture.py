@@ -21,14 +21,15 @@ ALLOWED: dict[str, set[str]] = {
     "configfile": {"errors"},
     "exposition": set(),
     "storage": BASE,
-    "pipeline": BASE | {"storage"},
-    "model": BASE | {"storage", "pipeline"},
-    "protocol": BASE | {"storage", "pipeline", "model"},
-    "relay": BASE | {"storage", "pipeline"},
-    "actor": BASE | {"storage", "pipeline", "model", "protocol", "relay"},
-    "coordinator": BASE | {"storage", "pipeline", "model", "protocol"},
-    "trainer": BASE | {"storage", "pipeline", "model", "protocol"},
-    "integrations": BASE | {"storage", "pipeline", "model", "protocol", "trainer"},
+    "codec": {"errors"},  # the delta format knows nothing of stores, runs or configuration
+    "pipeline": BASE | {"storage", "codec"},
+    "model": BASE | {"storage", "codec", "pipeline"},
+    "protocol": BASE | {"storage", "codec", "pipeline", "model"},
+    "relay": BASE | {"storage", "codec", "pipeline"},
+    "actor": BASE | {"storage", "codec", "pipeline", "model", "protocol", "relay"},
+    "coordinator": BASE | {"storage", "codec", "pipeline", "model", "protocol"},
+    "trainer": BASE | {"storage", "codec", "pipeline", "model", "protocol"},
+    "integrations": BASE | {"storage", "codec", "pipeline", "model", "protocol", "trainer"},
 }
 TOP = {"__init__", "cli", "demo", "commands", "testing"}  # may import everything
 
@@ -159,3 +160,12 @@ def test_the_cycle_check_finds_a_lazy_cycle(tmp_path):
     (pkg / "a.py").write_text("from deltarl.demo.b import x\n")
     (pkg / "b.py").write_text("def f():\n    from deltarl.demo import a\n")
     assert _cycles(_module_graph(tmp_path / "deltarl")) == [["deltarl.demo.a", "deltarl.demo.b"]]
+
+
+def test_the_codec_imports_nothing_of_the_pipeline(tmp_path):
+    # the delta format sits below the run namespace: a codec module importing the pipeline (or a
+    # store) is reported
+    probe = tmp_path / "deltarl" / "codec" / "probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text("from deltarl.pipeline.layout import RunLayout\nimport deltarl.storage.local\n")
+    assert [v.split(":")[0] for v in _violations(tmp_path / "deltarl")] == ["codec/probe.py", "codec/probe.py"]

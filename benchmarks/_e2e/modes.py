@@ -27,8 +27,9 @@ import numpy as np
 
 from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.subscriber import Subscriber
+from deltarl.codec import BF16
 from deltarl.errors import ObjectNotFound, TransferError
-from deltarl.pipeline import BF16, Publisher
+from deltarl.pipeline import Publisher
 from deltarl.pipeline.manifest import ObjectRef
 from deltarl.storage import ObjectStore
 

@@ -369,7 +369,7 @@ class ActorLoop:
         held = None if self.weights is None else self.weights.held
         if not path or self.backend is None or held is None:
             return
-        from deltarl.pipeline import state_digest
+        from deltarl.codec import state_digest
 
         try:
             record = {"actor": self.name, "actor_id": self.actor_id, "version": held[0], "version_id": held[1],

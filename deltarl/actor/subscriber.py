@@ -3,8 +3,8 @@ commit in place at the safe point between batches.
 
 A background task long-polls the next version's manifest through the fetcher (relays hold the
 request until it lands; the origin is polled) and, meanwhile, its segments by key as the trainer
-uploads them (``speculate``, see :mod:`deltarl.actor.staging`), decoding each into a
-:class:`~deltarl.pipeline.Stager` as it arrives. Once the manifest is visible it checks that it
+uploads them (``speculate``, see :mod:`deltarl.actor.prefetch`), decoding each into a
+:class:`~deltarl.codec.Stager` as it arrives. Once the manifest is visible it checks that it
 names the version we hold as its parent and every speculative segment's sha256, fetches what is
 still missing on several streams, and keeps the result as the one staged version. The actor calls :meth:`Subscriber.ready` and
 :meth:`Subscriber.commit` between batches; nothing is written into the state anywhere else, so a
@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
-from deltarl.actor.staging import VersionStaging
+from deltarl.actor.prefetch import VersionStaging
+from deltarl.codec.heap import trim
+from deltarl.codec.jit_warmup import warm_codec_quietly
 from deltarl.errors import DeltaRLError, IntegrityError, ObjectNotFound, RunError, StagingError, TransferError
 from deltarl.pipeline.layout import RunLayout, key_epoch
 from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo, version_id
-from deltarl.pipeline.memory import trim
-from deltarl.pipeline.warmup import warm_codec_quietly
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class _DigestCheck:
 
 
 def _timed_digest(state: Mapping[str, Any], algo: str) -> tuple[str, float]:
-    from deltarl.pipeline import state_digest
+    from deltarl.codec import state_digest
 
     t0 = time.monotonic()
     return state_digest(state, algo), time.monotonic() - t0
@@ -268,7 +268,7 @@ class Subscriber:
     async def _catch_up_state(self, target: int, into: dict[str, Any] | None = None) -> tuple[dict[str, Any], Manifest, str]:
         """The state at ``target``: the newest keyframe at or before it, then the deltas after; in
         fresh tensors, or in ``into``'s (the live state, written in place)."""
-        from deltarl.pipeline import stage_delta
+        from deltarl.codec import stage_delta
 
         chain: list[tuple[Manifest, str]] = []
         v = target
@@ -688,7 +688,7 @@ class Subscriber:
             self.backend.commit(staged.update)  # workers and shadow, rolled back by the backend on failure
 
     async def _check_digest(self, state: dict[str, Any], manifest: Manifest) -> None:
-        from deltarl.pipeline import state_digest
+        from deltarl.codec import state_digest
 
         recorded = manifest.state_digest
         assert recorded is not None

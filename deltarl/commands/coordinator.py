@@ -73,7 +73,7 @@ async def _serve(store: object, run: str, config: object) -> None:
     from aiohttp import web
 
     from deltarl.coordinator.config import CoordinatorConfig
-    from deltarl.coordinator.service import Coordinator, create_app
+    from deltarl.coordinator.server import Coordinator, create_app
     from deltarl.storage.store import ObjectStore
 
     assert isinstance(store, ObjectStore)

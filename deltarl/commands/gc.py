@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from deltarl.commands._store import add_store_argument, open_existing_store, positive_int
-from deltarl.pipeline.inspect import human_bytes
+from deltarl.pipeline.inspection import human_bytes
 
 HELP = "remove orphaned objects of a run and, with --keep-last, old versions replay no longer needs"
 

@@ -7,7 +7,7 @@ import json
 import sys
 
 from deltarl.commands._store import add_store_argument, non_negative_int, open_existing_store, positive_int
-from deltarl.pipeline.inspect import human_bytes
+from deltarl.pipeline.inspection import human_bytes
 
 HELP = "show a run's versions: changed fraction, delta bytes, ratio vs full weights, keyframes, digests"
 

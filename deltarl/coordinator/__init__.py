@@ -6,7 +6,7 @@
   holds its types, :mod:`~deltarl.coordinator.views` its read-only views and invariant check
 * :mod:`~deltarl.coordinator.persistence` - write-once records under ``<run>/rollouts/`` and
   ``<run>/coordinator/``; ``recover``
-* :mod:`~deltarl.coordinator.service` - the aiohttp app (bearer tokens, long-poll results, /status, /metrics)
+* :mod:`~deltarl.coordinator.server` - the aiohttp app (bearer tokens, long-poll results, /status, /metrics)
 * :mod:`~deltarl.coordinator.audit` - checks of stored rollouts against the version chain and their leases
 
 The wire records and the client are :mod:`deltarl.protocol`; the simulated fleet is :mod:`deltarl.testing.fleet`.
@@ -19,7 +19,7 @@ from typing import Any
 #: Public name -> the module that defines it (imported on first use: ``import deltarl.coordinator`` stays light).
 _EXPORTS = {
     "AuditReport": "deltarl.coordinator.audit",
-    "Coordinator": "deltarl.coordinator.service",
+    "Coordinator": "deltarl.coordinator.server",
     "CoordinatorConfig": "deltarl.coordinator.config",
     "CoordinatorStore": "deltarl.coordinator.persistence",
     "Scheduler": "deltarl.coordinator.scheduler",
@@ -27,7 +27,7 @@ _EXPORTS = {
     "ServiceConfig": "deltarl.coordinator.config",
     "audit_run": "deltarl.coordinator.audit",
     "check_invariants": "deltarl.coordinator.views",
-    "create_app": "deltarl.coordinator.service",
+    "create_app": "deltarl.coordinator.server",
     "fleet_status": "deltarl.coordinator.views",
     "recover": "deltarl.coordinator.persistence",
 }

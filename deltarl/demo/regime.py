@@ -42,7 +42,7 @@ class AuroraCounting:
 
     def _count(self, state_dict: Mapping[str, Any]) -> int | None:
         """Bytes of the aurora-encoded delta from the last published state to ``state_dict``."""
-        from deltarl.pipeline import iter_encode_delta
+        from deltarl.codec import iter_encode_delta
 
         if self._prev is None:
             return None

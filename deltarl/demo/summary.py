@@ -76,11 +76,11 @@ class Summary:
         self.wall_s = outcome.wall_s
 
     def show(self) -> bool:
+        from deltarl.codec import state_digest
         from deltarl.coordinator.audit import audit_run
         from deltarl.demo.regime import scale_estimate
         from deltarl.demo.report import write_report
         from deltarl.demo.view import regime_line
-        from deltarl.pipeline import state_digest
         from deltarl.pipeline.replay import replay
         from deltarl.storage.open import open_store
 

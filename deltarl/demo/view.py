@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from deltarl.pipeline.inspect import human_bytes
+from deltarl.pipeline.inspection import human_bytes
 
 
 @dataclass

@@ -19,11 +19,11 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from deltarl.codec.tensors import DTYPES, TensorSpec, flat_bits
 from deltarl.errors import FormatError, IntegrityError, StoreError
 from deltarl.pipeline.canonical import canonical_json
 from deltarl.pipeline.manifest import KeyframePart, TensorRange
 from deltarl.pipeline.pieces import DEFAULT_PIECE_SIZE, PieceHasher
-from deltarl.pipeline.tensors import DTYPES, TensorSpec, flat_bits
 from deltarl.storage.store import ObjectStore
 
 PART_FORMAT = "keyframe-part/2"

@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from deltarl.codec.tensors import DIGEST_ALGOS, SEQ_V1
 from deltarl.errors import FormatError, UnsupportedFormatVersion
 from deltarl.pipeline.canonical import Fields, canonical_json, check_run, is_sha256, load_record
 from deltarl.pipeline.layout import RunLayout
@@ -32,7 +33,6 @@ from deltarl.pipeline.run_records import (
     RunInfo,
     TensorEntry,
 )
-from deltarl.pipeline.tensors import DIGEST_ALGOS, SEQ_V1
 
 __all__ = [
     "DTYPE_NAMES",
@@ -262,7 +262,7 @@ class Keyframe:
 
 @dataclass(frozen=True)
 class StateDigest:
-    """A whole-state digest: its algorithm (:data:`~deltarl.pipeline.tensors.DIGEST_ALGOS`) and hex value."""
+    """A whole-state digest: its algorithm (:data:`~deltarl.codec.tensors.DIGEST_ALGOS`) and hex value."""
 
     algo: str
     value: str

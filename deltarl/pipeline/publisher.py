@@ -22,6 +22,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from deltarl.codec.finite import check_before_encode, check_finite, is_finite
+from deltarl.codec.heap import trim
+from deltarl.codec.jit_warmup import warm_codec_quietly
+from deltarl.codec.tensors import BLOCKS_V2
 from deltarl.errors import (
     ObjectExists,
     ObjectNotFound,
@@ -32,7 +36,6 @@ from deltarl.errors import (
 )
 from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
-from deltarl.pipeline.finite import check_before_encode, check_finite, is_finite
 from deltarl.pipeline.keyframe import plan_parts, write_part
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import (
@@ -45,13 +48,10 @@ from deltarl.pipeline.manifest import (
     RunInfo,
     StateDigest,
 )
-from deltarl.pipeline.memory import trim
 from deltarl.pipeline.pieces import check_piece_size
 from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.reader import RunReader, entries_of, table_of
-from deltarl.pipeline.tensors import BLOCKS_V2
 from deltarl.pipeline.uploads import UploadPool, copy_into, cpu_copy
-from deltarl.pipeline.warmup import warm_codec_quietly
 from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ class Publisher:
             return
         head_version = self._next - 1
         if previous_state is not None:
-            from deltarl.pipeline import check_compatible, state_digest
+            from deltarl.codec import check_compatible, state_digest
 
             check_compatible(previous_state, table_of(self.reader.info()))
             manifest, _ = self.reader.manifest(head_version)
@@ -280,7 +280,7 @@ class Publisher:
     def _publish(
         self, state_dict: Mapping[str, Any], step: int, owned: bool, allow_nonfinite: bool = False
     ) -> VersionInfo:
-        from deltarl.pipeline import check_compatible, state_digest
+        from deltarl.codec import check_compatible, state_digest
 
         if self._closed:
             raise RunError(f"publisher of run {self.run!r} is closed")
@@ -402,7 +402,7 @@ class Publisher:
 
     def _retain(self, state: Mapping[str, Any], owned: bool) -> None:
         """Keep the committed ``state`` as the next base: adopt it (``owned``) or copy it."""
-        from deltarl.pipeline.tensors import is_cuda
+        from deltarl.codec.tensors import is_cuda
 
         if owned:
             self._prev = {name: cpu_copy(v) if is_cuda(v) else v for name, v in state.items()}
@@ -417,8 +417,8 @@ class Publisher:
 
     def _encode_delta(self, state: Mapping[str, Any], version: int, uploads: UploadPool, *, check_finite: bool = False
                       ) -> tuple[float, int, int]:
-        from deltarl.pipeline import iter_encode_delta, read_segment_header
-        from deltarl.pipeline.encode import SEGMENT_CHANGES
+        from deltarl.codec import iter_encode_delta, read_segment_header
+        from deltarl.codec.encode import SEGMENT_CHANGES
 
         assert self._prev is not None
         assert self._head_id is not None

@@ -43,7 +43,7 @@ def table_of(info: RunInfo) -> list[TensorEntry]:
 
 def entries_of(state: Any) -> tuple[TensorEntry, ...]:
     """The run.json tensor table of a state."""
-    from deltarl.pipeline import tensor_table
+    from deltarl.codec import tensor_table
 
     return tuple(tensor_table(state))
 
@@ -161,7 +161,7 @@ class RunReader:
         fresh ones), ``workers`` parts at a time, each piece checked as it lands: no whole-object
         bytes, no second copy. A v1 keyframe is read whole and loaded (it has no parts).
         """
-        from deltarl.pipeline import check_compatible
+        from deltarl.codec import check_compatible
         from deltarl.pipeline.keyframe import empty_state, read_part_into
 
         if manifest.keyframe is None:
@@ -196,7 +196,7 @@ class RunReader:
         from safetensors import SafetensorError
         from safetensors.torch import load
 
-        from deltarl.pipeline import check_compatible
+        from deltarl.codec import check_compatible
         from deltarl.pipeline.uploads import copy_into
 
         assert manifest.keyframe is not None

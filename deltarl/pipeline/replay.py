@@ -22,11 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from deltarl.codec.heap import trim
+from deltarl.codec.jit_warmup import warm_codec_quietly
 from deltarl.errors import FormatError, IntegrityError, ObjectNotFound, RunError, TensorMismatch
 from deltarl.pipeline.manifest import Manifest
-from deltarl.pipeline.memory import trim
 from deltarl.pipeline.reader import RunReader
-from deltarl.pipeline.warmup import warm_codec_quietly
 from deltarl.storage.store import ObjectStore
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ FETCH_WORKERS = 8
 
 
 def _check_digest(state: Any, manifest: Manifest) -> None:
-    from deltarl.pipeline import state_digest
+    from deltarl.codec import state_digest
 
     recorded = manifest.state_digest
     if recorded is None:
@@ -83,7 +83,7 @@ def apply_versions(
     version is applied all or nothing (staged, then committed). With ``verify``, the newest
     version of the chain that records a state digest is checked once it is applied.
     """
-    from deltarl.pipeline import stage_delta
+    from deltarl.codec import stage_delta
 
     with ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="deltarl-replay") as pool, _progress(
         len(chain) - 1, progress, f"replay {reader.run}"
@@ -195,7 +195,7 @@ def squash(
     A laggard actor holding ``from_version`` fetches these segments instead of every delta in
     between; applying them yields ``to_version`` bit for bit.
     """
-    from deltarl.pipeline import encode_delta
+    from deltarl.codec import encode_delta
 
     if from_version >= to_version:
         raise ValueError(f"squash needs from_version < to_version, got {from_version} >= {to_version}")

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from deltarl.codec.tensors import TensorSpec
 from deltarl.errors import FormatError, UnsupportedFormatVersion
 from deltarl.pipeline.canonical import Fields, canonical_json, check_run, is_sha256, load_record
-from deltarl.pipeline.tensors import TensorSpec
 
 RUN_INFO_FORMAT_VERSION = 1
 HEAD_FORMAT_VERSION = 1

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from deltarl.codec.tensors import BLOCKS_V2, DIGEST_BLOCK, DTYPES, TensorSpec, flat_bits, is_cuda
 from deltarl.errors import IntegrityError
-from deltarl.pipeline.tensors import BLOCKS_V2, DIGEST_BLOCK, DTYPES, TensorSpec, flat_bits, is_cuda
 
 BLOCK_BYTES = DIGEST_BLOCK
 ALGO = BLOCKS_V2

@@ -13,8 +13,8 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from deltarl.codec.tensors import DTYPES, TensorSpec, dtype_of
 from deltarl.errors import IntegrityError, TensorMismatch, UnsupportedPlacement
-from deltarl.pipeline.tensors import DTYPES, TensorSpec, dtype_of
 
 Rows = dict[str, tuple[TensorSpec, int]]  # name -> (global spec, first element)
 TensorRange = tuple[str, int, int]  # (name, first element, count)
@@ -154,8 +154,8 @@ def plan_local_parts(local: Mapping[str, Any], rows: Rows, part_bytes: int = PAR
 def iter_local_part(local: Mapping[str, Any], rows: Rows, ranges: Sequence[TensorRange], chunk: int = 8 << 20) -> Iterator[memoryview]:
     """The bytes of one keyframe part (docs/FORMAT.md) of this rank's rows: the header, then
     zero-copy views of the local tensors (``ranges`` hold global element positions)."""
+    from deltarl.codec.tensors import flat_bits
     from deltarl.pipeline.keyframe import part_header
-    from deltarl.pipeline.tensors import flat_bits
 
     specs = {name: rows[name][0] for name, _, _ in ranges}
     yield memoryview(part_header(ranges, specs))

@@ -27,11 +27,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from deltarl.codec.finite import check_before_encode
 from deltarl.errors import ObjectExists, RunError, ShardedPublishError, StoreError, WriterConflict
 from deltarl.pipeline import shard_rows as sr
 from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
-from deltarl.pipeline.finite import check_before_encode
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import (
     DeltaStatsRecord,
@@ -73,7 +73,7 @@ class ShardedVersionInfo:
 
 def encode_threads_per_rank() -> int:
     """Encode threads for one rank: ``DELTARL_THREADS``, else the node's cores over its local ranks."""
-    from deltarl.pipeline.kernels import worker_threads
+    from deltarl.codec.kernels import worker_threads
 
     if os.environ.get("DELTARL_THREADS"):
         return worker_threads()
@@ -410,8 +410,8 @@ class ShardedPublisher:
 
     def _encode(self, local: dict[str, Any], rows: sr.Rows, version: int, uploads: UploadPool, check_finite: bool
                 ) -> dict[str, Any]:
-        from deltarl.pipeline.encode import iter_encode_rows
-        from deltarl.pipeline.segment import read_segment_header
+        from deltarl.codec.encode import iter_encode_rows
+        from deltarl.codec.segment import read_segment_header
 
         assert self._prev is not None
         assert self._head_id is not None
@@ -546,8 +546,8 @@ class ShardedPublisher:
 
     # --- rank 0: check and commit ---------------------------------------------------------------------
     def _commit(self, version: int, step: int, reports: list[dict[str, Any]], keyframe: bool, digest: bool) -> dict[str, Any]:
+        from deltarl.codec.tensors import TensorSpec
         from deltarl.pipeline.publisher import utc_now
-        from deltarl.pipeline.tensors import TensorSpec
 
         errors: dict[str, list[int]] = {}
         for rank, r in enumerate(reports):

@@ -23,7 +23,7 @@ def cpu_copy(value: Any) -> Any:
     """A private, contiguous CPU copy of one state value (torch tensor or numpy array)."""
     if isinstance(value, np.ndarray):
         return np.array(value, copy=True, order="C")
-    if hasattr(value, "bits"):  # pipeline.BF16
+    if hasattr(value, "bits"):  # codec.BF16
         return type(value)(np.array(value.bits, copy=True, order="C"))
     return value.detach().to("cpu", copy=True).contiguous()
 
@@ -39,7 +39,7 @@ def as_torch(value: Any) -> Any:
 
 
 def copy_into(dst: Any, src: Any, name: str) -> None:
-    from deltarl.pipeline.tensors import flat_bits, is_cuda
+    from deltarl.codec.tensors import flat_bits, is_cuda
 
     if is_cuda(src):
         src = src.cpu()

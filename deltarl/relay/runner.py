@@ -12,8 +12,8 @@ from typing import Any
 from aiohttp import web
 
 from deltarl.relay.config import RelayConfig
+from deltarl.relay.objects import ObjectService
 from deltarl.relay.server import METRICS, SERVICE, create_app
-from deltarl.relay.service import ObjectService
 from deltarl.storage.aio import AsyncSource
 from deltarl.storage.store import ObjectStore
 

@@ -37,8 +37,8 @@ from deltarl.errors import (
 from deltarl.pipeline.layout import is_immutable
 from deltarl.relay.config import RelayConfig
 from deltarl.relay.metrics import RelayMetrics
+from deltarl.relay.objects import ObjectService
 from deltarl.relay.ranges import parse_range
-from deltarl.relay.service import ObjectService
 from deltarl.storage.aio import AsyncSource, make_async_source
 from deltarl.storage.keys import strip_etag, validate_key, validate_prefix
 from deltarl.storage.store import ObjectInfo, ObjectStore

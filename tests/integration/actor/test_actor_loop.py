@@ -16,8 +16,8 @@ pytest.importorskip("torch")
 
 from deltarl.actor.config import ActorConfig
 from deltarl.actor.loop import ActorLoop
+from deltarl.codec import state_digest
 from deltarl.errors import ConfigError
-from deltarl.pipeline import state_digest
 from deltarl.pipeline.publisher import Publisher
 from deltarl.protocol.client import SyncCoordinatorClient
 from deltarl.storage.store import ObjectStore

@@ -81,7 +81,7 @@ def test_fp32_trainer_agrees_with_bf16_actor(tiny_backend: HFBackend, tiny_model
 
 
 def test_live_parameters_are_the_export(tiny_backend: HFBackend, tiny_model: Any) -> None:
-    from deltarl.pipeline import state_digest
+    from deltarl.codec import state_digest
 
     live = tiny_backend.state_dict_for_update()
     export = export_bf16(tiny_model)
@@ -92,7 +92,7 @@ def test_live_parameters_are_the_export(tiny_backend: HFBackend, tiny_model: Any
 
 
 def test_staged_update_commits_in_place_and_rolls_back(tiny_backend: HFBackend, tiny_model: Any) -> None:
-    from deltarl.pipeline import encode_delta, stage_delta, state_digest
+    from deltarl.codec import encode_delta, stage_delta, state_digest
 
     v0 = export_bf16(tiny_model)
     with torch.no_grad():  # a "training step": perturb the master weights
@@ -164,8 +164,8 @@ def test_throttle_slows_generation(tiny_spec: Any, tiny_model: Any) -> None:
 
 
 def test_commit_refuses_a_moved_state_and_load_state(tiny_backend: HFBackend, tiny_model: Any) -> None:
+    from deltarl.codec import encode_delta, stage_delta, state_digest
     from deltarl.errors import StagingError
-    from deltarl.pipeline import encode_delta, stage_delta, state_digest
 
     v0 = export_bf16(tiny_model)
     v1 = {k: (v.float() * 1.5).to(torch.bfloat16) for k, v in v0.items()}

@@ -8,8 +8,8 @@ import types
 import pytest
 
 from deltarl.actor.fetcher import Fetcher
-from deltarl.actor.staging import VersionStaging
-from deltarl.pipeline import encode_delta
+from deltarl.actor.prefetch import VersionStaging
+from deltarl.codec import encode_delta
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import ObjectRef
 from deltarl.storage import MemoryStore

@@ -207,7 +207,7 @@ async def test_long_poll_partial_death_and_closed_steps_from_store(coordinator_s
 
 async def test_cancelled_report_still_completes_its_admission(coordinator_store: ObjectStore) -> None:
     """A client that hangs up mid-write: the record is durable and counted, and a retry is a duplicate."""
-    from deltarl.coordinator.service import Coordinator
+    from deltarl.coordinator.server import Coordinator
     from deltarl.protocol.records import LeaseGrant, LeaseRequest, RegisterRequest, StepSpec
 
     c = Coordinator(coordinator_store, RUN, service_config())

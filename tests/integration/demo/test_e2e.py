@@ -26,10 +26,10 @@ import pytest
 
 pytest.importorskip("torch")
 
+from deltarl.codec import state_digest
 from deltarl.coordinator.config import CoordinatorConfig, SchedulerConfig, ServiceConfig
 from deltarl.demo.procs import Child, stop_all
 from deltarl.errors import AdmissionRejected
-from deltarl.pipeline import state_digest
 from deltarl.pipeline.publisher import Publisher
 from deltarl.pipeline.replay import replay
 from deltarl.protocol.client import SyncCoordinatorClient

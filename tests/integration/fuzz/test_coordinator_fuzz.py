@@ -14,7 +14,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltarl.coordinator.service import Coordinator, create_app
+from deltarl.coordinator.server import Coordinator, create_app
 from deltarl.protocol.records import encode
 from deltarl.storage.local import LocalStore
 from tests.fixtures.coordinator import ACTOR_TOKEN, RUN, TRAINER_TOKEN, make_spec, service_config

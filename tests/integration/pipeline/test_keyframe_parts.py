@@ -85,9 +85,9 @@ def test_overlapping_ranges_name_the_manifest_and_part(run4):
 
 def test_a_header_that_disagrees_with_the_manifest_is_refused(local_store):
     """Another writer's part whose header does not hold the recorded ranges: FormatError naming it."""
+    from deltarl.codec.tensors import TensorSpec
     from deltarl.pipeline.keyframe import part_header, read_part_into
     from deltarl.pipeline.manifest import KeyframePart, ObjectRef
-    from deltarl.pipeline.tensors import TensorSpec
 
     specs = {"a": TensorSpec("a", "float32", (4,)), "b": TensorSpec("b", "float32", (4,))}
     body = part_header([("b", 0, 4), ("a", 0, 4)], specs) + bytes(32)  # stored b then a

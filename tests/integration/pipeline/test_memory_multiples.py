@@ -25,7 +25,7 @@ LIMIT = 1.3  # copies of one BF16 state
 _COMMON = '''
 import asyncio, json, sys
 import torch
-from deltarl.pipeline.tensors import state_digest
+from deltarl.codec.tensors import state_digest
 
 def rss(field):
     for line in open("/proc/self/status"):
@@ -83,9 +83,9 @@ peak = rss("VmHWM")
 print(json.dumps({"copies": (peak - base) / COPY, "digest": state_digest(live)}))
 ''',
     "deltas": '''
-from deltarl.pipeline.memory import trim
+from deltarl.codec.heap import trim
 from deltarl.pipeline.publisher import Publisher
-from deltarl.pipeline.warmup import warm_codec
+from deltarl.codec.jit_warmup import warm_codec
 from deltarl.storage import LocalStore
 warm_codec(["bfloat16"])  # the codec's compiled code (~120 MB with numba) is the process's, not data
 trim()
@@ -138,8 +138,8 @@ def test_delta_publishing_holds_two_copies_and_does_not_grow(tmp_path):
     # memory of each dropped export goes back to the OS, so the last version holds what the fifth did
     assert max(after) <= 1.3, after
     assert after[-1] - after[4] <= 0.05, after
+    from deltarl.codec.tensors import state_digest
     from deltarl.pipeline.replay import replay
-    from deltarl.pipeline.tensors import state_digest
     from deltarl.storage import LocalStore
 
     assert state_digest(replay(LocalStore(tmp_path), "d", DELTA_VERSIONS)) == published["digest"]  # bit-exact

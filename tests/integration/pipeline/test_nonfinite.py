@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from deltarl.codec.finite import check_finite
 from deltarl.errors import DeltaRLError, NonFiniteTensor
 from deltarl.pipeline import Publisher, RunReader, replay
-from deltarl.pipeline.finite import check_finite
 from deltarl.storage import MemoryStore
 from tests.fixtures.runs import TinyTrainer, states_equal
 
@@ -187,7 +187,7 @@ def test_a_first_publish_encodes_while_the_resumed_base_is_still_checked(
 def test_the_encoder_checks_changed_values_only_when_asked() -> None:
     import torch
 
-    from deltarl.pipeline import iter_encode_delta
+    from deltarl.codec import iter_encode_delta
 
     old = {"w": torch.zeros(10_000, dtype=torch.bfloat16)}
     new = {"w": old["w"].clone()}

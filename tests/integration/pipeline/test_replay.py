@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
+from deltarl.codec import apply_delta, read_segment_header
 from deltarl.errors import FormatError, IntegrityError, ObjectNotFound, RunError
-from deltarl.pipeline import RunLayout, RunReader, apply_delta, read_segment_header, replay, squash
+from deltarl.pipeline import RunLayout, RunReader, replay, squash
 from deltarl.pipeline.manifest import Manifest, canonical_json
 from tests.fixtures.runs import publish_run, states_equal
 
@@ -118,7 +119,7 @@ def test_wrong_run_json(run5):
 def test_verify_checks_the_newest_recorded_digest_once(memory_store, monkeypatch):
     """digest_interval=7: versions 7 and 14 record digests; replaying 16 hashes the state once (at
     14), and a digest forged into the newest version is caught, naming its manifest."""
-    import deltarl.pipeline as pipeline
+    import deltarl.codec as pipeline
 
     exports = publish_run(memory_store, "r", 17, **KW)
     passes: list[int] = []

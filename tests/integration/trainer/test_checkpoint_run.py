@@ -17,13 +17,10 @@ torch = pytest.importorskip("torch")
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
+from deltarl.codec import state_digest  # noqa: E402
 from deltarl.model.record import read_model_json  # noqa: E402
 from deltarl.model.tokenizer import HFTokenizer  # noqa: E402
-from deltarl.pipeline import (  # noqa: E402
-    Publisher,
-    replay,
-    state_digest,
-)
+from deltarl.pipeline import Publisher, replay  # noqa: E402
 from deltarl.storage import MemoryStore  # noqa: E402
 from deltarl.trainer.config import TrainerConfig  # noqa: E402
 from deltarl.trainer.loop import TrainerLoop  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from deltarl.pipeline import state_digest  # noqa: E402
+from deltarl.codec import state_digest  # noqa: E402
 from deltarl.pipeline.publisher import Publisher  # noqa: E402
 from deltarl.pipeline.replay import replay  # noqa: E402
 from deltarl.storage import MemoryStore  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from deltarl.pipeline import state_digest  # noqa: E402
+from deltarl.codec import state_digest  # noqa: E402
 from deltarl.pipeline.publisher import Publisher  # noqa: E402
 from deltarl.protocol.client import SyncCoordinatorClient  # noqa: E402
 from deltarl.protocol.records import RolloutResult, Sample  # noqa: E402

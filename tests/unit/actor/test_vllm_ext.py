@@ -51,14 +51,14 @@ def _versions() -> tuple[Any, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
 
 
 def _digest(state: dict[str, torch.Tensor]) -> str:
-    from deltarl.pipeline import state_digest
+    from deltarl.codec import state_digest
 
     return state_digest(state)
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_staged_update_applies_to_fused_shards(tp: int, torch_threads: Any) -> None:
-    from deltarl.pipeline import encode_delta, stage_delta
+    from deltarl.codec import encode_delta, stage_delta
 
     config, v0, v1 = _versions()
     layout = FusedLayout.from_hf_config(config, tp_size=tp)
@@ -111,7 +111,7 @@ def test_bad_update_writes_nothing() -> None:
 
 
 def test_prepare_then_commit_is_the_scatter_and_refuses_moved_weights() -> None:
-    from deltarl.pipeline import encode_delta, stage_delta
+    from deltarl.codec import encode_delta, stage_delta
 
     config, v0, v1 = _versions()
     layout = FusedLayout.from_hf_config(config, tp_size=2)
@@ -157,7 +157,7 @@ def test_vllm_backend_end_to_end(tmp_path: Path) -> None:  # pragma: no cover - 
         pytest.skip("needs CUDA")
     from deltarl.actor.backends.hf import HFBackend
     from deltarl.actor.backends.vllm_ext import VLLMBackend
-    from deltarl.pipeline import encode_delta, stage_delta
+    from deltarl.codec import encode_delta, stage_delta
 
     spec = ModelSpec(hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4, num_kv_heads=2)
     model = build_model(spec, dtype=torch.bfloat16)

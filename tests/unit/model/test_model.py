@@ -20,7 +20,7 @@ pytestmark = pytest.mark.torch
 
 
 def _digest(state: dict[str, Any]) -> str:
-    from deltarl.pipeline import state_digest
+    from deltarl.codec import state_digest
 
     return state_digest(state)
 

@@ -10,8 +10,9 @@ import struct
 import numpy as np
 import pytest
 
+from deltarl.codec import BF16
+from deltarl.codec.tensors import TensorSpec, state_digest
 from deltarl.errors import FormatError, IntegrityError
-from deltarl.pipeline import BF16
 from deltarl.pipeline.canonical import canonical_json
 from deltarl.pipeline.claim import WriterClaim
 from deltarl.pipeline.keyframe import part_header, plan_parts
@@ -26,7 +27,6 @@ from deltarl.pipeline.manifest import (
     TensorEntry,
 )
 from deltarl.pipeline.pieces import PieceHasher
-from deltarl.pipeline.tensors import TensorSpec, state_digest
 
 LAY = RunLayout("r")
 SHA = "ab" * 32

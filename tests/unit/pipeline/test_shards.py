@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from deltarl.codec import apply_delta, encode_delta, read_segment_header, tensor_table
+from deltarl.codec.encode import iter_encode_rows
+from deltarl.codec.tensors import state_digest_blocks
 from deltarl.errors import IntegrityError, TensorMismatch
-from deltarl.pipeline import apply_delta, encode_delta, read_segment_header, tensor_table
 from deltarl.pipeline import shard_rows as sr
-from deltarl.pipeline.encode import iter_encode_rows
 from deltarl.pipeline.shard_digest import combine_digest, shard_hashes
-from deltarl.pipeline.tensors import state_digest_blocks
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch

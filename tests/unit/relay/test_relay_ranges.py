@@ -8,8 +8,8 @@ from pydantic import ValidationError
 from deltarl import defaults
 from deltarl.errors import ConfigError, RangeNotSatisfiable
 from deltarl.relay.config import RelayConfig, RelayProcessConfig
+from deltarl.relay.objects import manifest_key_for, refs_in_manifest
 from deltarl.relay.ranges import parse_range
-from deltarl.relay.service import manifest_key_for, refs_in_manifest
 
 
 @pytest.mark.parametrize(

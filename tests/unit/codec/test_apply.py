@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deltarl.errors import BaseMismatch, FormatError, StagingError, TensorMismatch
-from deltarl.pipeline import (
+from deltarl.codec import (
     BF16,
     Stager,
     apply_delta,
@@ -18,6 +17,7 @@ from deltarl.pipeline import (
     state_digest,
     tensor_table,
 )
+from deltarl.errors import BaseMismatch, FormatError, StagingError, TensorMismatch
 
 
 def _pair(seed: int = 0, n: int = 50_000, frac: float = 0.02) -> tuple[dict, dict]:
@@ -169,7 +169,7 @@ def test_numpy_states_stage_and_commit_without_torch() -> None:
 
     code = (
         "import sys, numpy as np\n"
-        "from deltarl.pipeline import BF16, encode_delta, stage_delta\n"
+        "from deltarl.codec import BF16, encode_delta, stage_delta\n"
         "old = {'w': BF16(np.arange(10000, dtype=np.uint16))}\n"
         "new = {'w': BF16(old['w'].bits.copy())}\n"
         "new['w'].bits[::7] += 1\n"
@@ -262,7 +262,7 @@ def test_segments_end_by_changed_elements_as_well_as_bytes() -> None:
 
 
 def test_a_one_percent_delta_of_a_1_7b_model_is_at_least_eight_segments() -> None:
-    from deltarl.pipeline.encode import SEGMENT_CHANGES, chunk_elements
+    from deltarl.codec.encode import SEGMENT_CHANGES, chunk_elements
 
     changes = int(0.01 * 1.72e9)
     per_chunk = int(0.01 * chunk_elements(16 << 20))  # a segment ends at a chunk boundary

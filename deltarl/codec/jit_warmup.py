@@ -9,8 +9,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from deltarl.pipeline import kernels
-from deltarl.pipeline.tensors import DTYPES
+from deltarl.codec import kernels
+from deltarl.codec.tensors import DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +25,8 @@ def warm_codec(dtypes: Iterable[str]) -> None:
     bfloat16/float16, 32 for float32), sparse and wholly changed (the ``ctx`` and ``dense`` codecs
     ``auto`` picks from); nothing is kept. Only those widths and codecs: on a fresh install numba
     compiles each signature on first use, and one the run never uses would cost seconds."""
-    from deltarl.pipeline.encode import iter_encode_delta
-    from deltarl.pipeline.stage import stage_delta
+    from deltarl.codec.apply import stage_delta
+    from deltarl.codec.encode import iter_encode_delta
 
     if kernels.jit() is None:
         return  # the numpy path has nothing to load

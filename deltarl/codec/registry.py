@@ -7,8 +7,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from deltarl.pipeline import codecs, ctx, kernels
-from deltarl.pipeline.codecs import Decoded
+from deltarl.codec import chunk_codecs as codecs
+from deltarl.codec import exponent_classes as ctx
+from deltarl.codec import kernels
+from deltarl.codec.chunk_codecs import Decoded
 
 CODEC_IDS: dict[str, int] = {"none": 0, "aurora": 1, "rice": 2, "dense": 3, "ctx": 4}
 CODEC_NAMES: dict[int, str] = {v: k for k, v in CODEC_IDS.items()}

@@ -4,7 +4,7 @@ Only the loops that touch every element of a chunk live here (change detection, 
 the numpy decoder's per-class select, commit's gather/scatter); the encoder's per-*changed*-element
 work is vectorised numpy shared by both paths, so the bytes produced never depend on which path ran.
 The numba ctx decoder is a module of its own (``_numba_ctx``, see :func:`ctx_jit`). numba is
-imported on first use, never at ``import deltarl.pipeline``; ``DELTARL_NO_NUMBA=1`` (read at every
+imported on first use, never at ``import deltarl.codec``; ``DELTARL_NO_NUMBA=1`` (read at every
 call) forces numpy.
 """
 
@@ -45,7 +45,7 @@ def worker_threads() -> int:
 @functools.lru_cache(maxsize=1)
 def _compiled() -> Any:
     try:
-        from deltarl.pipeline import _numba_kernels
+        from deltarl.codec import _numba_kernels
     except ImportError as err:  # numba missing or broken: the numpy path is always correct
         log.warning("numba unavailable, using the numpy codec path: %s", err)
         return None
@@ -61,7 +61,7 @@ def jit() -> Any:
 def _compiled_ctx() -> Any:
     if _compiled() is None:
         return None
-    from deltarl.pipeline import _numba_ctx
+    from deltarl.codec import _numba_exponent_classes as _numba_ctx
 
     return _numba_ctx
 

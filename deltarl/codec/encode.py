@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
+from deltarl.codec import registry
+from deltarl.codec.finite import nonfinite_bits
+from deltarl.codec.kernels import worker_threads
+from deltarl.codec.segment import ChunkInfo, pack_segment
+from deltarl.codec.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, spec_of, tensor_table
 from deltarl.errors import NonFiniteTensor, TensorMismatch
-from deltarl.pipeline import registry
-from deltarl.pipeline.finite import nonfinite_bits
-from deltarl.pipeline.kernels import worker_threads
-from deltarl.pipeline.segment import ChunkInfo, pack_segment
-from deltarl.pipeline.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, spec_of, tensor_table
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from deltarl.codec import bitio, kernels
+from deltarl.codec.chunk_codecs import Decoded, pack_streams, unpack_streams
 from deltarl.errors import FormatError
-from deltarl.pipeline import bitio, kernels
-from deltarl.pipeline.codecs import Decoded, pack_streams, unpack_streams
 
 _PARAMS = "<BB"  # class shift, class bits
 NSTREAMS = 11
@@ -259,7 +259,7 @@ def decode_ctx_pair(
 def _prepare_jit(
     jit: Any, old: np.ndarray, shift: int, mask: int, width: int, changed: int, st: list[memoryview]
 ) -> tuple[np.ndarray, ...]:
-    """Scan state of one chunk from the numba decoder (deltarl.pipeline._numba_ctx)."""
+    """Scan state of one chunk from the numba decoder (deltarl.codec._numba_exponent_classes)."""
     u8 = [np.frombuffer(s, dtype=np.uint8) for s in st]
     u64 = [np.frombuffer(st[i], dtype="<u8") for i in (3, 6, 9)]
     err, *state = jit.ctx_prepare(

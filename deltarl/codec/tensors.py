@@ -84,7 +84,7 @@ def dtype_of(name: str, value: object) -> str:
             return "bfloat16"
         raise TensorMismatch(
             f"tensor {name!r}: unsupported numpy dtype {dt}; use float16/float32, or wrap bfloat16 "
-            "bit patterns held in a uint16 array as deltarl.pipeline.BF16(array)"
+            "bit patterns held in a uint16 array as deltarl.codec.BF16(array)"
         )
     if _is_torch(value):
         tname = str(value.dtype).removeprefix("torch.")  # type: ignore[attr-defined]
@@ -167,7 +167,7 @@ def state_digest(state: Mapping[str, Any], algo: str = BLOCKS_V2, *, threads: in
     """The state digest (hex) of ``state`` by ``algo``; identical for torch and numpy holding the same bits.
 
     ``blocks64k-v2`` (default, see docs/FORMAT.md) hashes 64 KiB blocks on ``threads`` threads
-    (default: :func:`~deltarl.pipeline.kernels.worker_threads`); ``sha256-seq-v1`` is the sequential digest of format v1 runs.
+    (default: :func:`~deltarl.codec.kernels.worker_threads`); ``sha256-seq-v1`` is the sequential digest of format v1 runs.
     """
     if algo == BLOCKS_V2:
         return state_digest_blocks(state, threads=threads)
@@ -196,7 +196,7 @@ def state_digest_blocks(state: Mapping[str, Any], *, threads: int | None = None)
     hashed on a thread pool (hashlib releases the GIL), so it scales with cores."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from deltarl.pipeline.kernels import worker_threads
+    from deltarl.codec.kernels import worker_threads
 
     specs = tensor_table(state)
     views = [_le_bytes(spec.name, state[spec.name]) for spec in specs]

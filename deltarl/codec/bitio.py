@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from deltarl.codec import kernels
 from deltarl.errors import FormatError
-from deltarl.pipeline import kernels
 
 RICE_ESCAPE = 40
 _U64 = np.uint64

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
+from deltarl.codec import bitio
 from deltarl.errors import FormatError
-from deltarl.pipeline import bitio
 
 ESCAPE_BYTE = 255
 ZSTD_LEVEL = 3

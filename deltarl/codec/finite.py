@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from deltarl.codec.kernels import worker_threads
 from deltarl.errors import NonFiniteTensor
-from deltarl.pipeline.kernels import worker_threads
 
 # raw-bits dtype and exponent mask of each float dtype (by itemsize and numpy kind)
 _MASKS = {"bfloat16": (np.uint16, 0x7F80), "float16": (np.uint16, 0x7C00),

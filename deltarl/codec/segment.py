@@ -20,9 +20,9 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from deltarl.codec.registry import CODEC_IDS, CODEC_NAMES
+from deltarl.codec.tensors import DTYPE_BY_CODE, DTYPES, TensorSpec
 from deltarl.errors import FormatError, IntegrityError, UnsupportedFormatVersion
-from deltarl.pipeline.registry import CODEC_IDS, CODEC_NAMES
-from deltarl.pipeline.tensors import DTYPE_BY_CODE, DTYPES, TensorSpec
 
 MAGIC = b"DRLS"
 FORMAT_VERSION = 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from deltarl.codec import BF16, encode_delta, stage_delta, state_digest
 from deltarl.errors import StagingError, TensorMismatch
-from deltarl.pipeline import BF16, encode_delta, stage_delta, state_digest
 
 
 @pytest.fixture(params=["numba", "numpy"])

@@ -11,14 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltarl.errors import (
-    BaseMismatch,
-    FormatError,
-    IntegrityError,
-    TensorMismatch,
-    UnsupportedFormatVersion,
-)
-from deltarl.pipeline import (
+from deltarl.codec import (
     BF16,
     ChunkInfo,
     Stager,
@@ -27,8 +20,15 @@ from deltarl.pipeline import (
     read_segment_header,
     state_digest,
 )
-from deltarl.pipeline.segment import MAX_HEADER_BYTES, pack_segment
-from deltarl.pipeline.tensors import TensorSpec
+from deltarl.codec.segment import MAX_HEADER_BYTES, pack_segment
+from deltarl.codec.tensors import TensorSpec
+from deltarl.errors import (
+    BaseMismatch,
+    FormatError,
+    IntegrityError,
+    TensorMismatch,
+    UnsupportedFormatVersion,
+)
 
 # A tiny fixed delta: bf16 [1.0, 2.0, -0.0, inf] -> [1.0+ulp, 2.0, -0.0, NaN payload 0x41];
 # fp16 [[1, 2, -0], [inf, 0.5, 3]] -> [[1, 2+ulp, -0], [inf, 0.5, -3]] (a sign flip).

@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from deltarl.codec import kernels, registry
+from deltarl.codec.chunk_codecs import Decoded
+from deltarl.codec.device_apply import DeviceBatch, DevicePlan, device_flat
+from deltarl.codec.device_apply import first_stale as device_first_stale
+from deltarl.codec.device_apply import write as device_write
+from deltarl.codec.kernels import worker_threads
+from deltarl.codec.segment import ChunkInfo, read_segment_header
+from deltarl.codec.tensors import TensorSpec, flat_bits, is_cuda, spec_of, tensor_table, uint_dtype
 from deltarl.errors import BaseMismatch, DeltaRLError, FormatError, StagingError, TensorMismatch
-from deltarl.pipeline import kernels, registry
-from deltarl.pipeline.codecs import Decoded
-from deltarl.pipeline.device_commit import DeviceBatch, DevicePlan, device_flat
-from deltarl.pipeline.device_commit import first_stale as device_first_stale
-from deltarl.pipeline.device_commit import write as device_write
-from deltarl.pipeline.kernels import worker_threads
-from deltarl.pipeline.segment import ChunkInfo, read_segment_header
-from deltarl.pipeline.tensors import TensorSpec, flat_bits, is_cuda, spec_of, tensor_table, uint_dtype
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from deltarl.codec import BF16, Stager, encode_delta, stage_delta, state_digest
+from deltarl.codec import exponent_classes as ctx
+from deltarl.codec.encode import encode_chunk
 from deltarl.errors import BaseMismatch, FormatError, TensorMismatch
-from deltarl.pipeline import BF16, Stager, ctx, encode_delta, stage_delta, state_digest
-from deltarl.pipeline.encode import encode_chunk
 
 
 @pytest.fixture(params=["numba", "numpy"])

@@ -1,4 +1,4 @@
-"""numba versions of the per-element loops in :mod:`deltarl.pipeline.kernels` (imported lazily)."""
+"""numba versions of the per-element loops in :mod:`deltarl.codec.kernels` (imported lazily)."""
 # mypy: ignore-errors
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from deltarl.pipeline._numba_bits import rice_decode, rice_encode
+from deltarl.codec._numba_bits import rice_decode, rice_encode
 
 __all__ = ["rice_decode", "rice_encode"]  # re-exported: kernels.jit() is this module
 

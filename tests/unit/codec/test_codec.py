@@ -7,18 +7,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltarl.pipeline import (
+from deltarl.codec import (
     BF16,
     Stager,
     bitio,
-    codecs,
-    ctx,
     encode_delta,
     registry,
     stage_delta,
     state_digest,
 )
-from deltarl.pipeline.encode import encode_chunk
+from deltarl.codec import (
+    chunk_codecs as codecs,
+)
+from deltarl.codec import (
+    exponent_classes as ctx,
+)
+from deltarl.codec.encode import encode_chunk
 
 CODECS = ["auto", "aurora", "rice", "dense", "ctx"]
 DTYPES = ["bfloat16", "float16", "float32"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from deltarl.codec import encode_delta, stage_delta, state_digest
 from deltarl.errors import StagingError, TensorMismatch
-from deltarl.pipeline import encode_delta, stage_delta, state_digest
 
 torch = pytest.importorskip("torch")
 
