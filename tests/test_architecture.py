@@ -13,13 +13,14 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "deltarl"
 
-BASE = {"errors", "defaults", "configfile", "exposition"}
+BASE = {"errors", "defaults", "configfile", "exposition", "lazy"}
 # part -> the other parts it may import
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "defaults": set(),
     "configfile": {"errors"},
     "exposition": set(),
+    "lazy": set(),
     "storage": BASE,
     "codec": {"errors"},  # the delta format knows nothing of stores, runs or configuration
     "pipeline": BASE | {"storage", "codec"},

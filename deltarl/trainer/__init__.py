@@ -11,8 +11,7 @@ Models, tokenizers and tasks are :mod:`deltarl.model`.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from deltarl.lazy import lazy_exports
 
 #: Public name -> the module that defines it (imported on first use: ``import deltarl.trainer`` stays light).
 _EXPORTS = {
@@ -28,12 +27,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
