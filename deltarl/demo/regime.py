@@ -15,7 +15,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deltarl.pipeline.publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,7 @@ ESTIMATE_LINK_BITS_PER_S = 1e9
 class AuroraCounting:
     """A publisher wrapper that also counts what the ``aurora`` codec would ship for each version."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Publisher) -> None:
         self.inner = inner
         #: version -> bytes of the aurora-encoded delta from the version before
         self.aurora_bytes: dict[int, int] = {}
@@ -46,7 +49,7 @@ class AuroraCounting:
 
         if self._prev is None:
             return None
-        segment_bytes = int(getattr(self.inner, "segment_bytes", 16 << 20))
+        segment_bytes = self.inner.config.segment_bytes
         base = self._prev_id or "0" * 64  # only its length matters to the byte count
         return sum(len(seg) for seg in iter_encode_delta(self._prev, state_dict, base=base,
                                                           segment_bytes=segment_bytes, codec="aurora"))

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
@@ -44,8 +43,9 @@ from deltarl.integrations.gather import gather_bf16
 from deltarl.model.record import RunModelInfo, write_model_json
 
 if TYPE_CHECKING:
-    from deltarl.pipeline.publisher import Publisher, VersionInfo
-    from deltarl.pipeline.sharded import ShardedPublisher, ShardedVersionInfo
+    from deltarl.pipeline.publisher import Publisher
+    from deltarl.pipeline.sharded import ShardedPublisher
+    from deltarl.pipeline.writer import VersionInfo
     from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class DeltaRLCallback(TrainerCallback):
         *,
         model_info: RunModelInfo | None = None,
         publish_initial: bool = True,
-        on_published: Callable[[VersionInfo | ShardedVersionInfo], None] | None = None,
+        on_published: Callable[[VersionInfo], None] | None = None,
         publisher_options: dict[str, Any] | None = None,
         sharded: bool | None = None,
     ) -> None:
@@ -90,11 +90,10 @@ class DeltaRLCallback(TrainerCallback):
         self.sharded = sharded
         self.publisher: Publisher | ShardedPublisher | None = None
         self._group: Any = None  # the sharded publisher's own gloo group
-        self.published: list[VersionInfo | ShardedVersionInfo] = []
+        self.published: list[VersionInfo] = []
         self._store: ObjectStore | None = None
         self._owns_store = False
-        self._pool: ThreadPoolExecutor | None = None
-        self._inflight: tuple[int, Future[None]] | None = None
+        self._inflight_step: int | None = None  # the step of the last publish handed to the background
 
     # --- transformers' hooks (called on every rank) ----------------------------------------------
 
@@ -136,7 +135,6 @@ class DeltaRLCallback(TrainerCallback):
         from deltarl.pipeline.publisher import Publisher
 
         self.publisher = Publisher(self._open_store(True), self.run, **self.publisher_options)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="deltarl-trl-publish")
 
     def _open_sharded(self, main: bool) -> None:
         """Every rank: a gloo group for the publisher's collectives, the store, and the publisher."""
@@ -157,58 +155,42 @@ class DeltaRLCallback(TrainerCallback):
     def _publish(self, model: Any, state: Any, *, step: int) -> None:
         if model is None:
             raise IntegrationError("the trainer passed no model to the callback; cannot publish")
+        main = bool(state.is_world_process_zero)
+        if self.sharded or main:
+            self.wait()  # at most one publish in flight; a failure surfaces here, before the next export
         if self.sharded:
             from deltarl.pipeline.sharded import ShardedPublisher
 
             assert isinstance(self.publisher, ShardedPublisher)
-            self.wait()
             self.publisher.publish_model_async(model, step, on_published=self._record)  # copies this rank's shard first
+            self._inflight_step = step
             return
-        main = bool(state.is_world_process_zero)
-        if main:
-            self.wait()  # at most one publish in flight; a failure surfaces here, before the next gather
         export = gather_bf16(model, is_main=main)  # collective: every rank, same point
         if not main:
             return
-        assert self._pool is not None
-        self._inflight = (step, self._pool.submit(self._commit, export, step))
-
-    def _commit(self, export: dict[str, Any], step: int) -> None:
         from deltarl.pipeline.publisher import Publisher
 
         assert isinstance(self.publisher, Publisher)
-        self._record(self.publisher.publish(export, step, owned=True))
+        self.publisher.publish_async(export, step, owned=True, on_published=self._record)
+        self._inflight_step = step
 
     def wait(self) -> None:
         """Wait for the publish in flight (rank 0; every rank when sharded); a failed one raises
         ``IntegrationError``."""
-        if self.sharded:
-            from deltarl.pipeline.sharded import ShardedPublisher
-
-            if isinstance(self.publisher, ShardedPublisher):
-                try:
-                    self.publisher.wait()
-                except PublishFailed as err:
-                    cause = err.__cause__ or err
-                    raise IntegrationError(f"run {self.run!r}: publishing the weights failed: {cause}") from cause
+        if self.publisher is None:
             return
-        if self._inflight is None:
-            return
-        step, future = self._inflight
-        self._inflight = None
         try:
-            future.result()
-        except Exception as err:
-            raise IntegrationError(f"run {self.run!r}: publishing the weights of step {step} failed: {err}") from err
+            self.publisher.wait()
+        except PublishFailed as err:
+            cause = err.__cause__ or err
+            raise IntegrationError(
+                f"run {self.run!r}: publishing the weights of step {self._inflight_step} failed: {cause}") from cause
 
     def close(self) -> None:
         """Wait for the last publish, then release the writer claim (idempotent)."""
         try:
             self.wait()
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
             if self.publisher is not None:
                 self.publisher.close()
                 self.publisher = None

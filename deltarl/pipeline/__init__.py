@@ -24,8 +24,8 @@ from deltarl.pipeline.manifest import (
 from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.publisher import Publisher, VersionInfo
 from deltarl.pipeline.reader import RunReader
-from deltarl.pipeline.replay import apply_versions, replay, squash
-from deltarl.pipeline.sharded import ShardedPublisher, ShardedVersionInfo
+from deltarl.pipeline.replay import replay, roll_forward, squash
+from deltarl.pipeline.sharded import ShardedPublisher
 
 __all__ = [
     "DeltaStatsRecord",
@@ -40,18 +40,17 @@ __all__ = [
     "RunReader",
     "RunSummary",
     "ShardedPublisher",
-    "ShardedVersionInfo",
     "TensorEntry",
     "VersionInfo",
     "VersionRow",
     "WriterClaim",
     "WriterLease",
-    "apply_versions",
     "canonical_json",
     "gc",
     "inspect_run",
     "is_immutable",
     "replay",
+    "roll_forward",
     "squash",
     "validate_run_name",
     "version_id",

@@ -53,12 +53,20 @@ class BackgroundPublishing(Generic[Info]):
         if self._is_closed():
             raise RunError(f"publisher of run {self._run!r} is closed")
 
-    def submit(self, publish: Callable[[], Info]) -> Future[Info]:
-        """Run ``publish`` (one version, with everything it needs already copied) on the lane."""
+    def submit(self, publish: Callable[[], Info], on_published: Callable[[Info], None] | None = None) -> Future[Info]:
+        """Run ``publish`` (one version, with everything it needs already copied) on the lane, then
+        ``on_published`` with its result (on the same thread; an exception in it fails the future)."""
         self.check_open()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="deltarl-publish")
-        fut = self._executor.submit(publish)
+
+        def run() -> Info:
+            info = publish()
+            if on_published is not None:
+                on_published(info)
+            return info
+
+        fut = self._executor.submit(run)
         fut.add_done_callback(self._log_failure)
         self._inflight = fut
         return fut

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from deltarl.codec.tensors import DTYPES, TensorSpec, flat_bits
-from deltarl.errors import FormatError, IntegrityError, StoreError
+from deltarl.errors import FormatError, IntegrityError, ObjectExists, StoreError, WriterConflict
 from deltarl.pipeline.canonical import canonical_json
 from deltarl.pipeline.manifest import KeyframePart, TensorRange
 from deltarl.pipeline.pieces import DEFAULT_PIECE_SIZE, PieceHasher
@@ -112,14 +112,25 @@ def iter_part(state: Mapping[str, Any], ranges: Sequence[TensorRange], specs: Ma
 def write_part(store: ObjectStore, key: str, state: Mapping[str, Any], ranges: Sequence[TensorRange],
                specs: Mapping[str, TensorSpec], *, piece_size: int = DEFAULT_PIECE_SIZE) -> KeyframePart:
     """Stream one part of ``state`` to ``key`` (``put_stream_if_absent``), hashed in the same pass."""
+    return stream_part(store, key, iter_part(state, ranges, specs), ranges, piece_size=piece_size)
+
+
+def stream_part(store: ObjectStore, key: str, buffers: Iterable[memoryview], ranges: Sequence[TensorRange], *,
+                piece_size: int = DEFAULT_PIECE_SIZE) -> KeyframePart:
+    """Upload a part's bytes (``buffers``: its header, then its ranges' data) to ``key`` with
+    ``put_stream_if_absent``, hashed in the same pass, and return its ref. ``ObjectExists`` (only a
+    retry of this writer's own write can meet its epoch's key) is a WriterConflict."""
     hasher = PieceHasher(piece_size)
 
     def hashed() -> Iterator[memoryview]:
-        for buf in iter_part(state, ranges, specs):
+        for buf in buffers:
             hasher.update(buf)
             yield buf
 
-    store.put_stream_if_absent(key, hashed())
+    try:
+        store.put_stream_if_absent(key, hashed())
+    except ObjectExists as err:
+        raise WriterConflict(f"{key} already exists: another writer with this epoch is publishing this run") from err
     sha, size, pieces = hasher.finish()
     return KeyframePart(key=key, sha256=sha, size=size, piece_size=piece_size, pieces=tuple(pieces), tensors=tuple(ranges))
 

@@ -15,9 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from deltarl.errors import ObjectExists, StoreError, WriterConflict
 from deltarl.pipeline.manifest import ObjectRef
+from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
+
 
 def cpu_copy(value: Any) -> Any:
     """A private, contiguous CPU copy of one state value (torch tensor or numpy array)."""
@@ -99,3 +102,28 @@ class UploadPool:
         if errors:
             raise errors[0]
         return refs
+
+
+def upload_object(store: ObjectStore, key: str, data: bytes, piece_size: int) -> ObjectRef:
+    """Put ``data`` at ``key`` if absent and return its ref. The key carries the writer's epoch, so
+    an existing object is this writer's own write retried (the same bytes: fine) or a conflict."""
+    ref = ObjectRef.of(key, data, piece_size=piece_size)
+    try:
+        store.put_if_absent(key, data)
+    except ObjectExists as err:
+        if store.get(key) != data:
+            raise WriterConflict(f"{key} already exists with other bytes: another writer is publishing this run") from err
+    return ref
+
+
+def discard(store: ObjectStore, uploads: UploadPool) -> None:
+    """After a failed publish: wait for the pool's uploads and delete what they wrote (best effort;
+    what is left is swept by gc or the next writer)."""
+    futures, uploads.futures = uploads.futures, []
+    for f in futures:
+        if f.exception() is None:
+            key = f.result().key
+            try:
+                store.delete(key)
+            except StoreError as err:
+                logger.warning("could not delete %s after a failed publish (gc will): %s", key, err)

@@ -1,7 +1,7 @@
 """Fault hooks for tests: kill a publishing process at a named stage of one version.
 
-:class:`CrashAt` is a :class:`~deltarl.pipeline.publisher.Publisher` ``on_stage`` hook. A test runs
-a child process that builds its publisher with ``on_stage=CrashAt.from_env()`` and sets
+:class:`CrashAt` is a :class:`~deltarl.pipeline.publisher.Publisher` ``on_progress`` hook. A test runs
+a child process that builds its publisher with ``on_progress=CrashAt.from_env()`` and sets
 ``DELTARL_TEST_CRASH_AT=<version>:<stage>[:<k>]``; the child SIGKILLs itself at the k-th time
 (default: the first) that stage of that version completes. Stages: ``segments`` (after each
 segment upload), ``keyframe`` (after the keyframe upload), ``manifest`` (after the manifest is

@@ -31,7 +31,7 @@ from deltarl.testing.faults import CrashAt
 from tests.fixtures.runs import TinyTrainer
 from tests.integration.pipeline.test_crash_publish import KW, SHAPES
 trainer = TinyTrainer(0, lr=0.05, shapes=SHAPES)
-with Publisher(LocalStore(sys.argv[1]), "r", writer_id="trainer-1", on_stage=CrashAt.from_env(), **KW) as pub:
+with Publisher(LocalStore(sys.argv[1]), "r", writer_id="trainer-1", on_progress=CrashAt.from_env(), **KW) as pub:
     for step in range(int(sys.argv[2])):
         if step:
             trainer.step()

@@ -94,7 +94,7 @@ def _worker(rank: int, world: int, tmp: str, mode: str, first_step: int, steps: 
         model, opt = _model(seed=0)
         # a resuming job: only rank 0 replays the run; the others get their rows from it
         store = (NoKeyframeReads if mode == "resume" and rank else LocalStore)(os.path.join(tmp, "store"))
-        with ShardedPublisher(store, "r", writer_id="job", on_stage=crash, **KW) as pub:
+        with ShardedPublisher(store, "r", writer_id="job", on_progress=crash, **KW) as pub:
             for step in range(first_step, first_step + steps):
                 if step:
                     _train_step(model, opt, seed=step)
@@ -310,7 +310,9 @@ def _resume_worker(rank: int, world: int, tmp: str) -> None:
                 wrong["a"] = (torch.cat([wrong["a"][0], wrong["a"][0][:2]]), (12, 300), 4)
             with pytest.raises(ShardedPublishError, match=r"rank 1 holds elements \[1200, 3600\) of tensor 'a', which has 3000"):
                 pub.publish_local(wrong, 3)
-            pub._p2p_backends = frozenset()  # the rows go by scatter_object_list (NCCL's way) this time
+            import deltarl.pipeline.shard_resume as shard_resume
+
+            shard_resume.P2P_BACKENDS = frozenset()  # the rows go by scatter_object_list (NCCL's way) this time
             pub.publish_local(shards(fulls[3]), 3)  # every rank resumes again: rank 0 replays, scatters
             assert pub.next_version == 4
         if rank == 0:

@@ -43,7 +43,7 @@ def test_aurora_counting_measures_the_same_deltas_and_changes_nothing() -> None:
     assert set(counting.aurora_bytes) == {1, 2, 3}  # version 0 is a keyframe, no delta
     for v in (1, 2, 3):
         expected = sum(len(seg) for seg in iter_encode_delta(states[v - 1], states[v], base=infos[v - 1].version_id,
-                                                            segment_bytes=pub.segment_bytes, codec="aurora"))
+                                                            segment_bytes=pub.config.segment_bytes, codec="aurora"))
         assert counting.aurora_bytes[v] == expected
         assert expected > infos[v].stats.encoded_bytes > 0  # the published codec is the smaller one
     replayed = replay(store, "r", 3)

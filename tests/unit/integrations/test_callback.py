@@ -38,8 +38,12 @@ def test_publish_runs_in_the_background_one_at_a_time(tmp_path) -> None:
     cb = DeltaRLCallback(store, "r", on_published=hold)
     model, state, control = build_model(ModelSpec()), TrainerState(), TrainerControl()
     cb.on_train_begin(None, state, control, model=model)  # version 0 goes to the background thread
-    assert cb._inflight is not None
-    assert not cb._inflight[1].done()
+    for _ in range(600):  # on_train_begin returned while version 0's publish is still held open
+        if seen:
+            break
+        threading.Event().wait(0.05)
+    assert seen == [0]
+    assert not release.is_set()
     release.set()
     _step(model, state)
     cb.on_step_end(None, state, control, model=model)  # waits for version 0, then hands version 1 over

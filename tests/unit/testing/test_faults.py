@@ -34,7 +34,7 @@ def test_publisher_reports_every_stage() -> None:
     seen: list[tuple[int, str]] = []
     trainer = TinyTrainer(0, lr=0.05, shapes=SHAPES)
     hook = lambda v, s: seen.append((v, s))  # noqa: E731
-    with Publisher(MemoryStore(), "r", keyframe_interval=2, segment_bytes=2048, upload_workers=1, on_stage=hook) as pub:
+    with Publisher(MemoryStore(), "r", keyframe_interval=2, segment_bytes=2048, upload_workers=1, on_progress=hook) as pub:
         for step in range(3):
             if step:
                 trainer.step()
