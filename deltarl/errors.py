@@ -96,6 +96,16 @@ class WriterConflict(RunError):
     """Another publisher owns this run (or moved HEAD underneath us)."""
 
 
+class ChainBroken(RunError):
+    """A version's parent is not the version a reader holds: the run's history changed under it
+    (re-created under the same name) or a manifest was altered."""
+
+
+class RunReplaced(ChainBroken):
+    """The run was re-created under the same name with another tensor table: the weights a reader
+    holds can never follow it; it stops."""
+
+
 class ShardedPublishError(RunError):
     """A sharded publish failed on some rank; no rank committed it and every base is unchanged."""
 

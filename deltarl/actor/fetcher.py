@@ -162,6 +162,7 @@ class Fetcher:
         self.cooldown_s = cooldown_s
         self.stats = FetchStats()
         self._dead_until = [0.0] * len(self.sources)
+        self._down = [False] * len(self.sources)
 
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self.sources))
@@ -183,8 +184,12 @@ class Fetcher:
         return first if first < len(self.sources) else len(self.sources)
 
     def _mark_dead(self, i: int, err: BaseException) -> None:
-        log.warning("source %s failed (%s); failing over for %.0fs", self.sources[i].url, err, self.cooldown_s)
-        self._dead_until[i] = time.monotonic() + self.cooldown_s
+        now = time.monotonic()
+        alive = self._dead_until[i] <= now and not self._down[i]
+        (log.warning if alive else log.debug)("source %s failed (%s); failing over for %.0fs",
+                                              self.sources[i].url, err, self.cooldown_s)
+        self._dead_until[i] = now + self.cooldown_s
+        self._down[i] = True  # until it answers again: one warning per outage, not one per retry
 
     async def _with_failover(self, what: str, first: int, call: Callable[[AsyncSource, int], Awaitable[T]]) -> tuple[T, int]:
         """Run ``call(source, index)`` on source ``first`` or later; return ``(result, index)``."""
@@ -193,8 +198,13 @@ class Fetcher:
         while i < len(self.sources):
             for attempt in range(self.attempts_per_source):
                 try:
-                    return await call(self.sources[i], i), i
+                    result = await call(self.sources[i], i)
+                    if self._down[i]:
+                        log.info("source %s answers again", self.sources[i].url)
+                        self._down[i] = False
+                    return result, i
                 except (ObjectNotFound, InvalidRange):
+                    self._down[i] = False  # it answered
                     raise  # authoritative: a relay answers 404 only after asking its own upstream
                 except (StoreError, DeltaRLError, OSError, asyncio.TimeoutError) as err:
                     last = err

@@ -155,6 +155,8 @@ class Follower:
         assert self._staged is not None
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self._sub.ready():
+            if self._sub.fatal is not None:
+                raise self._sub.fatal
             if stop is not None and stop.is_set():
                 return None
             left = None if deadline is None else deadline - time.monotonic()

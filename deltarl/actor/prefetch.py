@@ -67,7 +67,9 @@ class VersionStaging:
 
     async def speculate(self, fetcher: Fetcher, key_of: Callable[[int], str], *, window: int, wait_s: float) -> None:
         """Long-poll and decode segments 0, 1, … of ``version``, until cancelled, or until those below
-        :meth:`limit` are done (or one is not a delta on our base)."""
+        :meth:`limit` are done (or one is not a delta on our base). A segment that no source can
+        deliver ends the speculation (the manifest's verified fetch retries with backoff), so an
+        outage never walks the speculation through indices that do not exist."""
         next_index = 0
         landed = asyncio.Event()  # until a first segment lands, poll only segment 0 (an idle reader asks little)
         running: dict[asyncio.Task[None], int] = {}
@@ -110,8 +112,12 @@ class VersionStaging:
                     if task not in running:
                         continue
                     del running[task]
-                    if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(), TransferError):
-                        raise task.exception()  # type: ignore[misc]
+                    if task.cancelled() or task.exception() is None:
+                        continue
+                    if isinstance(task.exception(), TransferError):  # no source delivers: stop guessing keys
+                        log.debug("speculation stopped: %s", task.exception())
+                        return
+                    raise task.exception()  # type: ignore[misc]
         finally:
             limit_wait.cancel()
             landed_wait.cancel()

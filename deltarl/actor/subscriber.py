@@ -36,13 +36,29 @@ from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.prefetch import VersionStaging
+from deltarl.actor.source import FetcherSource
 from deltarl.codec.heap import trim
 from deltarl.codec.jit_warmup import warm_codec_quietly
-from deltarl.errors import DeltaRLError, IntegrityError, ObjectNotFound, RunError, StagingError, TransferError
+from deltarl.errors import (
+    ChainBroken,
+    DeltaRLError,
+    FormatError,
+    IntegrityError,
+    ObjectNotFound,
+    RunReplaced,
+    StagingError,
+    TransferError,
+)
+from deltarl.pipeline.catch_up import catch_up
+from deltarl.pipeline.claim import WriterClaim
 from deltarl.pipeline.layout import RunLayout, key_epoch
-from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo, version_id
+from deltarl.pipeline.manifest import HeadRecord, Manifest
+from deltarl.storage.retry import POLL_BACKOFF, RetryPolicy
 
 log = logging.getLogger(__name__)
+
+#: Waits between polls while every source fails (an outage): 0.25 s doubling to 5 s, with jitter.
+_OUTAGE_BACKOFF = RetryPolicy(attempts=1, base_delay=0.25, max_delay=5.0)
 
 
 @dataclass(frozen=True)
@@ -121,11 +137,6 @@ class _FullUpdate:
             self._swapped = False
 
 
-#: Keyframe parts a bootstrap fetches at once: while one part's last ranges arrive, a relay is
-#: already pulling the next one from its upstream.
-KEYFRAME_PARTS_IN_FLIGHT = 2
-
-
 class _InPlace:
     """A first bootstrap that loaded straight into the live tensors: nothing left to write, and
     nothing to roll back to (no version was held, the tensors held no run's weights)."""
@@ -149,6 +160,8 @@ class _Staged:
     stage_s: float
     full: bool
     staged_at: float = field(default_factory=time.time)
+    #: a full update (catch-up) whose state digest was checked as it was built
+    digest_checked: bool = False
 
 
 @dataclass
@@ -231,8 +244,9 @@ class Subscriber:
         self._task: asyncio.Task[None] | None = None
         self._warming: asyncio.Future[None] | None = None  # the codec warm-up (once)
         self._error: BaseException | None = None
-        self._manifests: dict[int, tuple[Manifest, str]] = {}
-        self._info: RunInfo | None = None
+        #: An error the background loop stopped on (the run was re-created with other tensors).
+        self._fatal: BaseException | None = None
+        self._source = FetcherSource(fetcher, run)
         self.speculate = speculate
         self._spec: tuple[int, VersionStaging, asyncio.Task[None] | None] | None = None
         #: Segments staged before their manifest was visible (verified against it afterwards).
@@ -243,161 +257,33 @@ class Subscriber:
     # --- reads through the fetcher ----------------------------------------------------------------
 
     async def head(self) -> HeadRecord | None:
-        try:
-            got = await self.fetcher.get_mutable(self.layout.head)
-        except ObjectNotFound:
-            return None
-        assert got is not None
-        return HeadRecord.from_bytes(got[0], where=self.layout.head)
+        return await self._source.head()
 
     async def manifest(self, version: int, *, wait_s: float = 0.0) -> tuple[Manifest, str]:
         """A version's manifest and id (cached: manifests are immutable)."""
-        hit = self._manifests.get(version)
-        if hit is not None:
-            return hit
-        key = self.layout.manifest(version)
-        data = await self.fetcher.fetch_key(key, wait_s=wait_s)
-        manifest = Manifest.from_bytes(data, where=key)
-        if manifest.run != self.layout.run or manifest.version != version:
-            raise RunError(f"{key}: manifest is for run {manifest.run!r} version {manifest.version}")
-        self._manifests[version] = (manifest, version_id(data))
-        return self._manifests[version]
+        return await self._source.manifest(version, wait_s=wait_s)
 
     # --- bootstrap and catch-up -------------------------------------------------------------------
 
-    async def _catch_up_state(self, target: int, into: dict[str, Any] | None = None) -> tuple[dict[str, Any], Manifest, str]:
-        """The state at ``target``: the newest keyframe at or before it, then the deltas after; in
-        fresh tensors, or in ``into``'s (the live state, written in place)."""
-        from deltarl.codec import stage_delta
+    async def _catch_up_state(self, target: int, into: dict[str, Any] | None = None) -> tuple[dict[str, Any], Manifest, str, bool]:
+        """The state at ``target`` by the one catch-up path (:func:`deltarl.pipeline.catch_up.catch_up`):
+        the newest usable keyframe at or before it, then the deltas after; in fresh tensors, or in
+        ``into``'s (the live state, written in place). Also whether a digest was checked."""
 
-        chain: list[tuple[Manifest, str]] = []
-        v = target
-        while True:
-            manifest, vid = await self.manifest(v)
-            if chain and chain[-1][0].parent != vid:
-                raise RunError(f"{chain[-1][0].key}: broken parent chain at version {v}")
-            chain.append((manifest, vid))
-            if manifest.keyframe is not None:
-                break
-            if v == 0:
-                raise RunError(f"{self.layout.run}: no keyframe at or before version {target}")
-            v -= 1
-        chain.reverse()
+        async def warmed() -> None:
+            await asyncio.shield(await self._warm_codec())
 
-        async def segments_of(manifest: Manifest) -> list[bytes]:
-            return [data async for _, data in self.fetcher.fetch_objects(list(manifest.segments))]  # any order
-
-        # One version's segments are fetched ahead: the first delta's while the keyframe streams in
-        # (and numba loads the decoder meanwhile), each next one's while the one before is decoded.
-        ahead: dict[int, asyncio.Task[list[bytes]]] = {}
-        if len(chain) > 1:
-            await self._warm_codec()
-            ahead[chain[1][0].version] = asyncio.ensure_future(segments_of(chain[1][0]))
-        try:
-            state = await self._load_base(chain, into)  # (may extend the chain down to an older keyframe)
-            for pos in range(1, len(chain)):
-                manifest = chain[pos][0]
-                fetching = ahead.pop(manifest.version, None) or asyncio.ensure_future(segments_of(manifest))
-                if pos + 1 < len(chain) and chain[pos + 1][0].version not in ahead:
-                    ahead[chain[pos + 1][0].version] = asyncio.ensure_future(segments_of(chain[pos + 1][0]))
-                segments = await fetching
-                await asyncio.shield(await self._warm_codec())
-                parent_id = self._manifests[manifest.version - 1][1]
-                staged = await asyncio.to_thread(stage_delta, state, segments, base=parent_id)
-                staged.commit()
-        finally:
-            for task in ahead.values():
-                task.cancel()
-            await asyncio.gather(*ahead.values(), return_exceptions=True)
-        last, vid = chain[-1]
-        # a v2 keyframe alone was checked piece by piece as it landed: no second pass over it
-        if last.state_digest is not None and (len(chain) > 1 or last.format_version < 2):
-            await self._check_digest(state, last)
-        return state, last, vid
+        done = await catch_up(self._source, target, into=into, verify=self.verify_digest,
+                              warm=lambda: asyncio.ensure_future(warmed()))
+        return done.state, done.manifest, done.version_id, done.digest_checked
 
     async def _warm_codec(self) -> asyncio.Future[None]:
         """The codec warm-up for the run's dtypes, started on a thread the first time: by a catch-up
         with deltas to apply, else when background staging starts (the next version is a delta)."""
         if self._warming is None:
-            dtypes = [t.dtype for t in (await self._run_info()).tensors]
+            dtypes = [t.dtype for t in (await self._source.run_info()).tensors]
             self._warming = asyncio.ensure_future(asyncio.to_thread(warm_codec_quietly, dtypes))
         return self._warming
-
-    async def _run_info(self) -> RunInfo:
-        if self._info is None:
-            key = self.layout.run_json
-            info = RunInfo.from_bytes(await self.fetcher.fetch_key(key), where=key)
-            if info.run != self.layout.run:
-                raise RunError(f"{key}: run.json names run {info.run!r}, not {self.layout.run!r}")
-            self._info = info
-        return self._info
-
-    async def _load_keyframe(self, manifest: Manifest, into: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The full state of a keyframe version, read straight into fresh tensors (or ``into``'s):
-        each part's header first (checked against the ranges the manifest records), then its bytes
-        by ranges into the tensors they fill, checked by the part's pieces. No object-sized buffer,
-        no second copy."""
-        from deltarl.pipeline.keyframe import empty_state, part_views
-
-        assert manifest.keyframe is not None
-        if manifest.format_version < 2:
-            from safetensors.torch import load
-
-            state: dict[str, Any] = await asyncio.to_thread(load, await self.fetcher.fetch(manifest.keyframe.parts[0]))
-            if into is not None:
-                for name, value in state.items():
-                    into[name].copy_(value)
-                return into
-            return state
-        info = await self._run_info()
-        manifest.keyframe.check_covers(info.tensors, manifest.key)
-        specs = {t.name: t for t in info.tensors}
-        state = into if into is not None else await asyncio.to_thread(empty_state, info.tensors)
-        ahead = asyncio.Semaphore(KEYFRAME_PARTS_IN_FLIGHT)
-
-        async def load_part(part: Any) -> None:
-            async with ahead:
-                head = await self.fetcher.fetch_range(part.key, 0, min(part.size, 64 << 10))
-                views = part_views(part, head, specs, state, named_by=manifest.key)
-                if views is None:  # a header longer than 64 KiB: fetch it whole
-                    head = await self.fetcher.fetch_range(part.key, 0, 8 + int.from_bytes(head[:8], "little"))
-                    views = part_views(part, head, specs, state, named_by=manifest.key)
-                    assert views is not None
-                await self.fetcher.fetch_into(part, views)
-
-        tasks = [asyncio.ensure_future(load_part(part)) for part in manifest.keyframe.parts]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        return state
-
-    async def _load_base(self, chain: list[tuple[Manifest, str]], into: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The state of ``chain[0]``'s keyframe. One that no source delivers intact (or that does not
-        load) is skipped with a warning naming it: the chain is extended down to an older keyframe,
-        whose deltas lead back up (every version stores its delta)."""
-        while True:
-            kf = chain[0][0]
-            assert kf.keyframe is not None
-            try:
-                return await self._load_keyframe(kf, into)
-            except (TransferError, ValueError, RuntimeError) as err:  # FormatError, safetensors errors
-                older: list[tuple[Manifest, str]] = []
-                for v in range(kf.version - 1, -1, -1):
-                    manifest, vid = await self.manifest(v)
-                    parent = older[-1][0].parent if older else kf.parent
-                    if parent != vid:
-                        raise RunError(f"{manifest.key}: broken parent chain at version {v}") from err
-                    older.append((manifest, vid))
-                    if manifest.keyframe is not None:
-                        break
-                if not older or older[-1][0].keyframe is None:
-                    raise
-                log.warning("keyframe of version %d (%s) is unusable (%s); falling back to keyframe %d plus deltas",
-                            kf.version, ", ".join(p.key for p in kf.keyframe.parts), err, older[-1][0].version)
-                chain[:0] = reversed(older)
 
     async def bootstrap(self) -> CommitInfo:
         """Load the newest keyframe and apply deltas up to HEAD, now (for a new actor)."""
@@ -406,10 +292,10 @@ class Subscriber:
             raise ObjectNotFound(f"{self.layout.head}: run {self.layout.run!r} has no HEAD yet")
         t0 = time.monotonic()
         into = await self._writable_in_place()
-        state, manifest, vid = await self._catch_up_state(head.version, into)
+        state, manifest, vid, checked = await self._catch_up_state(head.version, into)
         stage_s = time.monotonic() - t0
         update = _InPlace(state) if into is not None else _FullUpdate(self.state, state)
-        self._staged = _Staged(manifest.version, vid, manifest, update, stage_s, full=True)
+        self._staged = _Staged(manifest.version, vid, manifest, update, stage_s, full=True, digest_checked=checked)
         info = self.commit()
         trim()  # catch-up buffers (segments, staged deltas) are gone: give their memory back to the OS
         return info
@@ -423,7 +309,7 @@ class Subscriber:
 
         if self.version is not None or not self.state:
             return None
-        info = await self._run_info()
+        info = await self._source.run_info()
         if set(self.state) != {t.name for t in info.tensors}:
             return None
         for spec in info.tensors:
@@ -468,6 +354,7 @@ class Subscriber:
             await self._warm_codec()
         except DeltaRLError as err:  # best effort (run.json unreachable now): the first delta loads the kernels
             log.debug("codec warm-up not started: %s", err)
+        quiet = failures = 0  # polls that found nothing new / failed in a row: each waits longer, with jitter
         while True:
             if self._staged is not None:
                 self._wake.clear()
@@ -475,15 +362,64 @@ class Subscriber:
                 continue
             try:
                 await self._stage_next()
+                quiet = failures = 0
             except asyncio.CancelledError:
                 raise
-            except (ObjectNotFound, TransferError) as err:
+            except ObjectNotFound as err:  # not committed yet: relays held the poll, the origin answered at once
                 log.debug("nothing new yet (%s)", err)
-                await asyncio.sleep(self.poll_interval_s)
+                await asyncio.sleep(POLL_BACKOFF.delay(quiet))
+                quiet += 1
+            except TransferError as err:  # every source failed: back off, say so once per outage
+                (log.warning if failures == 0 else log.debug)("run %s: cannot reach any source (%s); retrying with backoff",
+                                                              self.layout.run, err)
+                failures += 1
+                await asyncio.sleep(_OUTAGE_BACKOFF.delay(failures - 1))
+            except RunReplaced as err:  # another tensor table under the same name: these weights can never follow it
+                self._stop_fatally(err)
+                return
+            except ChainBroken as err:  # the run's history no longer holds our version
+                log.warning("%s; catching up from the newest keyframe", err)
+                try:
+                    await self._rejoin()
+                except RunReplaced as fatal:
+                    self._stop_fatally(fatal)
+                    return
+                except Exception as again:
+                    self._error = again
+                    log.error("cannot catch up with run %s: %s", self.layout.run, again)
+                    failures += 1
+                    await asyncio.sleep(_OUTAGE_BACKOFF.delay(failures - 1))
             except Exception as err:  # a bad version: keep the error for the actor, retry later
-                log.error("cannot stage version %s: %s", (self.version or 0) + 1, err)
+                (log.error if failures == 0 else log.debug)("cannot stage version %s: %s", (self.version or 0) + 1, err)
                 self._error = err
-                await asyncio.sleep(max(1.0, self.poll_interval_s))
+                failures += 1
+                await asyncio.sleep(_OUTAGE_BACKOFF.delay(failures - 1))
+
+    def _stop_fatally(self, err: BaseException) -> None:
+        log.error("%s", err)
+        self._error = self._fatal = err
+        if self.on_staged is not None:
+            self.on_staged()  # wake whoever waits for a version: there will be none
+
+    async def _rejoin(self) -> None:
+        """Stage the newest version as a full update, from the newest keyframe, after the run's
+        history changed under us: same tensor table (a repaired or re-created run) → caught up;
+        another table → :class:`~deltarl.errors.RunReplaced` (fatal)."""
+        await self._drop_speculation()
+        held = await self._source.run_info()
+        self._source.forget()
+        info = await self._source.run_info()
+        if list(info.tensors) != list(held.tensors):
+            raise RunReplaced(f"run {self.layout.run!r} was re-created with another tensor table "
+                              f"({len(info.tensors)} tensors, was {len(held.tensors)}); the weights held "
+                              f"(version {self.version}) cannot follow it")
+        head = await self.head()
+        if head is None:
+            raise ObjectNotFound(f"{self.layout.head}: run {self.layout.run!r} has no HEAD now")
+        t0 = time.monotonic()
+        state, manifest, vid, checked = await self._catch_up_state(head.version)
+        self._set_staged(_Staged(manifest.version, vid, manifest, _FullUpdate(self.state, state), time.monotonic() - t0,
+                                 True, digest_checked=checked))
 
     async def _drop_speculation(self) -> None:
         if self._spec is not None:
@@ -494,15 +430,20 @@ class Subscriber:
                 await asyncio.gather(task, return_exceptions=True)
             staging.close()
 
-    def _predicted_segment_keys(self, version: int) -> Callable[[int], str]:
-        """Segment keys of ``version`` as its writer will most likely name them: the epoch of the last
-        manifest's objects (a new writer's epoch only makes speculation miss, never misapply)."""
-        last = self._manifests.get(version - 1)
+    async def _predicted_segment_keys(self, version: int) -> Callable[[int], str]:
+        """Segment keys of ``version`` as its writer will name them: the epoch of the run's writer
+        claim (a restarted or taking-over writer has a new one), else of the last manifest's
+        objects. A wrong guess only makes speculation miss, never misapply."""
+        last = self._source.cached(version - 1)
         refs = [] if last is None else [*last[0].segments, *(last[0].keyframe.parts if last[0].keyframe else ())]
-        epoch = next((e for ref in refs if (e := key_epoch(ref.key)) is not None), None)
-        if last is not None and last[0].format_version < 2:
-            return lambda i: self.layout.segment_v1(version, i)
-        return lambda i: self.layout.segment(version, i, epoch=epoch or 1)
+        epoch = next((e for ref in refs if (e := key_epoch(ref.key)) is not None), None) or 1
+        try:
+            got = await self.fetcher.get_mutable(self.layout.writer)
+            if got is not None:
+                epoch = max(epoch, WriterClaim.from_bytes(got[0], where=self.layout.writer).epoch)
+        except (ObjectNotFound, TransferError, FormatError) as err:
+            log.debug("writer claim of %s not read (%s); speculating with epoch %d", self.layout.run, err, epoch)
+        return lambda i: self.layout.segment(version, i, epoch=epoch)
 
     async def _stage_next(self) -> None:
         assert self.version is not None
@@ -511,8 +452,9 @@ class Subscriber:
         if head is not None and head.version - self.version > self.catch_up_after:
             await self._drop_speculation()
             t0 = time.monotonic()
-            state, manifest, vid = await self._catch_up_state(head.version)
-            self._set_staged(_Staged(manifest.version, vid, manifest, _FullUpdate(self.state, state), time.monotonic() - t0, True))
+            state, manifest, vid, checked = await self._catch_up_state(head.version)
+            self._set_staged(_Staged(manifest.version, vid, manifest, _FullUpdate(self.state, state), time.monotonic() - t0,
+                                     True, digest_checked=checked))
             return
         target = self.version + 1
         if self._spec is None or self._spec[0] != target:
@@ -521,7 +463,7 @@ class Subscriber:
             task = None
             if self.speculate:  # fetch + decode segments as they are uploaded, before the manifest exists
                 window = max(1, self.fetcher.streams)
-                key_of = self._predicted_segment_keys(target)
+                key_of = await self._predicted_segment_keys(target)
                 task = asyncio.ensure_future(staging.speculate(self.fetcher, key_of, window=window, wait_s=self.poll_wait_s))
             self._spec = (target, staging, task)
         manifest, vid = await self.manifest(target, wait_s=self.poll_wait_s)  # ObjectNotFound: keep speculating
@@ -537,7 +479,7 @@ class Subscriber:
         self._spec = None
         try:
             if manifest.parent != self.version_id:
-                raise RunError(f"{manifest.key}: parent {manifest.parent} is not the version we hold ({self.version_id})")
+                raise ChainBroken(f"{manifest.key}: parent {manifest.parent} is not the version we hold ({self.version_id})")
             update = await staging.complete(self.fetcher, manifest)
         finally:
             staging.close()
@@ -571,6 +513,12 @@ class Subscriber:
     def digest_pending(self) -> bool:
         """Whether the last commit's state digest check has not been confirmed yet."""
         return self._check is not None
+
+    @property
+    def fatal(self) -> BaseException | None:
+        """Why the background loop stopped for good (:class:`~deltarl.errors.RunReplaced`: the run
+        was re-created with another tensor table), or None while it runs."""
+        return self._fatal
 
     @property
     def error(self) -> BaseException | None:
@@ -612,7 +560,7 @@ class Subscriber:
         # a catch-up state was checked against the digest when it was built, and is copied bit for bit
         check = self.verify_digest and recorded and not staged.full
         info = CommitInfo(staged.version, staged.version_id, time.monotonic() - t0, staged.update.changed_elements,
-                          True if staged.full and recorded else None, staged.stage_s, staged.staged_at, staged.full,
+                          True if staged.digest_checked else None, staged.stage_s, staged.staged_at, staged.full,
                           digest_pending=check)
         if check:
             if self._digests is None:
@@ -686,12 +634,3 @@ class Subscriber:
             self.backend.load_state(self.state)
         else:
             self.backend.commit(staged.update)  # workers and shadow, rolled back by the backend on failure
-
-    async def _check_digest(self, state: dict[str, Any], manifest: Manifest) -> None:
-        from deltarl.codec import state_digest
-
-        recorded = manifest.state_digest
-        assert recorded is not None
-        got = await asyncio.to_thread(state_digest, state, recorded.algo)
-        if got != recorded.value:
-            raise IntegrityError(f"{manifest.key}: caught-up state digest {got[:16]}… differs from the manifest")

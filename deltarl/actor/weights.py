@@ -140,6 +140,10 @@ class Weights:
     # --- the safe point ----------------------------------------------------------------------------
 
     def ready(self) -> bool:
+        """Whether a version is staged; raises the subscriber's fatal error (the run was re-created
+        with another tensor table: this actor can never follow it) so the actor stops."""
+        if self._sub is not None and self._sub.fatal is not None:
+            raise self._sub.fatal
         return self._sub is not None and self._sub.ready()
 
     def wait_ready(self, timeout: float) -> bool:

@@ -1,31 +1,29 @@
 """Rebuild any committed version bit for bit from the store, and squash a range into one delta.
 
-``replay`` starts from the nearest keyframe at or before the version, then applies each version's
-delta in order. A keyframe that is damaged (missing, wrong sha256, unreadable, wrong digest) is
-skipped with a warning naming it: replay falls back to an older keyframe plus the deltas after it
-(every version, keyframes included, also stores its delta). Every manifest's parent link and
-every object's sha256 are checked, and (with ``verify``) the newest state digest the chain records;
-any failure raises before the state is returned, so a caller never holds a half-replayed state.
-
-One digest is enough: each delta is staged against the state it was encoded from (the commit
-checks every changed position still holds its old bits), so a state that went wrong at any
-earlier version either fails a later commit or is still wrong at the newest recorded digest.
-Checking every recorded digest would cost a whole-state hash pass each (``digest_interval``
-versions apart) and prove nothing more about the state returned.
+``replay`` is the store's side of the one catch-up path (:mod:`deltarl.pipeline.catch_up`): the
+nearest usable keyframe at or before the version, then each version's delta in order; a damaged
+keyframe (missing, corrupt, unreadable) is skipped with a warning naming it. Every manifest's
+parent link, every object's hashes and (with ``verify``) the chain up to HEAD and the newest
+recorded state digest are checked; any failure raises before the state is returned, so a caller
+never holds a half-replayed state. The store may be any store, a relay's ``http://`` included.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterator
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from deltarl.codec.heap import trim
 from deltarl.codec.jit_warmup import warm_codec_quietly
-from deltarl.errors import FormatError, IntegrityError, ObjectNotFound, RunError, TensorMismatch
-from deltarl.pipeline.manifest import Manifest
+from deltarl.errors import ObjectNotFound
+from deltarl.pipeline.catch_up import Chain, apply_chain, catch_up, walk_down
+from deltarl.pipeline.layout import RunLayout
+from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo
 from deltarl.pipeline.reader import RunReader
 from deltarl.storage.store import ObjectStore
 
@@ -35,104 +33,73 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FETCH_WORKERS = 8
+T = TypeVar("T")
 
 
-def _check_digest(state: Any, manifest: Manifest) -> None:
-    from deltarl.codec import state_digest
+class StoreSource:
+    """A :class:`~deltarl.pipeline.catch_up.VersionSource` over a store: the verified reads of a
+    :class:`RunReader`, on a pool of ``workers`` threads (segments of a version in parallel; a
+    keyframe's parts read by ranges straight into the tensors)."""
 
-    recorded = manifest.state_digest
-    if recorded is None:
-        return
-    got = state_digest(state, recorded.algo)
-    if got != recorded.value:
-        raise IntegrityError(
-            f"{manifest.key}: replayed state digest {got[:16]}… ({recorded.algo}) differs from the recorded {recorded.short()}"
-        )
+    def __init__(self, reader: RunReader, pool: ThreadPoolExecutor) -> None:
+        self.reader = reader
+        self.layout: RunLayout = reader.layout
+        self._pool = pool
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def run_info(self) -> RunInfo:
+        return await self._call(self.reader.info)
+
+    async def manifest(self, version: int) -> tuple[Manifest, str]:
+        return await self._call(self.reader.manifest, version)
+
+    async def head(self) -> HeadRecord | None:
+        try:
+            return await self._call(self.reader.head)
+        except ObjectNotFound:
+            return None
+
+    async def segments(self, manifest: Manifest) -> list[bytes]:
+        return list(await asyncio.gather(*(self._call(self.reader.segment, manifest, i) for i in range(len(manifest.segments)))))
+
+    async def keyframe(self, manifest: Manifest, into: dict[str, Any] | None) -> dict[str, Any]:
+        return await self._call(self.reader.keyframe, manifest, into)
 
 
-def _check_keyframe_digest(state: Any, manifest: Manifest) -> None:
-    """A v1 keyframe's digest is checked; a v2 keyframe was verified piece by piece against its
-    manifest as it was read, and its parts cover run.json exactly once, so hashing the same bytes
-    again would prove nothing more (one sha256 pass per object read)."""
-    if manifest.format_version < 2:
-        _check_digest(state, manifest)
+def run_blocking(make: Callable[[], Awaitable[T]]) -> T:
+    """Run the coroutine ``make()`` to completion from synchronous code: on a fresh event loop in
+    this thread, or on a thread of its own when this thread already runs one."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())  # type: ignore[arg-type]
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = asyncio.run(make())  # type: ignore[arg-type]
+        except BaseException as err:
+            box["error"] = err
+
+    t = threading.Thread(target=run, name="deltarl-replay")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 @contextmanager
-def _progress(total: int, enabled: bool, desc: str) -> Iterator[Any]:
+def _progress(enabled: bool, desc: str) -> Iterator[Callable[[int], None] | None]:
     if not enabled:
         yield None
         return
     from tqdm import tqdm
 
-    with tqdm(total=total, desc=desc, unit="version") as bar:
-        yield bar
-
-
-def apply_versions(
-    reader: RunReader,
-    state: Any,
-    chain: list[tuple[Manifest, str]],
-    *,
-    verify: bool = True,
-    progress: bool = False,
-) -> None:
-    """Apply the deltas of ``chain[1:]`` in place onto ``state``, which must hold ``chain[0]``.
-
-    Each version's segments are fetched in parallel and checked before any byte is applied; a
-    version is applied all or nothing (staged, then committed). With ``verify``, the newest
-    version of the chain that records a state digest is checked once it is applied.
-    """
-    from deltarl.codec import stage_delta
-
-    with ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="deltarl-replay") as pool, _progress(
-        len(chain) - 1, progress, f"replay {reader.run}"
-    ) as bar:
-        pending = None
-        check_at = max((pos for pos in range(1, len(chain)) if chain[pos][0].state_digest is not None), default=0)
-        for pos in range(1, len(chain)):
-            manifest, _ = chain[pos]
-            parent_id = chain[pos - 1][1]
-            if manifest.parent != parent_id:
-                raise RunError(f"{manifest.key}: parent {manifest.parent} is not the id of version {manifest.version - 1}")
-            futures = pending if pending is not None else [pool.submit(reader.segment, manifest, i) for i in range(len(manifest.segments))]
-            if pos + 1 < len(chain):  # prefetch the next version while this one is applied
-                nxt = chain[pos + 1][0]
-                pending = [pool.submit(reader.segment, nxt, i) for i in range(len(nxt.segments))]
-            else:
-                pending = None
-            segments = [f.result() for f in futures]
-            stage_delta(state, segments, base=parent_id).commit()
-            if verify and pos == check_at:
-                _check_digest(state, manifest)
-            if bar is not None:
-                bar.update(1)
-
-
-def load_base(reader: RunReader, chain: list[tuple[Manifest, str]], *, verify: bool = True
-              ) -> tuple[dict[str, torch.Tensor], list[tuple[Manifest, str]]]:
-    """The state of ``chain[0]``'s keyframe and the chain to apply onto it; a damaged keyframe falls
-    back to the next older one (the chain grows by the versions in between), with a warning."""
-    while True:
-        base = chain[0][0]
-        try:
-            state = reader.keyframe(base)
-            if verify:
-                _check_keyframe_digest(state, base)
-            return state, chain
-        except (FormatError, ObjectNotFound, TensorMismatch) as err:  # IntegrityError is a FormatError
-            key = ", ".join(p.key for p in base.keyframe.parts) if base.keyframe is not None else base.key
-            if base.version == 0:
-                raise
-            try:
-                older = reader.chain(base.version - 1)
-            except RunError:
-                raise err from None
-            if base.parent != older[-1][1]:
-                raise RunError(f"{base.key}: parent is not the id of version {base.version - 1}") from err
-            logger.warning("keyframe %s is unusable (%s); falling back to keyframe %d plus %d deltas",
-                           key, err, older[0][0].version, len(older) - 1 + len(chain))
-            chain = older + chain
+    with tqdm(desc=desc, unit="version") as bar:
+        yield lambda _version: bar.update(1)
 
 
 def replay(
@@ -145,40 +112,61 @@ def replay(
 ) -> dict[str, torch.Tensor]:
     """The full state of ``version`` (default: HEAD) as CPU torch tensors, checked end to end.
 
-    Starts from the nearest keyframe at or before ``version`` and applies each delta after it.
+    Starts from the nearest usable keyframe at or before ``version`` and applies each delta after it.
 
     Args:
-        store: the store the run was published to.
+        store: the store the run was published to (or a relay in front of it).
         run: the run's name.
         version: which version (default: the one HEAD names).
-        verify: also check the newest state digest the chain records (every ``digest_interval``
-            versions; a v1 keyframe's too); sha256 and the parent chain are always checked.
+        verify: also check that the version is in the history HEAD commits to, and the newest
+            state digest the chain records; hashes and parent links are always checked.
         progress: show a progress bar over the deltas.
 
     Returns:
         ``{name: tensor}``, bit for bit the state the trainer published.
 
     Raises:
-        RunError: no such run or version; IntegrityError: an object does not match its manifest.
+        RunError: no such run or version, or a broken chain; IntegrityError: an object does not
+        match its manifest, or the state its recorded digest.
 
     Example:
         >>> state = replay(open_store("s3://bucket/runs"), "qwen-grpo", 42)  # doctest: +SKIP
         >>> model.load_state_dict(state)  # doctest: +SKIP
     """
     reader = RunReader(store, run)
-    reader.info()
-    if version is None:
-        version = reader.head().version
-    chain = reader.chain(version)
-    reader.check_head(version, chain[-1][1])
-    with ThreadPoolExecutor(1, thread_name_prefix="deltarl-warmup") as warming:
-        if len(chain) > 1:
-            warming.submit(warm_codec_quietly, [t.dtype for t in reader.info().tensors])  # while the keyframe streams in
-        state, chain = load_base(reader, chain, verify=verify)
-    apply_versions(reader, state, chain, verify=verify, progress=progress)
+    info = reader.info()
+    target = reader.head().version if version is None else version
+
+    async def rebuild() -> Any:
+        with ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="deltarl-replay") as pool, \
+                _progress(progress, f"replay {run}") as on_delta:
+            def warm() -> Awaitable[None]:
+                return asyncio.get_running_loop().run_in_executor(pool, warm_codec_quietly, [t.dtype for t in info.tensors])
+
+            return await catch_up(StoreSource(reader, pool), target, verify=verify, warm=warm, on_delta=on_delta)
+
+    done = run_blocking(rebuild)
     trim()  # staged updates and segments are gone: give their memory back to the OS
-    logger.info("replayed %s version %d from keyframe %d (%d deltas)", run, version, chain[0][0].version, len(chain) - 1)
-    return state
+    logger.info("replayed %s version %d from keyframe %d (%d deltas)", run, target, done.keyframe_version, done.deltas)
+    return done.state
+
+
+def roll_forward(store: ObjectStore, run: str, state: dict[str, Any], held: int, version: int, *, verify: bool = True
+                 ) -> None:
+    """Apply the deltas from version ``held`` (which ``state`` holds) up to ``version``, in place,
+    each checked; with ``verify``, the newest digest recorded after ``held`` too."""
+    if version <= held:
+        return
+    reader = RunReader(store, run)
+
+    async def forward() -> None:
+        with ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="deltarl-replay") as pool:
+            source = StoreSource(reader, pool)
+            chain: Chain = await walk_down(source, version, down_to=held)
+            at = max((i for i in range(1, len(chain)) if chain[i][0].state_digest is not None), default=None)
+            await apply_chain(source, state, chain, check_at=at if verify else None)
+
+    run_blocking(forward)
 
 
 def squash(
@@ -199,10 +187,8 @@ def squash(
 
     if from_version >= to_version:
         raise ValueError(f"squash needs from_version < to_version, got {from_version} >= {to_version}")
-    reader = RunReader(store, run)
-    reader.info()
-    old, start = load_base(reader, reader.chain(from_version))
-    apply_versions(reader, old, start)
+    old = replay(store, run, from_version)
     new = {name: t.clone() for name, t in old.items()}
-    apply_versions(reader, new, reader.chain(to_version, from_version=from_version))
-    return encode_delta(old, new, base=start[-1][1], segment_bytes=segment_bytes, codec=codec)
+    roll_forward(store, run, new, from_version, to_version)
+    base = RunReader(store, run).manifest(from_version)[1]
+    return encode_delta(old, new, base=base, segment_bytes=segment_bytes, codec=codec)

@@ -79,7 +79,7 @@ def rescore_rollouts(
     from deltarl.model.build import build_model, load_bf16_into
     from deltarl.model.record import read_model_json
     from deltarl.pipeline.reader import RunReader
-    from deltarl.pipeline.replay import apply_versions, replay
+    from deltarl.pipeline.replay import replay, roll_forward
 
     if n < 0 or tolerance < 0:
         raise ValueError("n and tolerance must be >= 0")
@@ -105,7 +105,7 @@ def rescore_rollouts(
         try:
             chain = reader.chain(v)  # from the nearest keyframe at or before v
             if state is not None and chain[0][0].version <= held:
-                apply_versions(reader, state, [c for c in chain if c[0].version >= held])  # roll forward
+                roll_forward(store, run, state, held, v)
             else:
                 state = replay(store, run, v)
             held = v

@@ -11,6 +11,7 @@ import pytest
 from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.subscriber import Subscriber
 from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.reader import RunReader
 from deltarl.storage import MemoryStore
 from deltarl.testing.wan import EmulatedLink
 from tests.fixtures.relays import StartRelay
@@ -151,6 +152,33 @@ async def test_segments_are_staged_before_the_manifest_lands(start_relay: StartR
     assert states_equal(state, trainer.exports[2])
     assert sub.speculated_segments >= 1  # fetched and decoded during the second before the commit
     assert info.stage_s < origin.delay  # staged without waiting out the slow origin once the manifest landed
+
+
+async def test_speculation_follows_a_restarted_writers_epoch(start_relay: StartRelay) -> None:
+    """A restarted trainer holds a new claim epoch, and its segments carry it: the subscriber reads
+    the claim, so its speculative fetches name the new writer's keys and land before the manifest."""
+    origin = SlowManifests(delay=0.0)
+    trainer = Trainer(origin)
+    relay = await start_relay(origin)
+    state: dict[str, Any] = {}
+    try:
+        await trainer.publish(2)
+        trainer.pub.close()
+        trainer.pub = Publisher(origin, RUN, segment_bytes=8 << 10)  # a restart: epoch 2
+        origin.delay = 1.0
+        async with Fetcher([relay.url, origin], streams=3) as fetcher, Subscriber(state, RUN, fetcher, poll_wait_s=5.0) as sub:
+            await sub.bootstrap()
+            sub.start()
+            await trainer.publish()
+            await _until_ready(sub)
+            info = sub.commit()
+    finally:
+        trainer.close()
+    assert info.version == 2
+    manifest, _ = RunReader(origin, RUN).manifest(2)
+    assert all("/e000002-seg-" in ref.key for ref in manifest.segments)
+    assert sub.speculated_segments >= 1
+    assert states_equal(state, trainer.exports[2])
 
 
 def _unchanged_element(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, int]:

@@ -135,7 +135,7 @@ def test_verify_checks_the_newest_recorded_digest_once(memory_store, monkeypatch
     head = json.loads(memory_store.get(LAY.head))
     head["version_id"] = Manifest.from_bytes(memory_store.get(LAY.manifest(16))).version_id
     memory_store.put(LAY.head, canonical_json(head))
-    with pytest.raises(IntegrityError, match=rf"{LAY.manifest(16)}: replayed state digest"):
+    with pytest.raises(IntegrityError, match=rf"{LAY.manifest(16)}: rebuilt state digest"):
         replay(memory_store, "r", 16)
     assert states_equal(replay(memory_store, "r", 16, verify=False), exports[16])
 
