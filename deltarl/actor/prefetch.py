@@ -26,10 +26,30 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
-from deltarl.errors import DeltaRLError, ObjectNotFound, TransferError
+from deltarl.actor.source import FetcherSource
+from deltarl.errors import DeltaRLError, FormatError, ObjectNotFound, TransferError
+from deltarl.pipeline.claim import WriterClaim
+from deltarl.pipeline.layout import key_epoch
 from deltarl.pipeline.manifest import Manifest
 
 log = logging.getLogger(__name__)
+
+
+async def predicted_segment_keys(fetcher: Fetcher, source: FetcherSource, version: int) -> Callable[[int], str]:
+    """Segment keys of ``version`` as its writer will name them: the epoch of the run's writer
+    claim (a restarted or taking-over writer has a new one), else of the last manifest's objects.
+    A wrong guess only makes speculation miss, never misapply."""
+    layout = source.layout
+    last = source.cached(version - 1)
+    refs = [] if last is None else [*last[0].segments, *(last[0].keyframe.parts if last[0].keyframe else ())]
+    epoch = next((e for ref in refs if (e := key_epoch(ref.key)) is not None), None) or 1
+    try:
+        got = await fetcher.get_mutable(layout.writer)
+        if got is not None:
+            epoch = max(epoch, WriterClaim.from_bytes(got[0], where=layout.writer).epoch)
+    except (ObjectNotFound, TransferError, FormatError) as err:
+        log.debug("writer claim of %s not read (%s); speculating with epoch %d", layout.run, err, epoch)
+    return lambda i: layout.segment(version, i, epoch=epoch)
 
 
 class VersionStaging:

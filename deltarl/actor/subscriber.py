@@ -17,10 +17,10 @@ back (every value the commit wrote is restored) before ``confirm`` raises, so an
 confirms before reporting never reports a result generated from a state that differs from the
 trainer's. The next commit confirms the previous one first.
 
-An actor that is new (:meth:`Subscriber.bootstrap`) or more than ``catch_up_after`` versions behind
-catches up from the newest keyframe at or before HEAD, applying the deltas after it on a copy that
-the next commit swaps in. (``deltarl.pipeline.replay.squash`` builds one delta between two versions
-but needs the origin store; a relay-only actor uses the keyframe path.)
+An actor that is new (:meth:`Subscriber.bootstrap`), more than ``catch_up_after`` versions behind,
+or whose version the run's history no longer holds (a run re-created under its name) catches up by
+the one catch-up path (:mod:`deltarl.pipeline.catch_up`) from the newest keyframe at or before
+HEAD, on a copy that the next commit swaps in.
 """
 
 from __future__ import annotations
@@ -29,20 +29,27 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, MutableMapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
-from deltarl.actor.prefetch import VersionStaging
+from deltarl.actor.prefetch import VersionStaging, predicted_segment_keys
 from deltarl.actor.source import FetcherSource
+from deltarl.actor.updates import (
+    CommitInfo,
+    DigestCheck,
+    FullUpdate,
+    InPlace,
+    Staged,
+    loadable_in_place,
+    timed_digest,
+)
 from deltarl.codec.heap import trim
 from deltarl.codec.jit_warmup import warm_codec_quietly
 from deltarl.errors import (
     ChainBroken,
     DeltaRLError,
-    FormatError,
     IntegrityError,
     ObjectNotFound,
     RunReplaced,
@@ -50,8 +57,7 @@ from deltarl.errors import (
     TransferError,
 )
 from deltarl.pipeline.catch_up import catch_up
-from deltarl.pipeline.claim import WriterClaim
-from deltarl.pipeline.layout import RunLayout, key_epoch
+from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import HeadRecord, Manifest
 from deltarl.storage.retry import POLL_BACKOFF, RetryPolicy
 
@@ -59,131 +65,6 @@ log = logging.getLogger(__name__)
 
 #: Waits between polls while every source fails (an outage): 0.25 s doubling to 5 s, with jitter.
 _OUTAGE_BACKOFF = RetryPolicy(attempts=1, base_delay=0.25, max_delay=5.0)
-
-
-@dataclass(frozen=True)
-class CommitInfo:
-    """What one commit did, for logs and metrics."""
-
-    version: int
-    version_id: str
-    #: Seconds the state was being written: the actor's whole pause (the digest check comes after).
-    pause_s: float
-    changed_elements: int
-    #: True/False once the state digest the manifest records has been checked; None while the check
-    #: is pending (``digest_pending``) and when there is none to check.
-    state_digest_ok: bool | None
-    #: Seconds from the manifest becoming visible to the version being staged.
-    stage_s: float
-    #: Wall-clock time (``time.time()``, comparable with a manifest's ``created_at``) at which the
-    #: version was staged, ready to commit.
-    staged_at: float
-    #: Whether this commit replaced the whole state (keyframe catch-up) instead of a delta.
-    full: bool = False
-    #: Whether the state digest is being checked in the background (see :meth:`Subscriber.confirm`).
-    digest_pending: bool = False
-    #: Seconds the digest check took, off the pause (None: none has finished).
-    digest_s: float | None = None
-
-
-class _FullUpdate:
-    """A catch-up: replace every tensor's contents (keyframe + deltas), undoable, in two copies.
-
-    Commit *swaps* the contents of the live tensors and the new ones (chunk by chunk, through a
-    small buffer), so afterwards the new tensors hold the old values for a rollback: the live
-    state and the new state, never a third clone.
-    """
-
-    SWAP_CHUNK = 4 << 20  # elements per swap step
-
-    def __init__(self, state: MutableMapping[str, Any], new: dict[str, Any]) -> None:
-        self._state = state
-        self._new = new
-        self._swapped = False
-        self._adopted = False
-        self.changed_elements = sum(int(t.numel()) for t in new.values())
-
-    def _swap(self) -> None:
-        for name, t in self._new.items():  # same dtype and shape: copy_ is then bit-exact
-            live, new = self._state[name].view(-1), t.view(-1)
-            for a in range(0, live.numel(), self.SWAP_CHUNK):
-                tmp = live[a : a + self.SWAP_CHUNK].clone()
-                live[a : a + self.SWAP_CHUNK].copy_(new[a : a + self.SWAP_CHUNK])
-                new[a : a + self.SWAP_CHUNK].copy_(tmp)
-
-    def commit(self) -> None:
-        if not self._state:
-            self._state.update(self._new)
-            self._adopted = True
-            return
-        if sorted(self._state) != sorted(self._new):
-            raise StagingError("catch-up state has other tensors than the live state")
-        for name, t in self._new.items():
-            live = self._state[name]
-            if live.dtype != t.dtype or live.shape != t.shape:
-                raise StagingError(f"catch-up tensor {name!r} is {t.dtype}{list(t.shape)}, live {live.dtype}{list(live.shape)}")
-            if not live.is_contiguous() or not t.is_contiguous():
-                raise StagingError(f"catch-up tensor {name!r} is not contiguous")
-        self._swap()
-        self._swapped = True
-
-    def rollback(self) -> None:
-        if self._adopted:
-            for name in self._new:
-                self._state.pop(name, None)
-            return
-        if self._swapped:
-            self._swap()
-            self._swapped = False
-
-
-class _InPlace:
-    """A first bootstrap that loaded straight into the live tensors: nothing left to write, and
-    nothing to roll back to (no version was held, the tensors held no run's weights)."""
-
-    def __init__(self, state: Mapping[str, Any]) -> None:
-        self.changed_elements = sum(int(t.numel()) for t in state.values())
-
-    def commit(self) -> None:
-        pass
-
-    def rollback(self) -> None:
-        pass
-
-
-@dataclass
-class _Staged:
-    version: int
-    version_id: str
-    manifest: Manifest
-    update: Any  # StagedUpdate or _FullUpdate
-    stage_s: float
-    full: bool
-    staged_at: float = field(default_factory=time.time)
-    #: a full update (catch-up) whose state digest was checked as it was built
-    digest_checked: bool = False
-
-
-@dataclass
-class _DigestCheck:
-    """A committed version whose state digest is being computed in a background thread."""
-
-    staged: _Staged
-    previous: tuple[int | None, str | None]  # what the subscriber held before the commit
-    info: CommitInfo
-    future: Future[tuple[str, float]]  # (digest, seconds)
-
-    def matches(self) -> bool:
-        """Whether the digest equals the manifest's (waits for it; False if computing it failed)."""
-        recorded = self.staged.manifest.state_digest
-        return self.future.exception() is None and recorded is not None and self.future.result()[0] == recorded.value
-
-
-def _timed_digest(state: Mapping[str, Any], algo: str) -> tuple[str, float]:
-    from deltarl.codec import state_digest
-
-    t0 = time.monotonic()
-    return state_digest(state, algo), time.monotonic() - t0
 
 
 class Subscriber:
@@ -237,9 +118,9 @@ class Subscriber:
         self.verify_digest = verify_digest
         #: Every commit, its entry replaced once its digest check has finished.
         self.commits: list[CommitInfo] = []
-        self._check: _DigestCheck | None = None
+        self._check: DigestCheck | None = None
         self._digests: ThreadPoolExecutor | None = None
-        self._staged: _Staged | None = None
+        self._staged: Staged | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._warming: asyncio.Future[None] | None = None  # the codec warm-up (once)
@@ -294,30 +175,18 @@ class Subscriber:
         into = await self._writable_in_place()
         state, manifest, vid, checked = await self._catch_up_state(head.version, into)
         stage_s = time.monotonic() - t0
-        update = _InPlace(state) if into is not None else _FullUpdate(self.state, state)
-        self._staged = _Staged(manifest.version, vid, manifest, update, stage_s, full=True, digest_checked=checked)
+        update = InPlace(state) if into is not None else FullUpdate(self.state, state)
+        self._staged = Staged(manifest.version, vid, manifest, update, stage_s, full=True, digest_checked=checked)
         info = self.commit()
         trim()  # catch-up buffers (segments, staged deltas) are gone: give their memory back to the OS
         return info
 
     async def _writable_in_place(self) -> dict[str, Any] | None:
-        """The live state, if a first bootstrap can load straight into it: no version is held (its
-        tensors hold no run's weights, so there is nothing to keep for a rollback), and it has
-        exactly run.json's tensors as contiguous CPU tensors of their dtypes and shapes (an actor's
-        model, built before it joins). Then a bootstrap holds one copy of the model, not two."""
-        import torch
-
+        """The live state, if a first bootstrap can load straight into it (:func:`loadable_in_place`):
+        no version is held, so its tensors hold no run's weights to keep for a rollback."""
         if self.version is not None or not self.state:
             return None
-        info = await self._source.run_info()
-        if set(self.state) != {t.name for t in info.tensors}:
-            return None
-        for spec in info.tensors:
-            t = self.state[spec.name]
-            if not (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous()
-                    and str(t.dtype) == f"torch.{spec.dtype}" and tuple(t.shape) == tuple(spec.shape)):
-                return None
-        return self.state if isinstance(self.state, dict) else dict(self.state)
+        return loadable_in_place(self.state, (await self._source.run_info()).tensors)
 
     # --- the background loop ------------------------------------------------------------------------
 
@@ -418,7 +287,7 @@ class Subscriber:
             raise ObjectNotFound(f"{self.layout.head}: run {self.layout.run!r} has no HEAD now")
         t0 = time.monotonic()
         state, manifest, vid, checked = await self._catch_up_state(head.version)
-        self._set_staged(_Staged(manifest.version, vid, manifest, _FullUpdate(self.state, state), time.monotonic() - t0,
+        self._set_staged(Staged(manifest.version, vid, manifest, FullUpdate(self.state, state), time.monotonic() - t0,
                                  True, digest_checked=checked))
 
     async def _drop_speculation(self) -> None:
@@ -430,21 +299,6 @@ class Subscriber:
                 await asyncio.gather(task, return_exceptions=True)
             staging.close()
 
-    async def _predicted_segment_keys(self, version: int) -> Callable[[int], str]:
-        """Segment keys of ``version`` as its writer will name them: the epoch of the run's writer
-        claim (a restarted or taking-over writer has a new one), else of the last manifest's
-        objects. A wrong guess only makes speculation miss, never misapply."""
-        last = self._source.cached(version - 1)
-        refs = [] if last is None else [*last[0].segments, *(last[0].keyframe.parts if last[0].keyframe else ())]
-        epoch = next((e for ref in refs if (e := key_epoch(ref.key)) is not None), None) or 1
-        try:
-            got = await self.fetcher.get_mutable(self.layout.writer)
-            if got is not None:
-                epoch = max(epoch, WriterClaim.from_bytes(got[0], where=self.layout.writer).epoch)
-        except (ObjectNotFound, TransferError, FormatError) as err:
-            log.debug("writer claim of %s not read (%s); speculating with epoch %d", self.layout.run, err, epoch)
-        return lambda i: self.layout.segment(version, i, epoch=epoch)
-
     async def _stage_next(self) -> None:
         assert self.version is not None
         assert self.version_id is not None
@@ -453,7 +307,7 @@ class Subscriber:
             await self._drop_speculation()
             t0 = time.monotonic()
             state, manifest, vid, checked = await self._catch_up_state(head.version)
-            self._set_staged(_Staged(manifest.version, vid, manifest, _FullUpdate(self.state, state), time.monotonic() - t0,
+            self._set_staged(Staged(manifest.version, vid, manifest, FullUpdate(self.state, state), time.monotonic() - t0,
                                      True, digest_checked=checked))
             return
         target = self.version + 1
@@ -463,7 +317,7 @@ class Subscriber:
             task = None
             if self.speculate:  # fetch + decode segments as they are uploaded, before the manifest exists
                 window = max(1, self.fetcher.streams)
-                key_of = await self._predicted_segment_keys(target)
+                key_of = await predicted_segment_keys(self.fetcher, self._source, target)
                 task = asyncio.ensure_future(staging.speculate(self.fetcher, key_of, window=window, wait_s=self.poll_wait_s))
             self._spec = (target, staging, task)
         manifest, vid = await self.manifest(target, wait_s=self.poll_wait_s)  # ObjectNotFound: keep speculating
@@ -484,12 +338,12 @@ class Subscriber:
         finally:
             staging.close()
         self.speculated_segments += len(staging.speculative)
-        staged = _Staged(target, vid, manifest, update, time.monotonic() - visible, False)
+        staged = Staged(target, vid, manifest, update, time.monotonic() - visible, False)
         log.info("staged version %d (%d changed elements, %d of %d segments before its manifest) %.3fs after the manifest",
                  target, update.changed_elements, len(staging.speculative), len(manifest.segments), staged.stage_s)  # fmt: skip
         self._set_staged(staged)
 
-    def _set_staged(self, staged: _Staged) -> None:
+    def _set_staged(self, staged: Staged) -> None:
         self._staged = staged
         if self.on_staged is not None:
             self.on_staged()
@@ -565,7 +419,7 @@ class Subscriber:
         if check:
             if self._digests is None:
                 self._digests = ThreadPoolExecutor(1, thread_name_prefix="deltarl-digest")
-            self._check = _DigestCheck(staged, previous, info, self._digests.submit(_timed_digest, self.state, staged.manifest.state_digest.algo))  # type: ignore[union-attr]  # recorded
+            self._check = DigestCheck(staged, previous, info, self._digests.submit(timed_digest, self.state, staged.manifest.state_digest.algo))  # type: ignore[union-attr]  # recorded
         self.commits.append(info)
         self._wake.set()
         return info
@@ -618,7 +472,7 @@ class Subscriber:
                 break
         return final
 
-    def _undo(self, staged: _Staged) -> None:
+    def _undo(self, staged: Staged) -> None:
         try:
             staged.update.rollback()
             if self.backend is not None:
@@ -626,7 +480,7 @@ class Subscriber:
         except StagingError as err:  # the commit's own check refused before writing anything
             log.error("rollback of version %d: %s", staged.version, err)
 
-    def _write(self, staged: _Staged) -> None:
+    def _write(self, staged: Staged) -> None:
         if self.backend is None:
             staged.update.commit()
         elif staged.full:
