@@ -5,7 +5,7 @@ A background task long-polls the next version's manifest through the fetcher (re
 request until it lands; the origin is polled) and, meanwhile, its segments by key as the trainer
 uploads them (``speculate``, see :mod:`deltarl.actor.prefetch`), decoding each into a
 :class:`~deltarl.codec.Stager` as it arrives. Once the manifest is visible it checks that it
-names the version we hold as its parent and every speculative segment's sha256, fetches what is
+names the version we hold as its parent and every speculative segment's pieces, fetches what is
 still missing on several streams, and keeps the result as the one staged version. The actor calls :meth:`Subscriber.ready` and
 :meth:`Subscriber.commit` between batches; nothing is written into the state anywhere else, so a
 rollout is never generated from a half-applied model.
@@ -310,8 +310,8 @@ class Subscriber:
                 task.cancel()
             await asyncio.gather(*ahead.values(), return_exceptions=True)
         last, vid = chain[-1]
-        # a v2 keyframe alone was checked piece by piece as it landed: no second pass over it
-        if last.state_digest is not None and (len(chain) > 1 or last.format_version < 2):
+        # a keyframe alone was checked piece by piece as it landed: no second pass over it
+        if last.state_digest is not None and len(chain) > 1:
             await self._check_digest(state, last)
         return state, last, vid
 
@@ -340,15 +340,6 @@ class Subscriber:
         from deltarl.pipeline.keyframe import empty_state, part_views
 
         assert manifest.keyframe is not None
-        if manifest.format_version < 2:
-            from safetensors.torch import load
-
-            state: dict[str, Any] = await asyncio.to_thread(load, await self.fetcher.fetch(manifest.keyframe.parts[0]))
-            if into is not None:
-                for name, value in state.items():
-                    into[name].copy_(value)
-                return into
-            return state
         info = await self._run_info()
         manifest.keyframe.check_covers(info.tensors, manifest.key)
         specs = {t.name: t for t in info.tensors}
@@ -500,8 +491,6 @@ class Subscriber:
         last = self._manifests.get(version - 1)
         refs = [] if last is None else [*last[0].segments, *(last[0].keyframe.parts if last[0].keyframe else ())]
         epoch = next((e for ref in refs if (e := key_epoch(ref.key)) is not None), None)
-        if last is not None and last[0].format_version < 2:
-            return lambda i: self.layout.segment_v1(version, i)
         return lambda i: self.layout.segment(version, i, epoch=epoch or 1)
 
     async def _stage_next(self) -> None:

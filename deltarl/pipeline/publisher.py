@@ -25,7 +25,7 @@ from typing import Any
 from deltarl.codec.finite import check_before_encode, check_finite, is_finite
 from deltarl.codec.heap import trim
 from deltarl.codec.jit_warmup import warm_codec_quietly
-from deltarl.codec.tensors import BLOCKS_V2
+from deltarl.codec.tensors import DIGEST_ALGO
 from deltarl.errors import (
     ObjectExists,
     ObjectNotFound,
@@ -36,7 +36,7 @@ from deltarl.errors import (
 )
 from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
-from deltarl.pipeline.keyframe import plan_parts, write_part
+from deltarl.pipeline.keyframe import keyframe_state_digest, plan_parts, write_part
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import (
     DeltaStatsRecord,
@@ -226,7 +226,6 @@ class Publisher:
         keys = [
             *self.store.list(self.layout.version_prefix(version)),
             *self.store.list(self.layout.keyframe_prefix(version)),
-            self.layout.keyframe(version),
         ]
         for key in keys:
             if self.store.exists(key):
@@ -320,8 +319,8 @@ class Publisher:
                 for i, ranges in enumerate(plan_parts(self._info.tensors, self.keyframe_part_bytes)):
                     key = self.layout.keyframe_part(version, i, epoch=self._lease.epoch)
                     uploads.submit(self._upload_part, version, key, state_dict, ranges, specs)
-            if is_keyframe or version % self.digest_interval == 0 or self._force_digest:
-                digest = StateDigest(BLOCKS_V2, state_digest(state_dict, BLOCKS_V2))
+            if not is_keyframe and (version % self.digest_interval == 0 or self._force_digest):  # a keyframe's: from its parts
+                digest = StateDigest(DIGEST_ALGO, state_digest(state_dict, DIGEST_ALGO))
             if base_check is not None:  # unchanged values are the base's: a base with NaN/Inf needs a whole check
                 self._prev_finite, self._base_check = base_check.result(), None
                 if not self._prev_finite:
@@ -336,6 +335,8 @@ class Publisher:
         seg_refs = tuple(r for r in refs if not isinstance(r, KeyframePart))
         parts = tuple(r for r in refs if isinstance(r, KeyframePart))
         kf_ref = Keyframe(tuple(sorted(parts, key=lambda p: p.key))) if parts else None
+        if kf_ref is not None:  # composed from the block hashes its parts were written with
+            digest = keyframe_state_digest(state_dict, self._info.tensors, kf_ref.parts)
         full = self._info.total_elements, sum(t.numel * _DTYPE_BYTES[t.dtype] for t in self._info.tensors)
         if version == 0:
             stats = DeltaStatsRecord(full[0], full[0], kf_ref.size if kf_ref else 0, full[1])

@@ -1,10 +1,10 @@
 """Rebuild any committed version bit for bit from the store, and squash a range into one delta.
 
 ``replay`` starts from the nearest keyframe at or before the version, then applies each version's
-delta in order. A keyframe that is damaged (missing, wrong sha256, unreadable, wrong digest) is
+delta in order. A keyframe that is damaged (missing, a piece that differs, unreadable) is
 skipped with a warning naming it: replay falls back to an older keyframe plus the deltas after it
 (every version, keyframes included, also stores its delta). Every manifest's parent link and
-every object's sha256 are checked, and (with ``verify``) the newest state digest the chain records;
+every object's piece hashes are checked, and (with ``verify``) the newest state digest the chain records;
 any failure raises before the state is returned, so a caller never holds a half-replayed state.
 
 One digest is enough: each delta is staged against the state it was encoded from (the commit
@@ -48,14 +48,6 @@ def _check_digest(state: Any, manifest: Manifest) -> None:
         raise IntegrityError(
             f"{manifest.key}: replayed state digest {got[:16]}… ({recorded.algo}) differs from the recorded {recorded.short()}"
         )
-
-
-def _check_keyframe_digest(state: Any, manifest: Manifest) -> None:
-    """A v1 keyframe's digest is checked; a v2 keyframe was verified piece by piece against its
-    manifest as it was read, and its parts cover run.json exactly once, so hashing the same bytes
-    again would prove nothing more (one sha256 pass per object read)."""
-    if manifest.format_version < 2:
-        _check_digest(state, manifest)
 
 
 @contextmanager
@@ -116,9 +108,7 @@ def load_base(reader: RunReader, chain: list[tuple[Manifest, str]], *, verify: b
     while True:
         base = chain[0][0]
         try:
-            state = reader.keyframe(base)
-            if verify:
-                _check_keyframe_digest(state, base)
+            state = reader.keyframe(base)  # every piece checked as it landed: its digest is not hashed again
             return state, chain
         except (FormatError, ObjectNotFound, TensorMismatch) as err:  # IntegrityError is a FormatError
             key = ", ".join(p.key for p in base.keyframe.parts) if base.keyframe is not None else base.key
@@ -152,7 +142,7 @@ def replay(
         run: the run's name.
         version: which version (default: the one HEAD names).
         verify: also check the newest state digest the chain records (every ``digest_interval``
-            versions; a v1 keyframe's too); sha256 and the parent chain are always checked.
+            versions); every object's pieces and the parent chain are always checked.
         progress: show a progress bar over the deltas.
 
     Returns:

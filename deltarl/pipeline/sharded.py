@@ -9,7 +9,7 @@ commit), moves HEAD, and broadcasts the outcome. Ranks adopt their new rows as t
 after that commit; if any rank fails, no manifest is written, every base stays, and every rank
 raises :class:`~deltarl.errors.ShardedPublishError` (objects already uploaded are deleted where
 possible and otherwise left for ``gc``). Keyframes are parts written by every rank; the
-``blocks64k-v2`` digest is computed rank by rank (:mod:`deltarl.pipeline.shard_digest`).
+``blake3-stream64k`` digest is computed rank by rank (:mod:`deltarl.pipeline.shard_digest`).
 
 Memory per rank: its previous rows, its new rows, and a few encoded segments in flight. A job that
 resumes a run gets its base rows from rank 0, which replays the HEAD version once (verified) and
@@ -447,8 +447,8 @@ class ShardedPublisher:
                 yield buf
 
         self.store.put_stream_if_absent(key, hashed())
-        sha, size, pieces = hasher.finish()
-        return KeyframePart(key=key, sha256=sha, size=size, piece_size=hasher.piece_size, pieces=tuple(pieces), tensors=tuple(ranges))
+        root, size, pieces = hasher.finish()
+        return KeyframePart(key=key, root=root, size=size, piece_size=hasher.piece_size, pieces=tuple(pieces), tensors=tuple(ranges))
 
     def _discard(self, uploads: UploadPool) -> None:
         """After a failed version: wait for this rank's uploads and delete what they wrote (best effort)."""

@@ -1,7 +1,7 @@
 """The relay's bounded on-disk cache: whole immutable objects, least-recently-used eviction.
 
-Each object is two files named by the sha256 of its key: ``<h>.data`` (the bytes) and
-``<h>.json`` (key, size, ETag, sha256 of the bytes, whether the sha256 matched the manifest).
+Each object is two files named by a hash of its key: ``<h>.data`` (the bytes) and ``<h>.json``
+(key, size, ETag, whether the bytes matched the manifest's pieces, and then the object's root).
 Both are written to a temporary name and renamed, data first, so a crash leaves either a whole
 entry or an orphan that the next start removes. On start the directory is scanned and the
 entries are ordered by modification time (touched on every hit), so LRU order survives restarts.
@@ -23,6 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from deltarl.errors import IntegrityError
+from deltarl.pipeline.manifest import ObjectRef
+
 log = logging.getLogger(__name__)
 
 
@@ -33,7 +36,7 @@ class CacheEntry:
     key: str
     size: int
     etag: str
-    sha256: str
+    root: str | None  # the manifest's root of the object, once its pieces matched
     verified: bool
     path: str
 
@@ -65,7 +68,8 @@ class DiskCache:
                 meta = json.loads(path.read_text())
                 entry = CacheEntry(
                     key=str(meta["key"]), size=int(meta["size"]), etag=str(meta["etag"]),
-                    sha256=str(meta["sha256"]), verified=bool(meta["verified"]), path=str(data_path),
+                    root=meta["blake3_root"] if isinstance(meta["blake3_root"], str) else None,
+                    verified=bool(meta["verified"]), path=str(data_path),
                 )
                 st = data_path.stat()
             except (OSError, ValueError, KeyError, TypeError) as err:
@@ -119,7 +123,7 @@ class DiskCache:
     def fits(self, size: int) -> bool:
         return size <= self.max_bytes
 
-    def commit(self, key: str, tmp_path: str, *, size: int, etag: str, sha256: str, verified: bool) -> CacheEntry | None:
+    def commit(self, key: str, tmp_path: str, *, size: int, etag: str, root: str | None, verified: bool) -> CacheEntry | None:
         """Move a fully written temporary file into the cache; ``None`` if it cannot fit."""
         if not self.fits(size):
             os.unlink(tmp_path)
@@ -129,16 +133,16 @@ class DiskCache:
         name = _name(key)
         data_path = self.directory / f"{name}.data"
         os.replace(tmp_path, data_path)
-        entry = CacheEntry(key=key, size=size, etag=etag, sha256=sha256, verified=verified, path=str(data_path))
+        entry = CacheEntry(key=key, size=size, etag=etag, root=root, verified=verified, path=str(data_path))
         self._write_meta(entry)
         self._entries[key] = entry
         self.bytes += size
         return entry
 
-    def mark_verified(self, key: str) -> None:
+    def mark_verified(self, key: str, root: str) -> None:
         entry = self._entries.get(key)
         if entry is not None and not entry.verified:
-            entry = replace(entry, verified=True)
+            entry = replace(entry, verified=True, root=root)
             self._entries[key] = entry
             self._write_meta(entry)
 
@@ -154,7 +158,7 @@ class DiskCache:
         return True
 
     def _write_meta(self, entry: CacheEntry) -> None:
-        meta = {"key": entry.key, "size": entry.size, "etag": entry.etag, "sha256": entry.sha256, "verified": entry.verified}
+        meta = {"key": entry.key, "size": entry.size, "etag": entry.etag, "blake3_root": entry.root, "verified": entry.verified}
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
         with os.fdopen(fd, "w") as f:
             json.dump(meta, f)
@@ -170,15 +174,18 @@ class DiskCache:
 
 
 def _name(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+    return hashlib.sha256(key.encode()).hexdigest()  # a file name, not a content hash
 
 
-def file_sha256(path: str, chunk: int = 4 << 20) -> str:
-    """sha256 of a whole file (blocking: call it in a thread)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
+def file_matches(path: str, ref: ObjectRef, chunk: int = 4 << 20) -> bool:
+    """Whether a cached file holds exactly ``ref``'s bytes, checked by its pieces in one pass
+    (blocking: call it in a thread)."""
+    verifier = ref.verifier("its manifest")
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(chunk):
+                verifier.update(block)
+        verifier.finish()
+    except IntegrityError:
+        return False
+    return True
