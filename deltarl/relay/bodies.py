@@ -14,7 +14,6 @@ import os
 from collections.abc import AsyncIterator, Callable
 
 from deltarl.errors import CacheFull, IntegrityError, TransientStoreError
-from deltarl.pipeline.manifest import ObjectRef
 from deltarl.pipeline.pieces import PieceVerifier
 from deltarl.relay.cache import CacheEntry
 from deltarl.relay.pull import Pull
@@ -35,10 +34,10 @@ def _read_check(fd: int, offset: int, n: int, verifier: PieceVerifier | None, dr
 
 
 class CachedBody:
-    """An object in the cache; the data file is opened at construction (eviction-safe). ``check``: the
-    manifest's ref, to check whole-object reads against (``check_on_serve``), else ``None``."""
+    """An object in the cache; the data file is opened at construction (eviction-safe). With
+    ``check``, whole-object reads are checked against the entry's pieces (``check_on_serve``)."""
 
-    def __init__(self, entry: CacheEntry, on_corrupt: Callable[[CacheEntry], None], *, check: ObjectRef | None = None) -> None:
+    def __init__(self, entry: CacheEntry, on_corrupt: Callable[[CacheEntry], None], *, check: bool = True) -> None:
         self.entry = entry
         self.check = check
         self.size = entry.size
@@ -52,8 +51,9 @@ class CachedBody:
             self._fd = -1
 
     async def read(self, start: int, end: int) -> AsyncIterator[bytes]:
-        whole = self.check is not None and start == 0 and end == self.size
-        verifier = self.check.verifier("its manifest") if whole and self.check is not None else None
+        ref = self.entry.ref
+        whole = self.check and ref is not None and start == 0 and end == self.size
+        verifier = ref.verifier("the relay cache" if not self.entry.verified else "its manifest") if whole and ref is not None else None
         drop = self.size >= Pull.FLUSH_BYTES  # big objects stream through, as they were written (Pull.flush)
         pos = start
         while pos < end:
@@ -64,7 +64,7 @@ class CachedBody:
                 data = await asyncio.to_thread(_read_check, self._fd, pos, n, verifier, drop)
             except IntegrityError as err:
                 self._on_corrupt(self.entry)
-                raise IntegrityError(f"cached {self.entry.key} does not match its manifest: {err}") from err
+                raise IntegrityError(f"cached {self.entry.key} does not match its pieces: {err}") from err
             if len(data) != n:
                 self._on_corrupt(self.entry)
                 raise IntegrityError(f"cached {self.entry.key} is shorter than {self.size} bytes")

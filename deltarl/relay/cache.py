@@ -1,7 +1,8 @@
 """The relay's bounded on-disk cache: whole immutable objects, least-recently-used eviction.
 
 Each object is two files named by a hash of its key: ``<h>.data`` (the bytes) and ``<h>.json``
-(key, size, ETag, whether the bytes matched the manifest's pieces, and then the object's root).
+(key, size, ETag, the object's piece hashes: the manifest's once its bytes matched them, else the
+relay's own, taken as the bytes landed; whether they are the manifest's).
 Both are written to a temporary name and renamed, data first, so a crash leaves either a whole
 entry or an orphan that the next start removes. On start the directory is scanned and the
 entries are ordered by modification time (touched on every hit), so LRU order survives restarts.
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from deltarl.errors import IntegrityError
+from deltarl.errors import FormatError, IntegrityError
 from deltarl.pipeline.manifest import ObjectRef
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class CacheEntry:
     key: str
     size: int
     etag: str
-    root: str | None  # the manifest's root of the object, once its pieces matched
+    ref: ObjectRef | None  # the pieces the bytes are checked by (the manifest's where ``verified``)
     verified: bool
     path: str
 
@@ -68,11 +69,11 @@ class DiskCache:
                 meta = json.loads(path.read_text())
                 entry = CacheEntry(
                     key=str(meta["key"]), size=int(meta["size"]), etag=str(meta["etag"]),
-                    root=meta["blake3_root"] if isinstance(meta["blake3_root"], str) else None,
+                    ref=None if meta["ref"] is None else ObjectRef.from_obj(meta["ref"], str(path)),
                     verified=bool(meta["verified"]), path=str(data_path),
                 )
                 st = data_path.stat()
-            except (OSError, ValueError, KeyError, TypeError) as err:
+            except (OSError, ValueError, KeyError, TypeError, FormatError) as err:
                 log.warning("dropping unreadable cache entry %s: %s", path, err)
                 path.unlink(missing_ok=True)
                 data_path.unlink(missing_ok=True)
@@ -123,7 +124,7 @@ class DiskCache:
     def fits(self, size: int) -> bool:
         return size <= self.max_bytes
 
-    def commit(self, key: str, tmp_path: str, *, size: int, etag: str, root: str | None, verified: bool) -> CacheEntry | None:
+    def commit(self, key: str, tmp_path: str, *, size: int, etag: str, ref: ObjectRef | None, verified: bool) -> CacheEntry | None:
         """Move a fully written temporary file into the cache; ``None`` if it cannot fit."""
         if not self.fits(size):
             os.unlink(tmp_path)
@@ -133,16 +134,16 @@ class DiskCache:
         name = _name(key)
         data_path = self.directory / f"{name}.data"
         os.replace(tmp_path, data_path)
-        entry = CacheEntry(key=key, size=size, etag=etag, root=root, verified=verified, path=str(data_path))
+        entry = CacheEntry(key=key, size=size, etag=etag, ref=ref, verified=verified, path=str(data_path))
         self._write_meta(entry)
         self._entries[key] = entry
         self.bytes += size
         return entry
 
-    def mark_verified(self, key: str, root: str) -> None:
+    def mark_verified(self, key: str, ref: ObjectRef) -> None:
         entry = self._entries.get(key)
         if entry is not None and not entry.verified:
-            entry = replace(entry, verified=True, root=root)
+            entry = replace(entry, verified=True, ref=ref)
             self._entries[key] = entry
             self._write_meta(entry)
 
@@ -158,7 +159,8 @@ class DiskCache:
         return True
 
     def _write_meta(self, entry: CacheEntry) -> None:
-        meta = {"key": entry.key, "size": entry.size, "etag": entry.etag, "blake3_root": entry.root, "verified": entry.verified}
+        meta = {"key": entry.key, "size": entry.size, "etag": entry.etag, "verified": entry.verified,
+                "ref": None if entry.ref is None else entry.ref.to_obj()}  # fmt: skip
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
         with os.fdopen(fd, "w") as f:
             json.dump(meta, f)

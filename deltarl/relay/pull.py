@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 
-from deltarl.codec.hashing import BLOCK, HASH_BYTES, leaves, piece_hash
+from deltarl.codec.hashing import BLOCK, HASH_BYTES, leaves, object_root, piece_hash
 from deltarl.errors import IntegrityError
 from deltarl.pipeline.manifest import ObjectRef
 from deltarl.storage.pagecache import FLUSH_WINDOW_BYTES, flush_and_drop
@@ -57,6 +57,8 @@ class Pull:
         self._fd = -1
         self._event = asyncio.Event()
         self.expected: ObjectRef | None = None  # the manifest's ref, once known
+        #: With no manifest ref: the object's pieces at the pull's grain, from the hashes taken as it landed.
+        self.own: ObjectRef | None = None
         self._checked: list[bool] = []  # per manifest piece
         self._next_check = 0  # no piece below this one is left unchecked
         self.bad: IntegrityError | None = None  # a piece that differs from the manifest
@@ -230,6 +232,21 @@ class Pull:
             b += take
         return piece_hash(bytes(out)).hex()
 
+    def _own_ref(self) -> ObjectRef | None:
+        """The object's ref at the pull's grain, from the block hashes taken as it landed (a piece let
+        go before it was hashed is read back): what the cache checks it by until a manifest names it."""
+        from deltarl.pipeline.pieces import MAX_PIECE_SIZE, MIN_PIECE_SIZE
+
+        pb = self.piece_bytes
+        if self.size is None or not MIN_PIECE_SIZE <= pb <= MAX_PIECE_SIZE or pb & (pb - 1):
+            return None
+        pieces = []
+        for i in range(self.pieces):
+            start, stop = self.piece_range(i)
+            pieces.append(self._piece_from_blocks(start, stop) or self._hash_from_file(start, stop))
+        root = object_root(self.size, pb, pieces)
+        return ObjectRef(key=self.key, root=root, size=self.size, piece_size=pb, pieces=tuple(pieces))
+
     def _hash_from_file(self, start: int, stop: int) -> str:
         """A manifest piece's hash from its bytes read back (a pull grain that is not whole blocks,
         or a pull piece let go before it was hashed)."""
@@ -253,6 +270,7 @@ class Pull:
         Raises the IntegrityError of a piece that differs, or of one never checked."""
         assert self.prefix == self.size
         if self.expected is None:
+            self.own = self._own_ref()
             self._close_file()
             return False
         self._check_pieces()

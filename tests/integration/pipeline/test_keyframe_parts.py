@@ -92,7 +92,7 @@ def test_a_header_that_disagrees_with_the_manifest_is_refused(local_store):
     specs = {"a": TensorSpec("a", "float32", (4,)), "b": TensorSpec("b", "float32", (4,))}
     body = part_header([("b", 0, 4), ("a", 0, 4)], specs) + bytes(32)  # stored b then a
     ref = ObjectRef.of(LAY.keyframe_part(0, 0, epoch=1), body, piece_size=MIN_PIECE_SIZE)
-    part = KeyframePart(ref.key, ref.sha256, ref.size, ref.piece_size, ref.pieces, (("a", 0, 4), ("b", 0, 4)))
+    part = KeyframePart(ref.key, ref.root, ref.size, ref.piece_size, ref.pieces, (("a", 0, 4), ("b", 0, 4)))
     local_store.put(part.key, body)
     dest = empty_state(list(specs.values()))
     with pytest.raises(FormatError, match=part.key):

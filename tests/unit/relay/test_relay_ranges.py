@@ -7,11 +7,11 @@ from pydantic import ValidationError
 
 from deltarl import defaults
 from deltarl.errors import ConfigError, RangeNotSatisfiable
-from deltarl.relay.config import RelayConfig, RelayProcessConfig
 from deltarl.pipeline.layout import manifest_key_for
+from deltarl.relay.config import RelayConfig, RelayProcessConfig
 from deltarl.relay.objects import manifest_refs
-from tests.fixtures.runs import manifest_naming
 from deltarl.relay.ranges import parse_range
+from tests.fixtures.runs import manifest_naming
 
 
 @pytest.mark.parametrize(
