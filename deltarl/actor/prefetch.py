@@ -3,7 +3,7 @@
 The commit protocol writes a version's manifest last, after every segment is durable. Waiting for
 it would make an actor start fetching only once the whole upload is over. Instead, while the
 manifest is awaited, :meth:`VersionStaging.speculate` long-polls the version's segments by key
-(``seg-00000.bin``, ``seg-00001.bin``, … up to ``window`` at a time once the first has landed,
+(``e<epoch>-seg-r000-00000.bin``, ``…-00001.bin``, … up to ``window`` at a time once the first has landed,
 only the first before) as the trainer uploads them,
 and decodes each into the :class:`~deltarl.codec.Stager` as it lands: relays cut them through
 hop by hop, so the actor receives a segment while it is still crossing the WAN.

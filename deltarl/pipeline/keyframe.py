@@ -209,28 +209,40 @@ def _parse_header(part: KeyframePart, raw: bytes, specs: Mapping[str, TensorSpec
 def read_part_into(store: ObjectStore, part: KeyframePart, specs: Mapping[str, TensorSpec],
                    dest: Mapping[str, Any], *, named_by: str) -> None:
     """Read one part straight into ``dest`` (name -> writable CPU tensor of run.json's shape),
-    checking each piece as it lands; IntegrityError / FormatError name the part on any mismatch."""
+    checking each piece as it lands; IntegrityError / FormatError name the part on any mismatch.
+
+    The pieces that hold the header are read and checked before the header is parsed (its length
+    only says how much to read first); the rest streams into the tensors, piece by piece."""
     verifier = part.verifier(named_by)
     try:
         if part.size < 8:
             raise IntegrityError(f"{part.key}: truncated: {part.size} bytes cannot hold a safetensors header")
-        prefix = store.get_range(part.key, 0, 8)
-        verifier.update(prefix)
-        (hlen,) = struct.unpack("<Q", prefix)
+        head = store.get_range(part.key, 0, min(part.piece_size, part.size))
+        if len(head) < 8:
+            raise IntegrityError(f"{part.key}: truncated: {len(head)} bytes, {named_by} records {part.size}")
+        (hlen,) = struct.unpack("<Q", head[:8])
         if hlen > MAX_HEADER_BYTES or 8 + hlen > part.size:
             raise FormatError(f"{part.key}: header length {hlen} is beyond the part ({part.size} bytes)")
-        raw = store.get_range(part.key, 8, 8 + hlen)
-        verifier.update(raw)
-        _parse_header(part, raw, specs, named_by)
-        for name, start, count in part.tensors:
-            size = itemsize(specs[name].dtype)
-            view = _byte_view(name, dest[name], writable=True)
-            for a in range(start * size, (start + count) * size, STREAM_BYTES):
-                b = min(a + STREAM_BYTES, (start + count) * size)
-                got = store.get_range_into(part.key, verifier.offset, view[a:b])
+        head_end = min(part.size, -(-(8 + hlen) // part.piece_size) * part.piece_size)
+        if head_end > len(head):
+            head += store.get_range(part.key, len(head), head_end)
+        if len(head) != head_end:
+            raise IntegrityError(f"{part.key}: truncated: {len(head)} bytes, {named_by} records {part.size}")
+        verifier.update(head)  # every piece holding the header is checked before it is parsed
+        views = part_views(part, head, specs, dest, named_by=named_by)
+        assert views is not None
+        for off, view in views[1:]:
+            a = 0
+            if off < head_end:  # checked already, with the header's pieces
+                a = min(len(view), head_end - off)
+                view[:a] = head[off : off + a]
+            while a < len(view):
+                b = min(a + STREAM_BYTES, len(view))
+                got = store.get_range_into(part.key, off + a, view[a:b])
                 if got != b - a:
-                    raise IntegrityError(f"{part.key}: truncated: {verifier.offset + got} bytes, {named_by} records {part.size}")
+                    raise IntegrityError(f"{part.key}: truncated: {off + a + got} bytes, {named_by} records {part.size}")
                 verifier.update(view[a:b])
+                a = b
         verifier.finish()
     except StoreError:
         raise
