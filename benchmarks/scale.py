@@ -82,6 +82,9 @@ def _result(args: argparse.Namespace, wall: float, base_rss: int, cpu: dict[str,
         out["cpu_s"] = {role: round(c, 3) for role, c in cpu.items()}
         out["core_s_per_gb"] = {role: round(c / (copy / GB), 3) for role, c in cpu.items()}
         out["core_s_per_gb_total"] = round(sum(cpu.values()) / (copy / GB), 3)
+        # where CPU is the bound, a host with more cores runs a phase at about cores / core-s per GB
+        # (each role on a host of its own: the slowest role's figure)
+        out["cpu_bound_gb_s_16_cores"] = round(16 / max(c / (copy / GB) for c in cpu.values()), 2)
     return out
 
 
