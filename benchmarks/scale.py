@@ -2,6 +2,11 @@
 
     python -m benchmarks.scale [--model 0.6b|1.7b|4b|8b] [--scratch DIR] [--versions 3]
 
+Every phase also reports the CPU it used, as core-seconds per GB of model for each process (the
+trainer/publisher, the relay, the actor or replay: ``os.times`` of each, over the timed window), so
+a figure from a small box says what a bigger host would do: a phase bound by CPU runs at about
+``cores / core-s per GB`` GB/s there. Runs under ``taskset`` write ``scale-<model>-<n>cpu.json``.
+
 States are built in place as BF16 (``benchmarks/_scale_state.py``: HF config numbers, tied
 embeddings for 0.6b/1.7b/4b, nothing downloaded), the next versions with ~1% of elements changed
 the way Adam at lr 1e-6 changes BF16. Each phase runs in a fresh process and reports wall time,
@@ -60,11 +65,27 @@ def _model_bytes(model: str) -> int:
     return 2 * sum(s.numel for s in qwen3_specs(MODELS[model]))
 
 
-def _result(args: argparse.Namespace, wall: float, base_rss: int, **extra: Any) -> dict[str, Any]:
+def _cpu() -> float:
+    """CPU seconds (user + system, every thread) this process has used."""
+    t = os.times()
+    return t.user + t.system
+
+
+def _result(args: argparse.Namespace, wall: float, base_rss: int, cpu: dict[str, float] | None = None,
+            **extra: Any) -> dict[str, Any]:
+    """A phase's figures; ``cpu``: CPU seconds of the timed window per role (process)."""
     copy = _model_bytes(args.model)
     peak = rss_bytes("VmHWM")
-    return {"wall_s": round(wall, 3), "gb_s": round(copy / wall / GB, 3), "peak_rss_copies": round((peak - base_rss) / copy, 3),
-            "peak_rss_gb": round(peak / GB, 2), "base_rss_gb": round(base_rss / GB, 3), **extra}
+    out = {"wall_s": round(wall, 3), "gb_s": round(copy / wall / GB, 3), "peak_rss_copies": round((peak - base_rss) / copy, 3),
+           "peak_rss_gb": round(peak / GB, 2), "base_rss_gb": round(base_rss / GB, 3), **extra}  # fmt: skip
+    if cpu:
+        out["cpu_s"] = {role: round(c, 3) for role, c in cpu.items()}
+        out["core_s_per_gb"] = {role: round(c / (copy / GB), 3) for role, c in cpu.items()}
+        out["core_s_per_gb_total"] = round(sum(cpu.values()) / (copy / GB), 3)
+        # where CPU is the bound, a host with more cores runs a phase at about cores / core-s per GB
+        # (each role on a host of its own: the slowest role's figure)
+        out["cpu_bound_gb_s_16_cores"] = round(16 / max(c / (copy / GB) for c in cpu.values()), 2)
+    return out
 
 
 def _trim() -> None:
@@ -81,7 +102,7 @@ def phase_limits(args: argparse.Namespace) -> dict[str, Any]:
     from the page cache in 32 MiB windows, then fsync; and, for reference, everything written
     first and then one fsync), cached read, sha256 on one core, copy between warm buffers, and
     first touch of fresh memory (what materializing a state costs; on a VM whose host reclaims
-    free guest memory it is far below a copy)."""
+    free guest memory it is far below a copy); BLAKE3 in 64 KiB blocks on one core (the format's hash)."""
     from deltarl.storage.pagecache import FLUSH_WINDOW_BYTES, WriteBehind
 
     size = 256 << 20
@@ -112,6 +133,11 @@ def phase_limits(args: argparse.Namespace) -> dict[str, Any]:
     t = time.perf_counter()
     hashlib.sha256(memoryview(buf)).digest()
     sha = size / (time.perf_counter() - t)
+    from deltarl.codec.hashing import leaves
+
+    t = time.perf_counter()
+    leaves(memoryview(buf))  # the format's hash, as deltarl runs it: 64 KiB blocks, one core
+    b3 = size / (time.perf_counter() - t)
     t = time.perf_counter()
     for _ in range(4):
         np.copyto(out, buf)
@@ -122,7 +148,7 @@ def phase_limits(args: argparse.Namespace) -> dict[str, Any]:
     del fresh
     return {"durable_write_gb_s": round(max(windowed, buffered) / GB, 3), "windowed_write_fsync_gb_s": round(windowed / GB, 3),
             "buffered_write_fsync_gb_s": round(buffered / GB, 3), "cached_read_gb_s": round(read / GB, 3),
-            "sha256_gb_s": round(sha / GB, 3), "copy_gb_s": round(copy / GB, 3),
+            "sha256_gb_s": round(sha / GB, 3), "blake3_gb_s": round(b3 / GB, 3), "copy_gb_s": round(copy / GB, 3),
             "fresh_memory_gb_s": round(first_touch / GB, 3)}  # fmt: skip
 
 
@@ -138,11 +164,11 @@ def phase_keyframe(args: argparse.Namespace) -> dict[str, Any]:
     base = rss_bytes("VmRSS")
     _, state = load_state(Path(args.scratch), args.model, 0)
     reset_peak()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), _cpu()
     with Publisher(_store(args), RUN, keyframe_interval=1000, digest_interval=1000, writer_id="bench") as pub:
         info = pub.publish(state, step=0, owned=True)
     wall = time.perf_counter() - t
-    return _result(args, wall, base, parts=len(info.keyframe_keys))
+    return _result(args, wall, base, {"trainer": _cpu() - c}, parts=len(info.keyframe_keys))
 
 
 def _mem_available() -> int:
@@ -231,29 +257,34 @@ def _publish_deltas(args: argparse.Namespace, count: int) -> dict[str, Any]:
                 if count > args.versions:  # it will be undone: keep the bits it overwrites (2 B a change)
                     undo[k] = bits[np.load(scratch / f"pos-v{k}.npy")]
                 apply_changes(bits, scratch, k)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), _cpu()
             info = pub.publish(state, step=v, owned=True)
             wall = time.perf_counter() - t
+            cpu = _cpu() - c
             del state, bits
             _trim()
             per.append({"version": v, "wall_s": round(wall, 3), "gb_s": round(copy / wall / GB, 3),
                         "encode_s": round(info.encode_s, 3), "upload_s": round(info.upload_s, 3),
                         "segments": len(info.segment_keys), "encoded_mb": round(info.stats.encoded_bytes / 1e6, 1),
-                        "changed": info.stats.changed_elements,
+                        "changed": info.stats.changed_elements, "cpu_s": round(cpu, 3),
                         "rss_after_copies": round((rss_bytes("VmRSS") - base) / copy, 3)})  # fmt: skip
     walls = [p["wall_s"] for p in per]
-    return _result(args, sum(walls) / len(walls), base, versions=per, state_backing="file (MAP_SHARED)" if backed else "anonymous")
+    cpu = sum(p["cpu_s"] for p in per) / len(per)
+    return _result(args, sum(walls) / len(walls), base, {"trainer": cpu}, versions=per,
+                   state_backing="file (MAP_SHARED)" if backed else "anonymous")
 
 
 def _serve_relay(args: argparse.Namespace) -> None:
-    """Run a relay in front of the local store until stdin closes; print its URL first."""
+    """Run a relay in front of the local store until stdin closes; print its URL first, then its CPU
+    seconds for every line read from stdin."""
     from deltarl.relay import RelayConfig, RelayServer
 
     async def main() -> None:
         relay = RelayServer(_store(args), RelayConfig(cache_dir=args.cache, cache_bytes=64 << 30))
         await relay.start()
         print(relay.url, flush=True)
-        await asyncio.to_thread(sys.stdin.read)
+        while await asyncio.to_thread(sys.stdin.readline):
+            print(_cpu(), flush=True)
         await relay.stop()
 
     asyncio.run(main())
@@ -269,6 +300,14 @@ class _Relay:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
+
+    def cpu(self) -> float:
+        """The relay process's CPU seconds so far."""
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write("cpu\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -306,12 +345,13 @@ def phase_relay(args: argparse.Namespace) -> dict[str, Any]:
                 await f.fetch_into(ref, [(0, memoryview(sink)[: ref.size])])
 
     try:
-        t = time.perf_counter()
+        t, c, rc = time.perf_counter(), _cpu(), relay.cpu()
         asyncio.run(pull())
         wall = time.perf_counter() - t
+        cpu = {"actor": _cpu() - c, "relay": relay.cpu() - rc}
     finally:
         relay.close()
-    return _result(args, wall, base, bytes=total, object_gb_s=round(total / wall / GB, 3), objects=len(refs))
+    return _result(args, wall, base, cpu, bytes=total, object_gb_s=round(total / wall / GB, 3), objects=len(refs))
 
 
 def _warm(relay: _Relay, args: argparse.Namespace) -> None:
@@ -357,12 +397,13 @@ def phase_bootstrap(args: argparse.Namespace, *, into_model: bool = False, warm:
             return info
 
     try:
-        t = time.perf_counter()
+        t, c, rc = time.perf_counter(), _cpu(), relay.cpu()
         info = asyncio.run(boot())
         wall = time.perf_counter() - t
+        cpu = {"actor": _cpu() - c, "relay": relay.cpu() - rc}
     finally:
         relay.close()
-    out = _result(args, wall, base, version=info.version)
+    out = _result(args, wall, base, cpu, version=info.version)
     out["bit_exact"] = state_digest(state) == json.loads((Path(args.scratch) / "digests.json").read_text())[str(info.version)]
     return out
 
@@ -420,10 +461,10 @@ def phase_replay(args: argparse.Namespace) -> dict[str, Any]:
 
     base = rss_bytes("VmRSS")
     reset_peak()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), _cpu()
     state = replay(_store(args), RUN, args.versions, verify=True)
     wall = time.perf_counter() - t
-    out = _result(args, wall, base)
+    out = _result(args, wall, base, {"replay": _cpu() - c})
     out["bit_exact"] = state_digest(state) == json.loads((Path(args.scratch) / "digests.json").read_text())[str(args.versions)]
     return out
 
@@ -449,7 +490,7 @@ def phase_gc(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def phase_digests(args: argparse.Namespace) -> dict[str, Any]:
-    """Setup, not timed: the expected blocks64k-v2 digest of every version (for bit-exactness)."""
+    """Setup, not timed: the expected state digest of every version (for bit-exactness)."""
     import torch
 
     from benchmarks._scale_state import apply_changes
@@ -484,15 +525,15 @@ PHASES = {
 OPT_IN = {"deltas_long"}
 #: (phase, the limit it is bound by, target GB/s as a fraction of that limit or absolute, target copies)
 TARGETS = {
-    "keyframe": ("durable_write_gb_s", "0.8x limit", 1.3),
+    "keyframe": ("durable_write_gb_s", ">= 0.8x limit", 1.3),
     "deltas": (None, ">= 2.0 GB/s", 2.3),
     "deltas_long": (None, ">= 2.0 GB/s", 2.3),
     "relay": ("cached_read_gb_s", "-", None),
-    "bootstrap": ("sha256_gb_s", ">= 0.5 GB/s", 1.3),
-    "bootstrap_model": ("sha256_gb_s", ">= 0.5 GB/s", 1.3),
-    "bootstrap_warm": ("sha256_gb_s", ">= 0.5 GB/s", 1.3),
+    "bootstrap": ("blake3_gb_s", ">= 0.4 GB/s (cold relay)", 1.3),
+    "bootstrap_model": ("blake3_gb_s", ">= 0.4 GB/s (cold relay)", 1.3),
+    "bootstrap_warm": ("blake3_gb_s", ">= 0.5 GB/s (warm relay)", 1.3),
     "stage_commit": (None, "<= 1.3x numpy scatter", None),
-    "replay": ("sha256_gb_s", ">= 0.6 GB/s", 1.3),
+    "replay": ("cached_read_gb_s", ">= 0.8 GB/s", 1.3),
 }
 
 
@@ -566,7 +607,7 @@ def main() -> None:
 def _summarize(results: dict[str, Any]) -> None:
     limits = results["phases"].get("limits", {})
     print(f"\nlimits: {limits}")
-    print(f"{'phase':13s} {'wall s':>8s} {'GB/s':>7s} {'of limit':>9s} {'RSS/copy':>9s}  target")
+    print(f"{'phase':13s} {'wall s':>8s} {'GB/s':>7s} {'of limit':>9s} {'RSS/copy':>9s} {'core-s/GB by role':>32s}  target")
     for name, res in results["phases"].items():
         if name == "limits" or "wall_s" not in res:
             if "error" in res:
@@ -577,8 +618,9 @@ def _summarize(results: dict[str, Any]) -> None:
         res["fraction_of_limit"] = None if frac is None else round(frac, 3)
         res["limit"] = bound
         extra = f" pause/scatter {res['pause_vs_scatter']}" if "pause_vs_scatter" in res else ""
+        roles = " ".join(f"{r} {v:.2f}" for r, v in res.get("core_s_per_gb", {}).items())
         print(f"{name:13s} {res['wall_s']:8.2f} {res['gb_s']:7.3f} {'' if frac is None else f'{frac:.2f}':>9s} "
-              f"{res['peak_rss_copies']:9.2f}  {target}{'' if copies is None else f', <= {copies} copies'}{extra}")  # fmt: skip
+              f"{res['peak_rss_copies']:9.2f} {roles:>32s}  {target}{'' if copies is None else f', <= {copies} copies'}{extra}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ class UnsupportedFormatVersion(FormatError):
 
 
 class IntegrityError(FormatError):
-    """Bytes whose checksum, sha256 or state digest differs from the one recorded for them."""
+    """Bytes whose checksum, piece hash or state digest differs from the one recorded for them."""
 
 
 class NonFiniteValue(FormatError):

@@ -16,7 +16,6 @@ ready, monotonic seconds).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 from collections.abc import Mapping
@@ -128,7 +127,7 @@ class FullPublisher:
             data = blob[i * self.shard_bytes : (i + 1) * self.shard_bytes]
             key = f"{prefix}shard-{i:05d}.bin"
             self.store.put_if_absent(key, data)
-            return ObjectRef(key=key, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+            return ObjectRef.of(key, data)
 
         refs = list(self._pool.map(put, range(-(-len(blob) // self.shard_bytes))))
         index = {"version": version, "shard_bytes": self.shard_bytes, "shards": [r.to_obj() for r in refs]}
@@ -169,7 +168,7 @@ class FullActor(Actor):
             except (ObjectNotFound, TransferError):
                 continue
             step = index["shard_bytes"]
-            refs = [ObjectRef.from_obj(r, where="index", format_version=1) for r in index["shards"]]  # plain refs
+            refs = [ObjectRef.from_obj(r, where="index") for r in index["shards"]]
             offsets = {r.key: i * step for i, r in enumerate(refs)}
             async for ref, data in self.fetcher.fetch_objects(refs):
                 off = offsets[ref.key]

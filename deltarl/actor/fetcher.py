@@ -10,8 +10,8 @@ is skipped for ``cooldown_s``. Ranges that already arrived are kept: a failover 
 what is missing. A 404 is final, not a fault: a relay says "not found" only after asking its own
 upstream (or after a long-poll ``wait`` ran out), so the origin is not hammered by waiting actors.
 
-Integrity is checked per object, by its piece hashes (format v2) or its sha256 (v1), one pass.
-``fetch_into`` lands the ranges straight in the caller's memory (keyframe parts into the
+Integrity is checked by the object's piece hashes, one pass: each range of whole pieces as it
+lands (on a worker thread), so no object is hashed again once it is complete. ``fetch_into`` lands the ranges straight in the caller's memory (keyframe parts into the
 tensors), so a whole-model bootstrap holds no object-sized buffer. On a mismatch the whole object is fetched again from
 the next source after every source that contributed to it, and an object no source can deliver
 intact raises :class:`~deltarl.errors.TransferError`. A verified object is never fetched again.
@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import functools
-import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -40,6 +39,7 @@ from deltarl.errors import (
     TransferError,
 )
 from deltarl.pipeline.manifest import ObjectRef
+from deltarl.pipeline.pieces import hash_piece
 from deltarl.storage.aio import AsyncSource, make_async_source
 from deltarl.storage.retry import RetryPolicy
 from deltarl.storage.store import ObjectStore
@@ -73,8 +73,8 @@ class _Object:
     failed: BaseException | None = None
     #: fetch_into: (object offset, writable view) covering [0, size) in order; no buffer of its own
     views: list[tuple[int, memoryview]] | None = None
-    #: fetch_into of a v2 ref whose ranges hold whole pieces: each range is checked as it lands
-    #: (:meth:`land`), so the object needs no pass of its own at the end; ``mismatch`` if one differed
+    #: ranges that hold whole pieces: each is checked as it lands (:meth:`land`), so the object
+    #: needs no pass of its own at the end; ``mismatch`` if one differed
     checked_by_range: bool = False
     mismatch: bool = False
 
@@ -94,32 +94,32 @@ class _Object:
             src, pos, i = src[take:], pos + take, i + 1
 
     def land(self, start: int, data: bytes) -> None:
-        """Check one arrived range's pieces, then copy it into the caller's views (a worker thread:
-        hashlib and numpy's copy drop the GIL, so the event loop keeps moving the other streams)."""
-        assert self.views is not None
-        assert self.ref.pieces is not None
-        assert self.ref.piece_size is not None
+        """Check one arrived range's pieces, then copy it into place (a worker thread: the hashing
+        and numpy's copy drop the GIL, so the event loop keeps moving the other streams)."""
         ps = self.ref.piece_size
         mv = memoryview(data)
         for a in range(0, len(mv), ps):
             j = (start + a) // ps
-            got = hashlib.sha256(mv[a : a + ps]).hexdigest()
+            got = hash_piece(mv[a : a + ps])
             if got != self.ref.pieces[j]:
-                log.warning("%s: piece %d (bytes %d..%d) has sha256 %s…, its manifest records %s…",
+                log.warning("%s: piece %d (bytes %d..%d) has hash %s…, its manifest records %s…",
                             self.ref.key, j, start + a, start + a + len(mv[a : a + ps]), got[:16], self.ref.pieces[j][:16])
                 self.mismatch = True
                 return  # never copied: the caller's memory holds no unchecked byte of it
         self.write(start, data)
 
     def verified(self) -> bool:
-        """Whether the caller's views hold exactly the object (pieces for v2, sha256 for v1): one pass."""
-        assert self.views is not None
+        """Whether the object holds exactly its bytes (its pieces): one pass, at the end, unless
+        every range was checked as it landed."""
         if self.checked_by_range:
             return not self.mismatch
         verifier = self.ref.verifier("its manifest")
         try:
-            for _, view in self.views:
-                verifier.update(view)
+            if self.views is None:
+                verifier.update(self.buf)
+            else:
+                for _, view in self.views:
+                    verifier.update(view)
             verifier.finish()
         except IntegrityError as err:
             log.warning("%s", err)
@@ -240,8 +240,8 @@ class Fetcher:
         """Fetch ``ref`` straight into the caller's memory: ``views`` are ``(object offset, writable
         memoryview)`` pairs covering ``[0, ref.size)`` contiguously, in order (e.g. a keyframe part's
         header buffer, then slices of the tensors its ranges fill). Each range is copied once, into
-        place; the object is then checked by its pieces (v2) or sha256 (v1) over the views, and
-        fetched again from the next source on a mismatch. Never allocates the whole object."""
+        place and checked by its pieces (as it lands, where ranges hold whole pieces), and fetched
+        again from the next source on a mismatch. Never allocates the whole object."""
         pos = 0
         for off, view in views:
             if off != pos:
@@ -251,7 +251,6 @@ class Fetcher:
             raise ValueError(f"{ref.key}: views cover {pos} bytes, the object has {ref.size}")
         obj = self._plan(ref)
         obj.views = [(off, view.cast("B")) for off, view in views if len(view)]
-        obj.checked_by_range = ref.piece_size is not None and self.range_bytes % ref.piece_size == 0
         async for _ in self._run([obj], wait_s):
             pass
 
@@ -271,10 +270,12 @@ class Fetcher:
                 obj = await done.get()
                 if obj.failed is not None:
                     raise obj.failed
-                if obj.views is not None:
-                    ok = await asyncio.to_thread(obj.verified)
+                if obj.checked_by_range:
+                    ok = obj.verified()
+                elif obj.views is not None or obj.ref.size >= _HASH_IN_THREAD_BYTES:
+                    ok = (obj.views is not None or len(obj.buf) == obj.ref.size) and await asyncio.to_thread(obj.verified)
                 else:
-                    ok = len(obj.buf) == obj.ref.size and await _check(obj.ref, obj.buf)
+                    ok = len(obj.buf) == obj.ref.size and obj.verified()
                 if not ok:
                     self._requeue_after_mismatch(obj, work)
                     continue
@@ -288,16 +289,17 @@ class Fetcher:
 
     def _plan(self, ref: ObjectRef) -> _Object:
         ranges = [(o, min(o + self.range_bytes, ref.size)) for o in range(0, ref.size, self.range_bytes)]
-        return _Object(ref=ref, buf=bytearray(), ranges=ranges, missing=set(range(len(ranges))))  # buffer: on first range
+        return _Object(ref=ref, buf=bytearray(), ranges=ranges, missing=set(range(len(ranges))),  # buffer: on first range
+                       checked_by_range=self.range_bytes % ref.piece_size == 0)
 
     def _requeue_after_mismatch(self, obj: _Object, work: asyncio.Queue[tuple[_Object, int] | None]) -> None:
         self.stats.integrity_refetches += 1
         nxt = max(obj.used) + 1 if obj.used else obj.source + 1
-        log.warning("%s: sha256 mismatch from %s; refetching from the next source",
+        log.warning("%s: bytes that do not match its manifest from %s; refetching from the next source",
                     obj.ref.key, ", ".join(self.sources[i].url for i in sorted(obj.used)))
         if nxt >= len(self.sources):
-            raise TransferError(f"{obj.ref.key}: no source delivered bytes matching sha256 {obj.ref.sha256}") from IntegrityError(
-                f"{obj.ref.key}: sha256 mismatch from every source tried"
+            raise TransferError(f"{obj.ref.key}: no source delivered bytes matching its manifest (root {obj.ref.root[:16]}…)") from IntegrityError(
+                f"{obj.ref.key}: piece hash mismatch from every source tried"
             )
         obj.source = nxt
         obj.mismatch = False
@@ -324,7 +326,10 @@ class Fetcher:
                 done.put_nowait(obj)
                 continue
             if obj.checked_by_range:
-                await asyncio.to_thread(obj.land, start, data)
+                if len(data) >= _HASH_IN_THREAD_BYTES:
+                    await asyncio.to_thread(obj.land, start, data)
+                else:
+                    obj.land(start, data)
             else:
                 obj.write(start, data)
             obj.used.add(i)
@@ -368,28 +373,9 @@ class Fetcher:
         return value
 
 
-async def _check(ref: ObjectRef, data: bytearray) -> bool:
-    """Whether ``data`` is ``ref`` (pieces for v2, sha256 for v1: one pass); a large object is
-    checked in a thread (hashlib drops the GIL), so the event loop keeps moving the other
-    streams' bytes meanwhile (~10 ms per 4 MiB on one core)."""
-
-    def check() -> bool:
-        verifier = ref.verifier("its manifest")
-        try:
-            verifier.update(data)
-            verifier.finish()
-        except IntegrityError:
-            return False
-        return True
-
-    if len(data) < _HASH_IN_THREAD_BYTES:
-        return check()
-    return await asyncio.to_thread(check)
-
-
 async def _get_range(key: str, start: int, end: int, whole: bool, wait_s: float, src: AsyncSource, i: int) -> bytes:
     """Range ``[start, end)`` of ``key`` from ``src`` (a plain GET when it is the whole object, so
-    a relay can check the object's sha256 as it sends it); a short answer is an error."""
+    a relay can check the object's pieces as it sends it); a short answer is an error."""
     data = await src.get_range(key, start, None if whole else end, wait=wait_s, unverified=True)  # we check every byte
     if len(data) != end - start:
         raise TransferError(f"{key}[{start}:{end}] from {src.url}: got {len(data)} of {end - start} bytes")

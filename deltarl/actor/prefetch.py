@@ -3,13 +3,14 @@
 The commit protocol writes a version's manifest last, after every segment is durable. Waiting for
 it would make an actor start fetching only once the whole upload is over. Instead, while the
 manifest is awaited, :meth:`VersionStaging.speculate` long-polls the version's segments by key
-(``seg-00000.bin``, ``seg-00001.bin``, … up to ``window`` at a time once the first has landed,
+(``e<epoch>-seg-r000-00000.bin``, ``…-00001.bin``, … up to ``window`` at a time once the first has landed,
 only the first before) as the trainer uploads them,
 and decodes each into the :class:`~deltarl.codec.Stager` as it lands: relays cut them through
 hop by hop, so the actor receives a segment while it is still crossing the WAN.
 
 Nothing fetched this way is trusted yet: :meth:`VersionStaging.complete` checks every speculative
-segment's sha256 against the manifest once it arrives. If any differs (or is not in the manifest)
+segment's pieces against the manifest once it arrives (composed from the hashes of its 64 KiB
+blocks, taken once as it landed). If any differs (or is not in the manifest)
 the decoded state is thrown away and the version is staged again from verified fetches; segments
 not fetched speculatively are fetched (and verified) then. Decoding only stages values, it never
 writes the live state, so discarding is always safe. All decodes of one staging run on one worker
@@ -19,7 +20,6 @@ thread, in arrival order.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -27,10 +27,12 @@ from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.source import FetcherSource
+from deltarl.codec.hashing import leaves
 from deltarl.errors import DeltaRLError, FormatError, ObjectNotFound, TransferError
 from deltarl.pipeline.claim import WriterClaim
 from deltarl.pipeline.layout import key_epoch
 from deltarl.pipeline.manifest import Manifest
+from deltarl.pipeline.pieces import pieces_of_blocks
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,8 @@ class VersionStaging:
         self._stager = Stager(state, base=base)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="deltarl-stage")
         self._pending: list[asyncio.Future[None]] = []
-        self._spec_decodes: list[tuple[str, str, asyncio.Future[None]]] = []  # key, sha256, decode
-        self.speculative: dict[str, str] = {}  # key -> sha256 of what was decoded (set by complete())
+        self._spec_decodes: list[tuple[str, tuple[int, bytes], asyncio.Future[None]]] = []  # key, (size, block hashes), decode
+        self.speculative: dict[str, tuple[int, bytes]] = {}  # key -> (size, block hashes) of what was decoded (set by complete())
         self.speculation_failed = False
         self._limit: int | None = None
         self._limit_set = asyncio.Event()
@@ -106,7 +108,7 @@ class VersionStaging:
                     continue  # not uploaded yet (or never: the manifest will tell)
             landed.set()
             fut = self._submit(data)
-            self._spec_decodes.append((key, hashlib.sha256(data).hexdigest(), fut))  # recorded before any await
+            self._spec_decodes.append((key, (len(data), leaves(data)), fut))  # recorded before any await
             try:
                 await asyncio.shield(fut)
             except DeltaRLError as err:  # e.g. another base: not the version we are waiting for
@@ -156,12 +158,13 @@ class VersionStaging:
             else:
                 self.speculation_failed = True
         refs = {ref.key: ref for ref in manifest.segments}
-        trusted = {k for k, sha in self.speculative.items() if k in refs and refs[k].sha256 == sha}
+        trusted = {k for k, (size, blocks) in self.speculative.items()
+                   if k in refs and refs[k].size == size and pieces_of_blocks(blocks, refs[k].piece_size) == refs[k].pieces}
         if self.speculation_failed or len(trusted) != len(self.speculative):
             log.warning("%s: speculative segments disagree with the manifest; staging again", manifest.key)
             self._stager = Stager(self._state, base=self._base)
             trusted = set()
-        self.speculative = {k: refs[k].sha256 for k in trusted}
+        self.speculative = {k: self.speculative[k] for k in trusted}
         missing = [ref for ref in manifest.segments if ref.key not in trusted]
         async for _, data in fetcher.fetch_objects(missing):
             await self._decode(data)

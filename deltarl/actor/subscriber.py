@@ -5,7 +5,7 @@ A background task long-polls the next version's manifest through the fetcher (re
 request until it lands; the origin is polled) and, meanwhile, its segments by key as the trainer
 uploads them (``speculate``, see :mod:`deltarl.actor.prefetch`), decoding each into a
 :class:`~deltarl.codec.Stager` as it arrives. Once the manifest is visible it checks that it
-names the version we hold as its parent and every speculative segment's sha256, fetches what is
+names the version we hold as its parent and every speculative segment's pieces, fetches what is
 still missing on several streams, and keeps the result as the one staged version. The actor calls :meth:`Subscriber.ready` and
 :meth:`Subscriber.commit` between batches; nothing is written into the state anywhere else, so a
 rollout is never generated from a half-applied model.

@@ -9,7 +9,6 @@ subnormals survive bit for bit. torch is imported lazily, only when a torch tens
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import sys
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from deltarl.codec.hashing import BLOCK, leaves, state_root
 from deltarl.errors import TensorMismatch
 
 # dtype name -> (format code, bit width, mantissa bits)
@@ -155,25 +155,44 @@ def flat_bits(name: str, value: object, *, writable: bool = False) -> np.ndarray
     return arr.reshape(-1).view(udt)
 
 
-#: State digest algorithms: ``blocks64k-v2`` (written) and ``sha256-seq-v1`` (v1 runs, still verified).
-BLOCKS_V2 = "blocks64k-v2"
-SEQ_V1 = "sha256-seq-v1"
-DIGEST_ALGOS = (BLOCKS_V2, SEQ_V1)
-DIGEST_BLOCK = 64 << 10
+#: The state digest algorithm of format 3 (docs/FORMAT.md, "State digest").
+DIGEST_ALGO = "blake3-stream64k"
+DIGEST_ALGOS = (DIGEST_ALGO,)
+DIGEST_BLOCK = BLOCK
 _DIGEST_TASK_BYTES = 64 << 20  # a multiple of DIGEST_BLOCK: work unit of the threaded digest
 
 
-def state_digest(state: Mapping[str, Any], algo: str = BLOCKS_V2, *, threads: int | None = None) -> str:
-    """The state digest (hex) of ``state`` by ``algo``; identical for torch and numpy holding the same bits.
+def table_bytes(specs: list[TensorSpec] | tuple[TensorSpec, ...]) -> bytes:
+    """The tensor table as the state digest hashes it: u32 count, then per tensor (sorted names)
+    u32 name length, UTF-8 name, u8 dtype code, u8 ndim, ndim x u64 shape (little-endian)."""
+    out = [struct.pack("<I", len(specs))]
+    for spec in specs:
+        raw = spec.name.encode()
+        out.append(struct.pack(f"<I{len(raw)}sBB{len(spec.shape)}Q", len(raw), raw, DTYPES[spec.dtype][0], len(spec.shape), *spec.shape))
+    return b"".join(out)
 
-    ``blocks64k-v2`` (default, see docs/FORMAT.md) hashes 64 KiB blocks on ``threads`` threads
-    (default: :func:`~deltarl.codec.kernels.worker_threads`); ``sha256-seq-v1`` is the sequential digest of format v1 runs.
+
+def stream_offsets(specs: list[TensorSpec] | tuple[TensorSpec, ...]) -> dict[str, int]:
+    """Where each tensor's bytes start in the state's byte stream (tensors in ``specs`` order)."""
+    out, pos = {}, 0
+    for spec in specs:
+        out[spec.name] = pos
+        pos += spec.numel * DTYPES[spec.dtype][1] // 8
+    return out
+
+
+def state_digest(state: Mapping[str, Any], algo: str = DIGEST_ALGO, *, threads: int | None = None) -> str:
+    """The state digest (hex) of ``state``; identical for torch and numpy holding the same bits.
+
+    ``blake3-stream64k`` (docs/FORMAT.md): the BLAKE3 of each 64 KiB block of the state's byte
+    stream (every tensor's raw little-endian bytes, sorted by name, back to back), composed with the
+    tensor table. The blocks are hashed on ``threads`` threads (default:
+    :func:`~deltarl.codec.kernels.worker_threads`).
     """
-    if algo == BLOCKS_V2:
-        return state_digest_blocks(state, threads=threads)
-    if algo == SEQ_V1:
-        return state_digest_seq(state)
-    raise ValueError(f"unknown state digest algo {algo!r} (known: {', '.join(DIGEST_ALGOS)})")
+    if algo != DIGEST_ALGO:
+        raise ValueError(f"unknown state digest algo {algo!r} (known: {', '.join(DIGEST_ALGOS)})")
+    specs = tensor_table(state)
+    return state_root(table_bytes(specs), stream_leaves([_le_bytes(s.name, state[s.name]) for s in specs], threads=threads))
 
 
 def _le_bytes(name: str, value: Any) -> memoryview:
@@ -186,53 +205,38 @@ def _le_bytes(name: str, value: Any) -> memoryview:
     return memoryview(bits).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers
 
 
-def _leaves(mv: memoryview, start: int, end: int) -> bytes:
-    return b"".join(hashlib.sha256(mv[i : min(i + DIGEST_BLOCK, end)]).digest() for i in range(start, end, DIGEST_BLOCK))
+def stream_leaves(views: list[memoryview], *, threads: int | None = None) -> bytes:
+    """The block hashes of the concatenation of ``views`` (64 KiB blocks across view boundaries).
 
-
-def state_digest_blocks(state: Mapping[str, Any], *, threads: int | None = None) -> str:
-    """``blocks64k-v2``: per tensor (sorted names), tensor_hash = sha256 of the concatenated sha256s of
-    its 64 KiB blocks; digest = sha256 over (u32 LE name length, name, tensor_hash). The blocks are
-    hashed on a thread pool (hashlib releases the GIL), so it scales with cores."""
+    Blocks wholly inside one view are hashed in place, on a thread pool; only a block that spans
+    two views is copied together first (at most 64 KiB per view boundary)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from deltarl.codec.kernels import worker_threads
 
-    specs = tensor_table(state)
-    views = [_le_bytes(spec.name, state[spec.name]) for spec in specs]
-    tasks = [(t, a, min(a + _DIGEST_TASK_BYTES, len(mv))) for t, mv in enumerate(views) for a in range(0, len(mv), _DIGEST_TASK_BYTES)]
+    tasks: list[Any] = []  # (view, start, end) of whole blocks, or bytes of one block spanning views
+    carry = bytearray()
+    for mv in views:
+        pos = 0
+        if carry:
+            take = min(BLOCK - len(carry), len(mv))
+            carry += mv[:take]
+            pos = take
+            if len(carry) < BLOCK:
+                continue
+            tasks.append(bytes(carry))
+            carry = bytearray()
+        whole_end = pos + (len(mv) - pos) // BLOCK * BLOCK
+        tasks.extend((mv, a, min(a + _DIGEST_TASK_BYTES, whole_end)) for a in range(pos, whole_end, _DIGEST_TASK_BYTES))
+        carry += mv[whole_end:]
+    if carry:
+        tasks.append(bytes(carry))
+
+    def run(task: Any) -> bytes:
+        return leaves(task) if isinstance(task, bytes) else leaves(task[0][task[1] : task[2]])
+
     workers = max(1, min(threads or worker_threads(), len(tasks)))
     if workers == 1:
-        parts = [_leaves(views[t], a, b) for t, a, b in tasks]
-    else:
-        with ThreadPoolExecutor(workers, thread_name_prefix="deltarl-digest") as pool:
-            parts = list(pool.map(lambda task: _leaves(views[task[0]], task[1], task[2]), tasks))
-    leaves: list[list[bytes]] = [[] for _ in specs]
-    for (t, _, _), leaf in zip(tasks, parts, strict=True):
-        leaves[t].append(leaf)
-    h = hashlib.sha256()
-    for spec, tensor_leaves in zip(specs, leaves, strict=True):
-        raw = spec.name.encode()
-        h.update(struct.pack("<I", len(raw)) + raw + hashlib.sha256(b"".join(tensor_leaves)).digest())
-    return h.hexdigest()
-
-
-def state_digest_seq(state: Mapping[str, Any]) -> str:
-    """``sha256-seq-v1``: sha256 hex over the state in sorted name order (format v1 runs).
-
-    Per tensor: u32 name length, utf-8 name, u8 dtype code, u8 ndim, ndim x u64 dims, u64 byte
-    count, then the raw little-endian bit patterns (see docs/FORMAT.md).
-    """
-    h = hashlib.sha256()
-    for spec in tensor_table(state):
-        value = state[spec.name]
-        if is_cuda(value):
-            value = value.cpu()
-        bits = flat_bits(spec.name, value)
-        raw = spec.name.encode()
-        h.update(struct.pack("<I", len(raw)) + raw)
-        h.update(struct.pack("<BB", DTYPES[spec.dtype][0], len(spec.shape)))
-        h.update(struct.pack(f"<{len(spec.shape)}Q", *spec.shape))
-        h.update(struct.pack("<Q", bits.nbytes))
-        h.update(np.ascontiguousarray(bits.astype(bits.dtype.newbyteorder("<"), copy=False)).data)
-    return h.hexdigest()
+        return b"".join(run(t) for t in tasks)
+    with ThreadPoolExecutor(workers, thread_name_prefix="deltarl-digest") as pool:
+        return b"".join(pool.map(run, tasks))

@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", type=non_negative_int, default=None, metavar="N", help="version to rebuild (default: HEAD)")
     parser.add_argument("--out", required=True, metavar="FILE", help="output .safetensors file")
     parser.add_argument(
-        "--verify", action="store_true", help="also check the newest state digest the chain records (sha256 and the parent chain are always checked)"
+        "--verify", action="store_true", help="also check the newest state digest the chain records (every object's piece hashes and the parent chain are always checked)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 

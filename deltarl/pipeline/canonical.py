@@ -25,8 +25,8 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
-def is_sha256(value: object) -> bool:
-    """Whether ``value`` is a sha256 hex digest (64 lowercase hex digits)."""
+def is_hash_hex(value: object) -> bool:
+    """Whether ``value`` is a 256-bit hash in hex (64 lowercase hex digits)."""
     return isinstance(value, str) and bool(_HEX64.match(value))
 
 

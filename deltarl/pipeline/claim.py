@@ -38,9 +38,7 @@ from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
 
-CLAIM_FORMAT_VERSION = 2
-#: WRITER versions this build reads (a v1 claim has epoch 0: the next acquire writes epoch 1).
-READABLE_CLAIM_VERSIONS = (1, 2)
+CLAIM_FORMAT_VERSION = 3
 MAX_CLAIM_BYTES = 4096
 
 
@@ -53,9 +51,8 @@ def new_writer_id() -> str:
 class WriterClaim:
     """The content of ``<run>/WRITER``. Times are Unix milliseconds.
 
-    ``epoch`` (v2) is 1 on the first acquire of a run and the previous epoch + 1 on every acquire
-    after it (restart or takeover); every object key the holder writes carries it. A v1 claim
-    reads as epoch 0.
+    ``epoch`` is 1 on the first acquire of a run and the previous epoch + 1 on every acquire
+    after it (restart or takeover); every object key the holder writes carries it.
     """
 
     writer_id: str
@@ -67,9 +64,9 @@ class WriterClaim:
     format_version: int = CLAIM_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version not in READABLE_CLAIM_VERSIONS:
+        if self.format_version != CLAIM_FORMAT_VERSION:
             raise UnsupportedFormatVersion(f"WRITER: format_version {self.format_version} is not supported")
-        if self.format_version >= 2 and self.epoch < 1:
+        if self.epoch < 1:
             raise FormatError("WRITER: epoch must be >= 1")
 
     def to_bytes(self) -> bytes:
@@ -80,22 +77,20 @@ class WriterClaim:
             "expires_at_ms": self.expires_at_ms,
             "host": self.host,
             "pid": self.pid,
+            "epoch": self.epoch,
         }
-        if self.format_version >= 2:
-            obj["epoch"] = self.epoch
         return canonical_json(obj)
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "WRITER") -> WriterClaim:
-        f = load_record(data, where, MAX_CLAIM_BYTES, READABLE_CLAIM_VERSIONS)
+        f = load_record(data, where, MAX_CLAIM_BYTES, CLAIM_FORMAT_VERSION)
         claim = cls(
             writer_id=f.str_("writer_id"),
             acquired_at_ms=f.int_("acquired_at_ms"),
             expires_at_ms=f.int_("expires_at_ms"),
             host=f.str_("host"),
             pid=f.int_("pid"),
-            epoch=f.int_("epoch", minimum=1) if f.format_version >= 2 else 0,
-            format_version=f.format_version,
+            epoch=f.int_("epoch", minimum=1),
         )
         f.done()
         return claim

@@ -3,18 +3,17 @@
 One prefix per run (see docs/RUN_NAMESPACE.md)::
 
     <run>/run.json                                   immutable: tensor table, codec, intervals
-    <run>/versions/000000000042/e000003-seg-r000-00000.bin   immutable delta segments of version 42 (v2)
+    <run>/versions/000000000042/e000003-seg-r000-00000.bin   immutable delta segments of version 42
     <run>/versions/000000000042/manifest.json                immutable commit record, written LAST
-    <run>/keyframes/000000000040/e000003-part-r000-000.safetensors  immutable full snapshot, in parts (v2)
+    <run>/keyframes/000000000040/e000003-part-r000-000.safetensors  immutable full snapshot, in parts
     <run>/HEAD                                       mutable hint: latest committed version (CAS)
     <run>/WRITER                                     mutable: the publisher's writer claim (CAS)
     <run>/rollouts/step-000000000042/…               immutable admitted results
     <run>/coordinator/…                              immutable coordinator records
 
-Versions and steps are written with 12 zero-padded digits so keys sort in numeric order. Keys v2
-carry the writer's claim epoch (``e<epoch:06d>``) and rank (``r<rank:03d>``), so a fenced writer's
-late uploads never land on a key its successor writes. v1 runs (``seg-00000.bin``,
-``keyframes/<v>.safetensors``) are still read.
+Versions and steps are written with 12 zero-padded digits so keys sort in numeric order. Object
+keys carry the writer's claim epoch (``e<epoch:06d>``) and rank (``r<rank:03d>``), so a fenced
+writer's late uploads never land on a key its successor writes.
 """
 
 from __future__ import annotations
@@ -29,9 +28,9 @@ MAX_VERSION = 10**VERSION_DIGITS - 1
 MUTABLE_NAMES = frozenset({"HEAD", "WRITER"})
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_SEGMENT_NAME = re.compile(r"^seg-(\d{5,})\.bin$")
-_SEGMENT_NAME_V2 = re.compile(r"^e(\d{6})-seg-r(\d{3})-(\d{5})\.bin$")
-_PART_NAME_V2 = re.compile(r"^e(\d{6})-part-r(\d{3})-(\d{3})\.safetensors$")
+_SEGMENT_NAME = re.compile(r"^e(\d{6})-seg-r(\d{3})-(\d{5})\.bin$")
+_PART_NAME = re.compile(r"^e(\d{6})-part-r(\d{3})-(\d{3})\.safetensors$")
+_VERSIONED_OBJECT = re.compile(r"^([^/]+)/(versions|keyframes)/(\d{12})/([^/]+)$")
 MAX_EPOCH = 999_999
 MAX_RANK = 999
 
@@ -52,10 +51,20 @@ def _check_number(what: str, n: int, top: int = MAX_VERSION, low: int = 0) -> in
 
 
 def key_epoch(key: str) -> int | None:
-    """The writer epoch a v2 segment or keyframe-part key carries, else ``None``."""
+    """The writer epoch a segment or keyframe-part key carries, else ``None``."""
     name = key.rsplit("/", 1)[-1]
-    m = _SEGMENT_NAME_V2.match(name) or _PART_NAME_V2.match(name)
+    m = _SEGMENT_NAME.match(name) or _PART_NAME.match(name)
     return int(m.group(1)) if m else None
+
+
+def manifest_key_for(key: str) -> str | None:
+    """The key of the manifest that records ``key`` (a segment or keyframe part of some run and
+    version, by the grammar above), else ``None``."""
+    m = _VERSIONED_OBJECT.match(key)
+    if m is None or not _RUN_NAME.match(m[1]):
+        return None
+    name_ok = _SEGMENT_NAME.match(m[4]) if m[2] == "versions" else _PART_NAME.match(m[4])
+    return f"{m[1]}/versions/{m[3]}/manifest.json" if name_ok else None
 
 
 def is_immutable(key: str) -> bool:
@@ -106,31 +115,22 @@ class RunLayout:
         return self.version_prefix(version) + "manifest.json"
 
     def segment(self, version: int, index: int, *, epoch: int, rank: int = 0) -> str:
-        """Key v2 of delta segment ``index`` written by ``rank`` under claim ``epoch``."""
+        """Key of delta segment ``index`` written by ``rank`` under claim ``epoch``."""
         _check_number("segment index", index, 99999)
         _check_number("epoch", epoch, MAX_EPOCH, 1)
         _check_number("rank", rank, MAX_RANK)
         return self.version_prefix(version) + f"e{epoch:06d}-seg-r{rank:03d}-{index:05d}.bin"
 
-    def segment_v1(self, version: int, index: int) -> str:
-        """Key v1 of segment ``index`` (read-compat only: writers write :meth:`segment`)."""
-        _check_number("segment index", index, 99999)
-        return self.version_prefix(version) + f"seg-{index:05d}.bin"
-
     def keyframe_prefix(self, version: int) -> str:
-        """Where the parts of version ``version``'s keyframe live (v2)."""
+        """Where the parts of version ``version``'s keyframe live."""
         return f"{self.run}/keyframes/{_check_number('version', version):0{VERSION_DIGITS}d}/"
 
     def keyframe_part(self, version: int, index: int, *, epoch: int, rank: int = 0) -> str:
-        """Key v2 of keyframe part ``index`` written by ``rank`` under claim ``epoch``."""
+        """Key of keyframe part ``index`` written by ``rank`` under claim ``epoch``."""
         _check_number("keyframe part index", index, 999)
         _check_number("epoch", epoch, MAX_EPOCH, 1)
         _check_number("rank", rank, MAX_RANK)
         return self.keyframe_prefix(version) + f"e{epoch:06d}-part-r{rank:03d}-{index:03d}.safetensors"
-
-    def keyframe(self, version: int) -> str:
-        """Key v1 of a whole-state keyframe (read-compat only)."""
-        return f"{self.run}/keyframes/{_check_number('version', version):0{VERSION_DIGITS}d}.safetensors"
 
     def rollouts_prefix(self, step: int) -> str:
         return f"{self.run}/rollouts/step-{_check_number('step', step):0{VERSION_DIGITS}d}/"
@@ -147,25 +147,20 @@ class RunLayout:
         return int(digits), name
 
     def parse_keyframe_key(self, key: str) -> int | None:
-        """The version of a keyframe key (v1 ``keyframes/<v>.safetensors`` or v2 ``keyframes/<v>/<part>``),
-        else ``None``."""
-        if not key.startswith(self.keyframes_prefix) or not key.endswith(".safetensors"):
+        """The version of a keyframe part key (``keyframes/<v>/<part>``), else ``None``."""
+        if not key.startswith(self.keyframes_prefix):
             return None
-        rest = key[len(self.keyframes_prefix) : -len(".safetensors")]
-        digits, sep, name = rest.partition("/")
-        if len(digits) != VERSION_DIGITS or not digits.isdigit():
-            return None
-        if sep and not _PART_NAME_V2.match(name + ".safetensors"):
+        digits, sep, name = key[len(self.keyframes_prefix) :].partition("/")
+        if not sep or len(digits) != VERSION_DIGITS or not digits.isdigit() or not _PART_NAME.match(name):
             return None
         return int(digits)
 
-    def is_segment_key(self, key: str, version: int, *, format_version: int = 2) -> bool:
-        """Whether ``key`` names a segment of ``version`` (v2 ``e<epoch>-seg-r<rank>-<i>.bin``, v1 ``seg-<i>.bin``)."""
+    def is_segment_key(self, key: str, version: int) -> bool:
+        """Whether ``key`` names a segment of ``version`` (``e<epoch>-seg-r<rank>-<i>.bin``)."""
         parsed = self.parse_version_key(key)
-        pattern = _SEGMENT_NAME_V2 if format_version >= 2 else _SEGMENT_NAME
-        return parsed is not None and parsed[0] == version and bool(pattern.match(parsed[1]))
+        return parsed is not None and parsed[0] == version and bool(_SEGMENT_NAME.match(parsed[1]))
 
     def is_keyframe_part_key(self, key: str, version: int) -> bool:
-        """Whether ``key`` names a v2 keyframe part of ``version``."""
+        """Whether ``key`` names a keyframe part of ``version``."""
         prefix = self.keyframe_prefix(version)
-        return key.startswith(prefix) and bool(_PART_NAME_V2.match(key[len(prefix) :]))
+        return key.startswith(prefix) and bool(_PART_NAME.match(key[len(prefix) :]))

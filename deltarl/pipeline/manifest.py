@@ -1,4 +1,4 @@
-"""The manifest: the commit record of one version, and the version id (the sha256 of its bytes).
+"""The manifest: the commit record of one version, and the version id (the BLAKE3 of its bytes).
 
 Every record is a frozen dataclass with an explicit ``format_version`` that serializes to canonical
 JSON and parses strictly (:mod:`deltarl.pipeline.canonical`), so a version id names exactly one
@@ -8,13 +8,13 @@ and are re-exported here, as is the canonical JSON encoder.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from deltarl.codec.tensors import DIGEST_ALGOS, SEQ_V1
+from deltarl.codec.hashing import content_id, object_root
+from deltarl.codec.tensors import DIGEST_ALGOS
 from deltarl.errors import FormatError, UnsupportedFormatVersion
-from deltarl.pipeline.canonical import Fields, canonical_json, check_run, is_sha256, load_record
+from deltarl.pipeline.canonical import Fields, canonical_json, check_run, is_hash_hex, load_record
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.pieces import (
     DEFAULT_PIECE_SIZE,
@@ -41,7 +41,6 @@ __all__ = [
     "MAX_HEAD_BYTES",
     "MAX_MANIFEST_BYTES",
     "MAX_RUN_INFO_BYTES",
-    "READABLE_MANIFEST_VERSIONS",
     "RUN_INFO_FORMAT_VERSION",
     "DeltaStatsRecord",
     "HeadRecord",
@@ -58,16 +57,14 @@ __all__ = [
     "version_id",
 ]
 
-MANIFEST_FORMAT_VERSION = 2
-#: Manifest versions this build reads (writers write only MANIFEST_FORMAT_VERSION).
-READABLE_MANIFEST_VERSIONS = (1, 2)
+MANIFEST_FORMAT_VERSION = 3
 MAX_MANIFEST_BYTES = 8 << 20
 Kind = Literal["keyframe", "delta"]
 
 
 def version_id(manifest_bytes: bytes) -> str:
-    """The version id: sha256 hex of a manifest's canonical bytes."""
-    return hashlib.sha256(manifest_bytes).hexdigest()
+    """The version id: the BLAKE3-256 hex of a manifest's canonical bytes."""
+    return content_id(manifest_bytes)
 
 
 # --- records ---------------------------------------------------------------------------------
@@ -75,83 +72,74 @@ def version_id(manifest_bytes: bytes) -> str:
 
 @dataclass(frozen=True)
 class ObjectRef:
-    """A stored object a manifest depends on: key, sha256 (hex), size, and (v2) piece hashes.
+    """A stored object a manifest depends on: key, size, piece hashes and the root composed from them.
 
-    A v1 ref has ``piece_size`` and ``pieces`` ``None``; a v2 ref has both, ``pieces[i]`` being the
-    sha256 of bytes ``[i * piece_size, min((i + 1) * piece_size, size))`` (:mod:`.pieces`).
+    ``pieces[i]`` is the hash of bytes ``[i * piece_size, min((i + 1) * piece_size, size))`` and
+    ``root`` the object's root (:mod:`.pieces`, :mod:`deltarl.codec.hashing`), all BLAKE3-256 hex.
     """
 
     key: str
-    sha256: str
+    root: str
     size: int
-    piece_size: int | None = None
-    pieces: tuple[str, ...] | None = None
+    piece_size: int
+    pieces: tuple[str, ...]
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
             raise FormatError(f"object ref: bad key {self.key!r}")
-        if not is_sha256(self.sha256):
-            raise FormatError(f"object ref {self.key}: sha256 must be 64 lowercase hex digits")
+        if not is_hash_hex(self.root):
+            raise FormatError(f"object ref {self.key}: blake3_root must be 64 lowercase hex digits")
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
             raise FormatError(f"object ref {self.key}: bad size {self.size!r}")
-        if (self.piece_size is None) != (self.pieces is None):
-            raise FormatError(f"object ref {self.key}: piece_size and pieces go together")
-        if self.piece_size is not None and self.pieces is not None:
-            try:
-                check_piece_size(self.piece_size, f"object ref {self.key}")
-            except ValueError as err:
-                raise FormatError(str(err)) from None
-            if len(self.pieces) != piece_count(self.size, self.piece_size):
-                raise FormatError(
-                    f"object ref {self.key}: {len(self.pieces)} pieces, a {self.size}-byte object has "
-                    f"{piece_count(self.size, self.piece_size)} of {self.piece_size} bytes"
-                )
-            if not all(is_sha256(p) for p in self.pieces):
-                raise FormatError(f"object ref {self.key}: every piece must be 64 lowercase hex digits")
-
-    @property
-    def has_pieces(self) -> bool:
-        return self.pieces is not None
+        try:
+            check_piece_size(self.piece_size, f"object ref {self.key}")
+        except ValueError as err:
+            raise FormatError(str(err)) from None
+        if not isinstance(self.pieces, tuple) or len(self.pieces) != piece_count(self.size, self.piece_size):
+            raise FormatError(
+                f"object ref {self.key}: {len(self.pieces)} pieces, a {self.size}-byte object has "
+                f"{piece_count(self.size, self.piece_size)} of {self.piece_size} bytes"
+            )
+        if not all(is_hash_hex(p) for p in self.pieces):
+            raise FormatError(f"object ref {self.key}: every piece must be 64 lowercase hex digits")
+        if object_root(self.size, self.piece_size, self.pieces) != self.root:
+            raise FormatError(f"object ref {self.key}: blake3_root is not the root of its size, piece size and pieces")
 
     @classmethod
     def of(cls, key: str, data: Any, *, piece_size: int = DEFAULT_PIECE_SIZE) -> ObjectRef:
-        """The v2 ref of ``data`` stored at ``key`` (sha256 and pieces in one pass)."""
+        """The ref of ``data`` stored at ``key`` (pieces and root in one pass)."""
         hasher = PieceHasher(piece_size)
         hasher.update(data)
         return cls.from_hasher(key, hasher)
 
     @classmethod
     def from_hasher(cls, key: str, hasher: PieceHasher) -> ObjectRef:
-        """The v2 ref of the bytes fed through ``hasher``."""
-        sha, size, pieces = hasher.finish()
-        return cls(key=key, sha256=sha, size=size, piece_size=hasher.piece_size, pieces=tuple(pieces))
+        """The ref of the bytes fed through ``hasher``."""
+        root, size, pieces = hasher.finish()
+        return cls(key=key, root=root, size=size, piece_size=hasher.piece_size, pieces=tuple(pieces))
 
     def verifier(self, named_by: str) -> PieceVerifier:
         """A :class:`PieceVerifier` for this object's bytes, read in order."""
-        return PieceVerifier(self.key, self.size, self.sha256, self.pieces, self.piece_size, named_by)
+        return PieceVerifier(self.key, self.size, self.pieces, self.piece_size, named_by)
 
     def to_obj(self) -> dict[str, Any]:
-        obj: dict[str, Any] = {"key": self.key, "sha256": self.sha256, "size": self.size}
-        if self.pieces is not None:
-            obj["piece_size"] = self.piece_size
-            obj["pieces"] = list(self.pieces)
-        return obj
+        return {"key": self.key, "size": self.size, "piece_size": self.piece_size,
+                "blake3_pieces": list(self.pieces), "blake3_root": self.root}  # fmt: skip
 
     @staticmethod
-    def _fields(f: Fields, format_version: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"key": f.str_("key"), "sha256": f.str_("sha256"), "size": f.int_("size")}
-        if format_version >= 2:
-            out["piece_size"] = f.int_("piece_size", minimum=1)
-            pieces = f.list_("pieces")
-            if not all(isinstance(p, str) for p in pieces):
-                raise FormatError(f"{f.where}: pieces must be strings")
-            out["pieces"] = tuple(pieces)
+    def _fields(f: Fields) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": f.str_("key"), "root": f.str_("blake3_root"), "size": f.int_("size"),
+                               "piece_size": f.int_("piece_size", minimum=1)}  # fmt: skip
+        pieces = f.list_("blake3_pieces")
+        if not all(isinstance(p, str) for p in pieces):
+            raise FormatError(f"{f.where}: blake3_pieces must be strings")
+        out["pieces"] = tuple(pieces)
         return out
 
     @classmethod
-    def from_obj(cls, obj: object, where: str, format_version: int = MANIFEST_FORMAT_VERSION) -> ObjectRef:
+    def from_obj(cls, obj: object, where: str) -> ObjectRef:
         f = Fields(obj, where)
-        ref = cls(**cls._fields(f, format_version))
+        ref = cls(**cls._fields(f))
         f.done()
         return ref
 
@@ -164,15 +152,15 @@ TensorRange = tuple[str, int, int]
 class KeyframePart(ObjectRef):
     """One part of a keyframe: an ObjectRef plus the element ranges it holds, in stored order.
 
-    ``tensors`` is ``None`` only for a v1 keyframe (one safetensors file holding the whole state).
+    ``block_hashes`` is not recorded: a writer that just hashed the part keeps the hashes of its
+    64 KiB blocks there, from which the state digest is composed (:mod:`.keyframe`).
     """
 
-    tensors: tuple[TensorRange, ...] | None = None
+    tensors: tuple[TensorRange, ...] = ()
+    block_hashes: bytes | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.tensors is None:
-            return
         names = set()
         for item in self.tensors:
             if (
@@ -189,27 +177,24 @@ class KeyframePart(ObjectRef):
 
     def to_obj(self) -> dict[str, Any]:
         obj = super().to_obj()
-        if self.tensors is not None:
-            obj["tensors"] = [list(t) for t in self.tensors]
+        obj["tensors"] = [list(t) for t in self.tensors]
         return obj
 
     @classmethod
-    def from_obj(cls, obj: object, where: str, format_version: int = MANIFEST_FORMAT_VERSION) -> KeyframePart:
+    def from_obj(cls, obj: object, where: str) -> KeyframePart:
         f = Fields(obj, where)
-        fields = cls._fields(f, format_version)
-        tensors: tuple[TensorRange, ...] | None = None
-        if format_version >= 2:
-            items = f.list_("tensors")
-            if not all(isinstance(t, list) for t in items):
-                raise FormatError(f"{where}: tensors must be [name, start, count] lists")
-            tensors = tuple((t[0], t[1], t[2]) if len(t) == 3 else tuple(t) for t in items)  # checked in __post_init__
+        fields = cls._fields(f)
+        items = f.list_("tensors")
+        if not all(isinstance(t, list) for t in items):
+            raise FormatError(f"{where}: tensors must be [name, start, count] lists")
+        tensors = tuple((t[0], t[1], t[2]) if len(t) == 3 else tuple(t) for t in items)  # checked in __post_init__
         f.done()
         return cls(**fields, tensors=tensors)
 
 
 @dataclass(frozen=True)
 class Keyframe:
-    """The full state of a keyframe version: one part (v1) or parts with element ranges (v2)."""
+    """The full state of a keyframe version: parts holding element ranges."""
 
     parts: tuple[KeyframePart, ...]
 
@@ -223,13 +208,11 @@ class Keyframe:
 
     def check_covers(self, tensors: Any, where: str) -> None:
         """FormatError unless the parts' ranges cover every element of ``tensors`` (run.json's
-        TensorSpec rows) exactly once: no unknown tensor, no gap, no overlap. v1: nothing to check."""
-        if any(p.tensors is None for p in self.parts):
-            return
+        TensorSpec rows) exactly once: no unknown tensor, no gap, no overlap."""
         numel = {t.name: t.numel for t in tensors}
         ranges: dict[str, list[tuple[int, int, str]]] = {name: [] for name in numel}
         for part in self.parts:
-            for name, start, count in part.tensors or ():
+            for name, start, count in part.tensors:
                 if name not in numel:
                     raise FormatError(f"{where}: keyframe part {part.key} holds {name!r}, which run.json does not list")
                 ranges[name].append((start, count, part.key))
@@ -245,17 +228,13 @@ class Keyframe:
                 what = "beyond the" if pos > numel[name] else f"leave elements {pos}..{numel[name]} of"
                 raise FormatError(f"{where}: keyframe parts {what} {numel[name]} elements of {name!r}")
 
-    def to_obj(self, format_version: int) -> Any:
-        if format_version < 2:
-            return ObjectRef.to_obj(self.parts[0])
+    def to_obj(self) -> Any:
         return {"parts": [p.to_obj() for p in self.parts]}
 
     @classmethod
-    def from_obj(cls, obj: object, where: str, format_version: int) -> Keyframe:
-        if format_version < 2:
-            return cls((KeyframePart.from_obj(obj, where, format_version),))
+    def from_obj(cls, obj: object, where: str) -> Keyframe:
         f = Fields(obj, where)
-        parts = tuple(KeyframePart.from_obj(p, f"{where} part {i}", format_version) for i, p in enumerate(f.list_("parts")))
+        parts = tuple(KeyframePart.from_obj(p, f"{where} part {i}") for i, p in enumerate(f.list_("parts")))
         f.done()
         return cls(parts)
 
@@ -270,18 +249,14 @@ class StateDigest:
     def __post_init__(self) -> None:
         if self.algo not in DIGEST_ALGOS:
             raise FormatError(f"state digest: unknown algo {self.algo!r} (known: {', '.join(DIGEST_ALGOS)})")
-        if not is_sha256(self.value):
+        if not is_hash_hex(self.value):
             raise FormatError("state digest: value must be 64 lowercase hex digits")
 
-    def to_obj(self, format_version: int) -> Any:
-        return self.value if format_version < 2 else {"algo": self.algo, "value": self.value}
+    def to_obj(self) -> Any:
+        return {"algo": self.algo, "value": self.value}
 
     @classmethod
-    def from_obj(cls, obj: object, where: str, format_version: int) -> StateDigest:
-        if format_version < 2:
-            if not isinstance(obj, str):
-                raise FormatError(f"{where}: state_digest must be a string")
-            return cls(SEQ_V1, obj)
+    def from_obj(cls, obj: object, where: str) -> StateDigest:
         f = Fields(obj, where)
         digest = cls(f.str_("algo"), f.str_("value"))
         f.done()
@@ -334,8 +309,6 @@ class Manifest:
     Version 0 is a keyframe with no parent and no segments. Every later version names its parent's
     version id (a hash chain) and carries the delta from version ``v - 1`` as segments whose base is
     that parent id; a version that is also a keyframe additionally names its full snapshot.
-    ``format_version`` 2 (written) and 1 (read) differ in their refs, keyframe, digest and keys
-    (docs/RUN_NAMESPACE.md).
     """
 
     run: str
@@ -355,9 +328,8 @@ class Manifest:
 
     def __post_init__(self) -> None:
         where = f"manifest of {self.run!r} version {self.version}"
-        if self.format_version not in READABLE_MANIFEST_VERSIONS:
+        if self.format_version != MANIFEST_FORMAT_VERSION:
             raise UnsupportedFormatVersion(f"{where}: format_version {self.format_version} is not supported")
-        v2 = self.format_version >= 2
         check_run(self.run, where)
         layout = RunLayout(self.run)
         if self.version == 0:
@@ -366,7 +338,7 @@ class Manifest:
             if self.kind != "keyframe":
                 raise FormatError(f"{where}: version 0 must be a keyframe")
         else:
-            if not is_sha256(self.parent):
+            if not is_hash_hex(self.parent):
                 raise FormatError(f"{where}: parent must be a version id (64 hex digits)")
             if self.base_version != self.version - 1:
                 raise FormatError(f"{where}: base_version must be {self.version - 1}")
@@ -374,40 +346,26 @@ class Manifest:
             raise FormatError(f"{where}: unknown kind {self.kind!r}")
         if (self.kind == "keyframe") != (self.keyframe is not None):
             raise FormatError(f"{where}: kind {self.kind!r} disagrees with the keyframe field")
-        refs: list[ObjectRef] = [*self.segments, *(self.keyframe.parts if self.keyframe is not None else ())]
-        for ref in refs:
-            if ref.has_pieces != v2:
-                raise FormatError(f"{where}: {ref.key}: format_version {self.format_version} refs {'need' if v2 else 'have no'} pieces")
         if self.keyframe is not None:
             self._check_keyframe(self.keyframe, layout, where)
         keys = [ref.key for ref in self.segments]
         if len(set(keys)) != len(keys):
             raise FormatError(f"{where}: duplicate segment keys")
         for key in keys:
-            if not layout.is_segment_key(key, self.version, format_version=self.format_version):
-                raise FormatError(f"{where}: segment key {key!r} is not a v{self.format_version} segment key of this version")
-        if self.state_digest is not None and not v2 and self.state_digest.algo != SEQ_V1:
-            raise FormatError(f"{where}: a format_version 1 state_digest is {SEQ_V1}")
+            if not layout.is_segment_key(key, self.version):
+                raise FormatError(f"{where}: segment key {key!r} is not a segment key of this version")
         if self.kind == "keyframe" and self.state_digest is None:
             raise FormatError(f"{where}: a keyframe must record its state digest")
 
     def _check_keyframe(self, keyframe: Keyframe, layout: RunLayout, where: str) -> None:
-        if self.format_version < 2:
-            if len(keyframe.parts) != 1 or keyframe.parts[0].tensors is not None:
-                raise FormatError(f"{where}: a format_version 1 keyframe is one object")
-            if keyframe.parts[0].key != layout.keyframe(self.version):
-                raise FormatError(f"{where}: keyframe key {keyframe.parts[0].key!r} is not {layout.keyframe(self.version)!r}")
-            return
         if not keyframe.parts:
             raise FormatError(f"{where}: a keyframe has at least one part")
         if len(set(keyframe.keys)) != len(keyframe.keys):
             raise FormatError(f"{where}: duplicate keyframe part keys")
         seen: dict[str, list[tuple[int, int, str]]] = {}
         for part in keyframe.parts:
-            if part.tensors is None:
-                raise FormatError(f"{where}: keyframe part {part.key} lists no tensors")
             if not layout.is_keyframe_part_key(part.key, self.version):
-                raise FormatError(f"{where}: keyframe part key {part.key!r} is not a v2 part key of this version")
+                raise FormatError(f"{where}: keyframe part key {part.key!r} is not a part key of this version")
             for name, start, count in part.tensors:
                 seen.setdefault(name, []).append((start, count, part.key))
         for name, items in seen.items():
@@ -422,9 +380,8 @@ class Manifest:
         return RunLayout(self.run).manifest(self.version)
 
     def to_obj(self) -> dict[str, Any]:
-        fv = self.format_version
         return {
-            "format_version": fv,
+            "format_version": self.format_version,
             "run": self.run,
             "version": self.version,
             "step": self.step,
@@ -432,16 +389,16 @@ class Manifest:
             "kind": self.kind,
             "base_version": self.base_version,
             "segments": [ObjectRef.to_obj(ref) for ref in self.segments],
-            "keyframe": None if self.keyframe is None else self.keyframe.to_obj(fv),
+            "keyframe": None if self.keyframe is None else self.keyframe.to_obj(),
             "stats": self.stats.to_obj(),
-            "state_digest": None if self.state_digest is None else self.state_digest.to_obj(fv),
+            "state_digest": None if self.state_digest is None else self.state_digest.to_obj(),
             "codec": self.codec,
             "created_at": self.created_at,
             "writer_id": self.writer_id,
         }
 
     def to_bytes(self) -> bytes:
-        """Canonical JSON; its sha256 is the version id."""
+        """Canonical JSON; its BLAKE3 is the version id."""
         return canonical_json(self.to_obj())
 
     @property
@@ -450,9 +407,8 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "manifest") -> Manifest:
-        """Parse and validate strictly (v1 or v2); raises FormatError / UnsupportedFormatVersion."""
-        f = load_record(data, where, MAX_MANIFEST_BYTES, READABLE_MANIFEST_VERSIONS)
-        fv = f.format_version
+        """Parse and validate strictly (format 3 only); raises FormatError / UnsupportedFormatVersion."""
+        f = load_record(data, where, MAX_MANIFEST_BYTES, MANIFEST_FORMAT_VERSION)
         kind = f.str_("kind")
         seg_objs = f.list_("segments")
         kf_obj = f.any_("keyframe")
@@ -464,14 +420,13 @@ class Manifest:
             parent=f.opt_str("parent"),
             kind=kind,  # type: ignore[arg-type]  # checked in __post_init__
             base_version=f.opt_int("base_version"),
-            segments=tuple(ObjectRef.from_obj(o, f"{where} segment {i}", fv) for i, o in enumerate(seg_objs)),
-            keyframe=None if kf_obj is None else Keyframe.from_obj(kf_obj, f"{where} keyframe", fv),
+            segments=tuple(ObjectRef.from_obj(o, f"{where} segment {i}") for i, o in enumerate(seg_objs)),
+            keyframe=None if kf_obj is None else Keyframe.from_obj(kf_obj, f"{where} keyframe"),
             stats=DeltaStatsRecord.from_obj(f.any_("stats"), f"{where} stats"),
-            state_digest=None if digest_obj is None else StateDigest.from_obj(digest_obj, f"{where} state_digest", fv),
+            state_digest=None if digest_obj is None else StateDigest.from_obj(digest_obj, f"{where} state_digest"),
             codec=f.str_("codec"),
             created_at=f.str_("created_at"),
             writer_id=f.str_("writer_id"),
-            format_version=fv,
         )
         f.done()
         return manifest

@@ -24,10 +24,10 @@ from typing import Any
 from deltarl.codec.finite import check_before_encode, check_finite, is_finite
 from deltarl.codec.heap import trim
 from deltarl.codec.jit_warmup import warm_codec_quietly
-from deltarl.codec.tensors import BLOCKS_V2
+from deltarl.codec.tensors import DIGEST_ALGO
 from deltarl.errors import RunError, WriterConflict
 from deltarl.pipeline.background import BackgroundPublishing
-from deltarl.pipeline.keyframe import plan_parts, write_part
+from deltarl.pipeline.keyframe import keyframe_state_digest, plan_parts, write_part
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import KeyframePart, ObjectRef, StateDigest
 from deltarl.pipeline.pieces import check_piece_size
@@ -222,7 +222,8 @@ class Publisher:
                 for i, ranges in enumerate(plan_parts(table, self.config.keyframe_part_bytes)):
                     key = self.layout.keyframe_part(version, i, epoch=writer.epoch)
                     uploads.submit(self._upload_part, version, key, state, ranges, specs)
-            digest = StateDigest(BLOCKS_V2, state_digest(state, BLOCKS_V2)) if writer.records_digest(version) else None
+            keyframe = writer.is_keyframe(version)  # a keyframe's digest is composed from its parts' hashes
+            digest = StateDigest(DIGEST_ALGO, state_digest(state, DIGEST_ALGO)) if not keyframe and writer.records_digest(version) else None
             if base_check is not None:  # unchanged values are the base's: a base with NaN/Inf needs a whole check
                 self._prev_finite, self._base_check = base_check.result(), None
                 if not self._prev_finite:
@@ -232,6 +233,8 @@ class Publisher:
             upload_wait_s = time.perf_counter() - tw
             segments = [r for r in refs if not isinstance(r, KeyframePart)]
             parts = [r for r in refs if isinstance(r, KeyframePart)]
+            if keyframe:
+                digest = keyframe_state_digest(state, table, parts)
             committed = writer.commit(version, step, table, segments=segments, parts=parts, changed=changed,
                                       digest=digest, renewal=renewal)
         except BaseException as err:

@@ -2,8 +2,8 @@
 
 ``RunReader`` is what replay, relays, actors and ``gc`` share. It checks that run.json and each
 manifest name the run and version they are stored under, that a manifest's bytes hash to the id its
-child names (the parent chain), and that every segment and keyframe matches the size and sha256
-its manifest records. Every error names the offending object's key.
+child names (the parent chain), and that every segment and keyframe matches the size and pieces
+its manifest records (by its piece hashes). Every error names the offending object's key.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from deltarl.errors import FormatError, IntegrityError, ObjectNotFound, RunError, TensorMismatch
+from deltarl.errors import IntegrityError, ObjectNotFound, RunError
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import HeadRecord, Manifest, ObjectRef, RunInfo, TensorEntry, version_id
 from deltarl.storage.store import ObjectStore
@@ -25,8 +25,8 @@ logger = logging.getLogger(__name__)
 
 
 def check_ref(ref: ObjectRef, data: bytes, *, named_by: str) -> bytes:
-    """Return ``data`` if it has the size and the pieces (v2) or sha256 (v1) ``ref`` records, else
-    raise IntegrityError. One sha256 pass either way: a v2 object is checked by its pieces only."""
+    """Return ``data`` if it has the size and the pieces ``ref`` records, else raise IntegrityError.
+    One hash pass: the object is checked by its pieces only."""
     if len(data) != ref.size:
         what = "truncated" if len(data) < ref.size else "oversized"
         raise IntegrityError(f"{ref.key}: {what}: {len(data)} bytes, {named_by} records {ref.size}")
@@ -150,16 +150,16 @@ class RunReader:
         return {vid: manifest.version for manifest, vid in self.kept_chain()}
 
     def segment(self, manifest: Manifest, index: int) -> bytes:
-        """Segment ``index`` of ``manifest``, checked against its recorded size and sha256."""
+        """Segment ``index`` of ``manifest``, checked against its recorded size and pieces."""
         ref = manifest.segments[index]
         return check_ref(ref, self._get(ref.key, f"segment {index} of version {manifest.version}"), named_by=manifest.key)
 
     def keyframe(self, manifest: Manifest, into: dict[str, Any] | None = None, *, workers: int = 4) -> dict[str, Any]:
-        """The full state of a keyframe version, checked (pieces or sha256, tensor table of run.json).
+        """The full state of a keyframe version, checked (pieces, tensor table of run.json).
 
-        v2 parts are read straight into ``into`` (writable CPU tensors of run.json's table; default:
+        Parts are read straight into ``into`` (writable CPU tensors of run.json's table; default:
         fresh ones), ``workers`` parts at a time, each piece checked as it lands: no whole-object
-        bytes, no second copy. A v1 keyframe is read whole and loaded (it has no parts).
+        bytes, no second copy.
         """
         from deltarl.codec import check_compatible
         from deltarl.pipeline.keyframe import empty_state, read_part_into
@@ -168,8 +168,6 @@ class RunReader:
             raise RunError(f"{manifest.key}: version {manifest.version} has no keyframe")
         info = self.info()
         keyframe = manifest.keyframe
-        if manifest.format_version < 2:
-            return self._keyframe_v1(manifest, into)
         keyframe.check_covers(info.tensors, manifest.key)
         state = empty_state(info.tensors) if into is None else into
         check_compatible(state, table_of(info))
@@ -191,31 +189,6 @@ class RunReader:
                 for _ in pool.map(read, keyframe.parts):
                     pass
         return state
-
-    def _keyframe_v1(self, manifest: Manifest, into: dict[str, Any] | None) -> dict[str, Any]:
-        from safetensors import SafetensorError
-        from safetensors.torch import load
-
-        from deltarl.codec import check_compatible
-        from deltarl.pipeline.uploads import copy_into
-
-        assert manifest.keyframe is not None
-        ref = manifest.keyframe.parts[0]
-        data = check_ref(ref, self._get(ref.key, f"keyframe of version {manifest.version}"), named_by=manifest.key)
-        try:
-            state = load(data)
-        except (SafetensorError, ValueError, RuntimeError) as err:
-            raise FormatError(f"{ref.key}: not a readable safetensors file: {err}") from err
-        del data
-        try:
-            check_compatible(state, table_of(self.info()))
-        except TensorMismatch as err:
-            raise TensorMismatch(f"{ref.key}: keyframe disagrees with {self.layout.run_json}: {err}") from err
-        if into is None:
-            return state
-        for name, value in state.items():
-            copy_into(into[name], value, name)
-        return into
 
     def chain(self, to_version: int, *, from_version: int | None = None) -> list[tuple[Manifest, str]]:
         """Manifests from ``from_version`` (default: the nearest keyframe at or before ``to_version``)

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 from deltarl.codec.tensors import TensorSpec
 from deltarl.errors import FormatError, UnsupportedFormatVersion
-from deltarl.pipeline.canonical import Fields, canonical_json, check_run, is_sha256, load_record
+from deltarl.pipeline.canonical import Fields, canonical_json, check_run, is_hash_hex, load_record
 
-RUN_INFO_FORMAT_VERSION = 1
-HEAD_FORMAT_VERSION = 1
+RUN_INFO_FORMAT_VERSION = 3
+HEAD_FORMAT_VERSION = 3
 MAX_RUN_INFO_BYTES = 16 << 20
 MAX_HEAD_BYTES = 4096
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
@@ -109,7 +109,7 @@ class HeadRecord:
     def __post_init__(self) -> None:
         if self.format_version != HEAD_FORMAT_VERSION:
             raise UnsupportedFormatVersion(f"HEAD: format_version {self.format_version} is not supported")
-        if not is_sha256(self.version_id):
+        if not is_hash_hex(self.version_id):
             raise FormatError("HEAD: version_id must be 64 hex digits")
 
     def to_bytes(self) -> bytes:

@@ -10,7 +10,7 @@ every element of every tensor exactly once against one base, commits, and broadc
 only after that commit; if any rank fails, no manifest is written, every base stays, and every
 rank raises :class:`~deltarl.errors.ShardedPublishError` (objects already uploaded are deleted
 where possible and otherwise left for ``gc``). Keyframes are parts written by every rank; the
-``blocks64k-v2`` digest is computed rank by rank (:mod:`deltarl.pipeline.shard_digest`).
+``blake3-stream64k`` digest is computed rank by rank (:mod:`deltarl.pipeline.shard_digest`).
 
 Memory per rank: its previous rows, its new rows, and a few encoded segments in flight. A job that
 resumes a run gets its base rows from rank 0 (:mod:`deltarl.pipeline.shard_resume`).

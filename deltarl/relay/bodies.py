@@ -1,39 +1,41 @@
 """Readable bodies the relay serves: a cached file, or a pull still arriving (cut-through).
 
-A whole-object read of either kind hashes what it sends and holds back the final bytes until the
-hash matches, so a client never receives a complete object whose sha256 is wrong: on a mismatch
-the read raises :class:`~deltarl.errors.IntegrityError` and the handler drops the connection,
-which the client sees as a truncated response.
+A whole-object read of a cached file (with ``check_on_serve``) checks what it sends against the
+manifest's pieces and holds back the final bytes until every piece matched, so a client never
+receives a complete object whose bytes are wrong: on a mismatch the read raises
+:class:`~deltarl.errors.IntegrityError` and the handler drops the connection, which the client sees
+as a truncated response. A pull in flight is checked piece by piece as it lands (:mod:`.pull`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 from collections.abc import AsyncIterator, Callable
 
 from deltarl.errors import CacheFull, IntegrityError, TransientStoreError
+from deltarl.pipeline.pieces import PieceVerifier
 from deltarl.relay.cache import CacheEntry
 from deltarl.relay.pull import Pull
 from deltarl.storage import pagecache
 
 CHUNK = 1 << 20
-#: Bytes at the end of a whole-object response held back until its sha256 is confirmed.
+#: Bytes at the end of a whole-object response held back until its last piece is confirmed.
 HOLDBACK = 64 << 10
 
 
-def _read_hash(fd: int, offset: int, n: int, hasher: hashlib._Hash | None, drop: bool = False) -> bytes:
+def _read_check(fd: int, offset: int, n: int, verifier: PieceVerifier | None, drop: bool = False) -> bytes:
     data = os.pread(fd, n, offset)
     if drop and data:
         pagecache.drop(fd, offset, len(data))
-    if hasher is not None:
-        hasher.update(data)
+    if verifier is not None:
+        verifier.update(data)  # IntegrityError at the first piece that differs
     return data
 
 
 class CachedBody:
-    """An object in the cache; the data file is opened at construction (eviction-safe)."""
+    """An object in the cache; the data file is opened at construction (eviction-safe). With
+    ``check``, whole-object reads are checked against the entry's pieces (``check_on_serve``)."""
 
     def __init__(self, entry: CacheEntry, on_corrupt: Callable[[CacheEntry], None], *, check: bool = True) -> None:
         self.entry = entry
@@ -49,22 +51,24 @@ class CachedBody:
             self._fd = -1
 
     async def read(self, start: int, end: int) -> AsyncIterator[bytes]:
-        whole = self.check and start == 0 and end == self.size
-        hasher = hashlib.sha256() if whole else None
+        ref = self.entry.ref
+        whole = self.check and ref is not None and start == 0 and end == self.size
+        verifier = ref.verifier("the relay cache" if not self.entry.verified else "its manifest") if whole and ref is not None else None
         drop = self.size >= Pull.FLUSH_BYTES  # big objects stream through, as they were written (Pull.flush)
         pos = start
         while pos < end:
             n = min(CHUNK, end - pos)
             if whole and pos + n > end - HOLDBACK:
                 n = max(0, end - HOLDBACK - pos) or (end - pos)
-            data = await asyncio.to_thread(_read_hash, self._fd, pos, n, hasher, drop)
+            try:
+                data = await asyncio.to_thread(_read_check, self._fd, pos, n, verifier, drop)
+            except IntegrityError as err:
+                self._on_corrupt(self.entry)
+                raise IntegrityError(f"cached {self.entry.key} does not match its pieces: {err}") from err
             if len(data) != n:
                 self._on_corrupt(self.entry)
                 raise IntegrityError(f"cached {self.entry.key} is shorter than {self.size} bytes")
             pos += n
-            if hasher is not None and pos == end and hasher.hexdigest() != self.entry.sha256:
-                self._on_corrupt(self.entry)
-                raise IntegrityError(f"cached {self.entry.key} does not match its sha256")
             yield data
 
 

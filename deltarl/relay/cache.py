@@ -1,7 +1,8 @@
 """The relay's bounded on-disk cache: whole immutable objects, least-recently-used eviction.
 
-Each object is two files named by the sha256 of its key: ``<h>.data`` (the bytes) and
-``<h>.json`` (key, size, ETag, sha256 of the bytes, whether the sha256 matched the manifest).
+Each object is two files named by a hash of its key: ``<h>.data`` (the bytes) and ``<h>.json``
+(key, size, ETag, the object's piece hashes: the manifest's once its bytes matched them, else the
+relay's own, taken as the bytes landed; whether they are the manifest's).
 Both are written to a temporary name and renamed, data first, so a crash leaves either a whole
 entry or an orphan that the next start removes. On start the directory is scanned and the
 entries are ordered by modification time (touched on every hit), so LRU order survives restarts.
@@ -23,6 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from deltarl.errors import FormatError, IntegrityError
+from deltarl.pipeline.manifest import ObjectRef
+
 log = logging.getLogger(__name__)
 
 
@@ -33,7 +37,7 @@ class CacheEntry:
     key: str
     size: int
     etag: str
-    sha256: str
+    ref: ObjectRef | None  # the pieces the bytes are checked by (the manifest's where ``verified``)
     verified: bool
     path: str
 
@@ -65,10 +69,11 @@ class DiskCache:
                 meta = json.loads(path.read_text())
                 entry = CacheEntry(
                     key=str(meta["key"]), size=int(meta["size"]), etag=str(meta["etag"]),
-                    sha256=str(meta["sha256"]), verified=bool(meta["verified"]), path=str(data_path),
+                    ref=None if meta["ref"] is None else ObjectRef.from_obj(meta["ref"], str(path)),
+                    verified=bool(meta["verified"]), path=str(data_path),
                 )
                 st = data_path.stat()
-            except (OSError, ValueError, KeyError, TypeError) as err:
+            except (OSError, ValueError, KeyError, TypeError, FormatError) as err:
                 log.warning("dropping unreadable cache entry %s: %s", path, err)
                 path.unlink(missing_ok=True)
                 data_path.unlink(missing_ok=True)
@@ -119,7 +124,7 @@ class DiskCache:
     def fits(self, size: int) -> bool:
         return size <= self.max_bytes
 
-    def commit(self, key: str, tmp_path: str, *, size: int, etag: str, sha256: str, verified: bool) -> CacheEntry | None:
+    def commit(self, key: str, tmp_path: str, *, size: int, etag: str, ref: ObjectRef | None, verified: bool) -> CacheEntry | None:
         """Move a fully written temporary file into the cache; ``None`` if it cannot fit."""
         if not self.fits(size):
             os.unlink(tmp_path)
@@ -129,16 +134,16 @@ class DiskCache:
         name = _name(key)
         data_path = self.directory / f"{name}.data"
         os.replace(tmp_path, data_path)
-        entry = CacheEntry(key=key, size=size, etag=etag, sha256=sha256, verified=verified, path=str(data_path))
+        entry = CacheEntry(key=key, size=size, etag=etag, ref=ref, verified=verified, path=str(data_path))
         self._write_meta(entry)
         self._entries[key] = entry
         self.bytes += size
         return entry
 
-    def mark_verified(self, key: str) -> None:
+    def mark_verified(self, key: str, ref: ObjectRef) -> None:
         entry = self._entries.get(key)
         if entry is not None and not entry.verified:
-            entry = replace(entry, verified=True)
+            entry = replace(entry, verified=True, ref=ref)
             self._entries[key] = entry
             self._write_meta(entry)
 
@@ -154,7 +159,8 @@ class DiskCache:
         return True
 
     def _write_meta(self, entry: CacheEntry) -> None:
-        meta = {"key": entry.key, "size": entry.size, "etag": entry.etag, "sha256": entry.sha256, "verified": entry.verified}
+        meta = {"key": entry.key, "size": entry.size, "etag": entry.etag, "verified": entry.verified,
+                "ref": None if entry.ref is None else entry.ref.to_obj()}  # fmt: skip
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
         with os.fdopen(fd, "w") as f:
             json.dump(meta, f)
@@ -170,15 +176,18 @@ class DiskCache:
 
 
 def _name(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+    return hashlib.sha256(key.encode()).hexdigest()  # a file name, not a content hash
 
 
-def file_sha256(path: str, chunk: int = 4 << 20) -> str:
-    """sha256 of a whole file (blocking: call it in a thread)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
+def file_matches(path: str, ref: ObjectRef, chunk: int = 4 << 20) -> bool:
+    """Whether a cached file holds exactly ``ref``'s bytes, checked by its pieces in one pass
+    (blocking: call it in a thread)."""
+    verifier = ref.verifier("its manifest")
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(chunk):
+                verifier.update(block)
+        verifier.finish()
+    except IntegrityError:
+        return False
+    return True

@@ -39,10 +39,10 @@ class RelayConfig(BaseModel):
     poll_interval_s: float = Field(default=0.05, ge=0.001, le=10, description="how often a long-poll asks a store upstream again")
     max_wait_s: float = Field(default=120.0, ge=0, le=3600, description="longest ?wait= honoured, in seconds")
     cut_through: bool = Field(default=True, description="serve bytes while they arrive (False: store-and-forward baseline)")
-    verify: bool = Field(default=True, description="check segments and keyframes against their manifest's sha256 before caching")
+    verify: bool = Field(default=True, description="check segments and keyframes against their manifest's piece hashes before caching")
     check_on_serve: bool = Field(
         default=True,
-        description="re-hash a cached object on every whole-object response (~1 s CPU per 1.5-2 GB; ranges never)",
+        description="check a cached object against its manifest's pieces on every whole-object response (a second pass over those bytes, ~0.2 s CPU per GB; ranges never)",
     )
 
     @field_validator("cache_bytes", "piece_bytes", mode="before")

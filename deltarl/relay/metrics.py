@@ -22,7 +22,7 @@ class RelayMetrics:
         self.head_coalesced = Counter("deltarl_relay_head_coalesced", "Mutable reads answered without an upstream request", registry=r)
         self.waiters = Gauge("deltarl_relay_waiters", "Requests held in a long-poll now", registry=r)
         self.evictions = Counter("deltarl_relay_evictions", "Objects evicted from the cache", registry=r)
-        self.integrity_failures = Counter("deltarl_relay_integrity_failures", "Objects whose sha256 did not match", registry=r)
+        self.integrity_failures = Counter("deltarl_relay_integrity_failures", "Objects whose bytes did not match their manifest", registry=r)
         self.passthrough = Counter("deltarl_relay_passthrough", "Objects served uncached: no room on the cache's disk", registry=r)
         self.cache_bytes = Gauge("deltarl_relay_cache_bytes", "Bytes held in the cache", registry=r)
 

@@ -17,7 +17,7 @@ each:
 * errors (404: "not uploaded yet") are never cached and never marked immutable.
 
 What nginx does not do (use ``deltarl relay`` for these): hold a request until an object lands
-(readers back off instead), cut an object through before it is whole, check sha256 against
+(readers back off instead), cut an object through before it is whole, check piece hashes against
 manifests, accept pushes.
 
 The upstream is either a ``deltarl relay`` (or any server of its HTTP API) or, with

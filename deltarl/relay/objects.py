@@ -4,18 +4,24 @@ long-poll waits and integrity checks against manifests (mutable objects: :mod:`.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 import shutil
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from deltarl.errors import CacheFull, IntegrityError, ObjectNotFound, StoreError, TransientStoreError
+from deltarl.errors import (
+    CacheFull,
+    FormatError,
+    ObjectNotFound,
+    StoreError,
+    TransientStoreError,
+)
+from deltarl.pipeline.layout import manifest_key_for
+from deltarl.pipeline.manifest import Manifest, ObjectRef
 from deltarl.relay.bodies import CachedBody, PullBody
-from deltarl.relay.cache import CacheEntry, DiskCache, file_sha256
+from deltarl.relay.cache import CacheEntry, DiskCache, file_matches
 from deltarl.relay.config import RelayConfig
 from deltarl.relay.metrics import RelayMetrics
 from deltarl.relay.mutable import MutableObjects
@@ -28,44 +34,18 @@ from deltarl.storage.store import ObjectInfo
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_SEGMENT = re.compile(r"^(?P<run>[^/]+)/versions/(?P<v>\d+)/(?:seg-\d+|e\d{6}-seg-r\d{3}-\d{5})\.bin$")
-_KEYFRAME = re.compile(r"^(?P<run>[^/]+)/keyframes/(?P<v>\d+)(?:/e\d{6}-part-r\d{3}-\d{3})?\.safetensors$")
 _PIECE_ATTEMPTS = 4
 
-
-def manifest_key_for(key: str) -> str | None:
-    """The manifest that records ``key``'s sha256 (segments and keyframes), else ``None``."""
-    m = _SEGMENT.match(key) or _KEYFRAME.match(key)
-    return f"{m['run']}/versions/{m['v']}/manifest.json" if m else None
+#: What a manifest records of an object: its ref (size, piece hashes, root).
+Ref = ObjectRef
 
 
-#: What a manifest records of an object: sha256, piece hashes (v2, else None) and piece size.
-Ref = tuple[str, "tuple[str, ...] | None", "int | None"]
-
-
-def manifest_refs(data: bytes) -> dict[str, Ref]:
-    """``{key: (sha256, pieces, piece_size)}`` of every object a manifest names (lenient: only the
-    ref fields are read; ``pieces`` is None for a v1 ref or malformed piece fields)."""
-    obj = json.loads(data)
-    refs = list(obj.get("segments") or [])
-    keyframe = obj.get("keyframe")
-    if isinstance(keyframe, dict):
-        refs.extend(keyframe["parts"] if isinstance(keyframe.get("parts"), list) else [keyframe])  # v2 parts, v1 one ref
-    out: dict[str, Ref] = {}
-    for r in refs:
-        if not (isinstance(r, dict) and "key" in r and "sha256" in r):
-            continue
-        pieces, ps = r.get("pieces"), r.get("piece_size")
-        if isinstance(pieces, list) and isinstance(ps, int) and ps > 0 and all(isinstance(p, str) for p in pieces):
-            out[str(r["key"])] = (str(r["sha256"]), tuple(pieces), ps)
-        else:
-            out[str(r["key"])] = (str(r["sha256"]), None, None)
-    return out
-
-
-def refs_in_manifest(data: bytes) -> dict[str, str]:
-    """``{key: sha256}`` of every object a manifest names (lenient: only the ref fields are read)."""
-    return {key: ref[0] for key, ref in manifest_refs(data).items()}
+def manifest_refs(data: bytes, where: str = "manifest") -> dict[str, ObjectRef]:
+    """``{key: ref}`` of every object a manifest names, parsed strictly by the pipeline's manifest
+    parser (FormatError / UnsupportedFormatVersion for anything else)."""
+    manifest = Manifest.from_bytes(data, where=where)
+    parts = manifest.keyframe.parts if manifest.keyframe is not None else ()
+    return {ref.key: ref for ref in (*manifest.segments, *parts)}
 
 
 class _Wait:
@@ -132,7 +112,7 @@ class ObjectService:
 
         Segments and keyframe parts are served *verified*: only once a committed manifest names
         them, and then no byte goes out before it was checked against the manifest (piece by
-        piece for v2 refs, so cut-through lags by at most one piece; whole for v1 refs). An object
+        piece, so cut-through lags by at most one piece). An object
         no manifest names yet is waited for until ``wait`` (then ``ObjectNotFound``), unless the
         client asks for it ``unverified`` (speculative fetches, which check the bytes themselves).
         """
@@ -175,7 +155,7 @@ class ObjectService:
                 if pull.done:
                     continue  # committed between our wake-up and now: read the cache entry
                 if ref is not None:
-                    pull.expect(*ref)
+                    pull.expect(ref)
                 return PullBody(pull, cut_through=self.config.cut_through, rest=self._rest_of(key, pull, ref),
                                 verified_only=ref is not None)
             if not isinstance(pull.error, ObjectNotFound):
@@ -229,17 +209,14 @@ class ObjectService:
         if ref is None and self.config.verify:
             ref = await self._expected_ref(key)
         self.metrics.passthrough.inc()
-        return PassThroughBody(self.upstream, key, info.size, info.etag, ref[0] if ref else None,
-                               pieces=ref[1] if ref else None, piece_size=ref[2] if ref else None,
-                               verified_only=ref is not None)
+        return PassThroughBody(self.upstream, key, info.size, info.etag, ref, verified_only=ref is not None)
 
     def _rest_of(self, key: str, pull: Pull, ref: Ref | None) -> Any:
         async def rest(pos: int, end: int, sent: bytes) -> Any:
             assert pull.size is not None
             r = ref or (await self._expected_ref(key) if self.config.verify else None)
             self.metrics.passthrough.inc()
-            body = PassThroughBody(self.upstream, key, pull.size, pull.etag, r[0] if r else None,
-                                   pieces=r[1] if r else None, piece_size=r[2] if r else None, verified_only=ref is not None)
+            body = PassThroughBody(self.upstream, key, pull.size, pull.etag, r, verified_only=ref is not None)
             async for data in body.read(pos, end, sent):
                 yield data
 
@@ -280,12 +257,12 @@ class ObjectService:
             pull.fail(err)
             return
         self.metrics.upstream_pulls.inc()
-        # Look the expected sha256 up while the bytes travel, so the check at the end costs no round trip.
+        # Look the manifest's ref up while the bytes travel: pieces are checked as they land from then on.
         expected_task = asyncio.ensure_future(self._expected_ref(key)) if self.config.verify else None
 
         def learned(task: asyncio.Future[Ref | None]) -> None:  # check pieces as they land from now on
             if not task.cancelled() and task.exception() is None and (ref := task.result()) is not None:
-                pull.expect(*ref)
+                pull.expect(ref)
 
         if expected_task is not None:
             expected_task.add_done_callback(learned)
@@ -311,14 +288,10 @@ class ObjectService:
                     t.cancel()
                 await asyncio.gather(*inflight, return_exceptions=True)
                 raise
-            sha = pull.digest()
-            ref = await expected_task if expected_task is not None else None
-            expected = ref[0] if ref is not None else None
-            if pull.bad is not None:
-                raise pull.bad
-            if expected is not None and expected != sha:
-                self.metrics.integrity_failures.inc()
-                raise IntegrityError(f"{key} from {self.upstream.url} has sha256 {sha}, its manifest says {expected}")
+            known_ref = await expected_task if expected_task is not None else None
+            if known_ref is not None:
+                pull.expect(known_ref)
+            verified = pull.finish_check()  # raises the IntegrityError of a piece that differed
         except BaseException as err:
             if expected_task is not None and not expected_task.done():
                 expected_task.cancel()
@@ -338,9 +311,8 @@ class ObjectService:
             return
         assert pull.tmp_path is not None
         self._pulls.pop(key, None)
-        self.cache.commit(key, pull.tmp_path, size=size, etag=pull.etag, sha256=sha, verified=expected is not None)
+        self.cache.commit(key, pull.tmp_path, size=size, etag=pull.etag, ref=known_ref if verified else pull.own, verified=verified)
         self.metrics.cache_bytes.set(self.cache.bytes)
-        pull.sha256 = sha
         pull.done = True
         pull.notify()
 
@@ -376,20 +348,20 @@ class ObjectService:
         self.metrics.cache_bytes.set(self.cache.bytes)
 
     async def _check_cached(self, entry: CacheEntry) -> CacheEntry | None:
-        """Verify an entry cached before its manifest was known (or before a restart)."""
-        expected = await self._expected_sha256(entry.key)
-        if expected is None:
-            return entry  # nothing to check against yet; readers check the sha256 themselves
-        actual = await asyncio.to_thread(file_sha256, entry.path)
-        if actual != expected:
+        """Verify an entry cached before its manifest was known (or before a restart), by its pieces."""
+        ref = await self._expected_ref(entry.key)
+        if ref is None:
+            return entry  # nothing to check against yet; readers check the pieces themselves
+        own = entry.ref
+        if own is not None and own.size == ref.size and own.piece_size == ref.piece_size:
+            ok = own.pieces == ref.pieces  # the hashes taken as it landed: no second pass over the file
+        else:
+            ok = await asyncio.to_thread(file_matches, entry.path, ref)
+        if not ok:
             self._evict_corrupt(entry)
             return None
-        self.cache.mark_verified(entry.key)
+        self.cache.mark_verified(entry.key, ref)
         return self.cache.get(entry.key)
-
-    async def _expected_sha256(self, key: str) -> str | None:
-        ref = await self._expected_ref(key)
-        return None if ref is None else ref[0]
 
     async def _expected_ref(self, key: str) -> Ref | None:
         """What the manifest of ``key``'s version records for it, or None (no manifest yet, not named)."""
@@ -408,11 +380,11 @@ class ObjectService:
                 else:
                     self.metrics.upstream_requests.labels("get").inc()
                     data, _ = await self.upstream.get_with_etag(mkey)
-                refs = manifest_refs(data)
+                refs = manifest_refs(data, mkey)
             except ObjectNotFound:
                 self._manifest_misses[mkey] = time.monotonic()
                 return None
-            except (ValueError, TypeError, AttributeError) as err:
+            except FormatError as err:
                 log.warning("cannot read refs from %s: %s", mkey, err)
                 return None
             self._manifest_misses.pop(mkey, None)

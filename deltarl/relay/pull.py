@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 
+from deltarl.codec.hashing import BLOCK, HASH_BYTES, leaves, object_root, piece_hash
 from deltarl.errors import IntegrityError
+from deltarl.pipeline.manifest import ObjectRef
 from deltarl.storage.pagecache import FLUSH_WINDOW_BYTES, flush_and_drop
 
 
@@ -18,22 +19,23 @@ class Pull:
     temporary file as its bytes arrive (:meth:`write`). :meth:`available` says how far the landed
     bytes run from any offset, so a reader of a range is served as soon as *that* range's bytes
     are here, not when everything before it is. ``prefix`` bytes are landed contiguously from
-    offset 0 (and hashed). ``done`` means all ``size`` bytes arrived and passed the integrity
+    offset 0. ``done`` means all ``size`` bytes arrived and passed the integrity
     check; ``error`` means the pull failed and nothing more will arrive. Only the event-loop
     thread mutates a pull.
 
     Memory: the bytes of each piece stay in memory as they land, so readers following the pull
-    are served from there (no read back from the file) and each piece is hashed from there; a
+    are served from there (no read back from the file) and each piece's 64 KiB blocks are hashed
+    from there, once (the manifest's pieces are composed from those block hashes); a
     piece is let go once every open reader is past it, or when a pull holds more than
     ``memory_bytes`` (a slow reader then reads it back from the file). The file is flushed and
     dropped from the page cache window by window behind the landed prefix (:meth:`flush_due`),
     so a multi-GB pull neither piles up dirty pages nor leaves them cached.
 
-    Verification: once the object's manifest ref is known (:meth:`expect`), each of its v2 pieces is
-    hashed as soon as all its bytes have landed; :meth:`verified` says how far the checked bytes run
+    Verification: once the object's manifest ref is known (:meth:`expect`), each of its pieces is
+    checked as soon as all its bytes have landed, from the block hashes already computed (no byte
+    is hashed twice, whenever the ref arrives); :meth:`verified` says how far the checked bytes run
     from an offset, and a reader that must not send unchecked bytes serves only those. A piece that
-    differs fails the pull (``IntegrityError``) before any of its bytes reach such a reader. A v1
-    ref (no pieces) is checked whole, when the pull is done.
+    differs fails the pull (``IntegrityError``) before any of its bytes reach such a reader.
     """
 
     #: Bytes of landed pieces a pull keeps in memory for its readers at most.
@@ -48,24 +50,22 @@ class Pull:
         self.tmp_path: str | None = None
         self.prefix = 0
         self.done = False
-        self.sha256: str | None = None
         self.error: BaseException | None = None
         self.joined = 0
         self.piece_bytes = 1
         self._filled: list[int] = []  # bytes landed from the start of each piece (pieces stream in order)
         self._fd = -1
-        #: sha256 of the landed prefix; dropped once the manifest's pieces are expected (they cover every
-        #: byte, and the manifest's sha256 is then the object's), so a v2 object is hashed once, not twice.
-        self._hasher: hashlib._Hash | None = hashlib.sha256()
         self._event = asyncio.Event()
-        self.expected: tuple[str, tuple[str, ...] | None, int] | None = None  # (sha256, pieces, piece_size)
+        self.expected: ObjectRef | None = None  # the manifest's ref, once known
+        #: With no manifest ref: the object's pieces at the pull's grain, from the hashes taken as it landed.
+        self.own: ObjectRef | None = None
         self._checked: list[bool] = []  # per manifest piece
         self._next_check = 0  # no piece below this one is left unchecked
         self.bad: IntegrityError | None = None  # a piece that differs from the manifest
         self.memory_bytes = memory_bytes
         self._mem: dict[int, list[bytes]] = {}  # piece -> its landed chunks, in order
         self._held = 0  # bytes in _mem
-        self._digests: dict[int, str] = {}  # piece -> sha256 hex, hashed where it landed (off the loop)
+        self._leaves: dict[int, bytes] = {}  # pull piece -> its 64 KiB blocks' hashes, hashed where it landed
         self.readers: dict[int, int] = {}  # id of an open reader -> the offset it reads next
         self._flushed = 0  # the file's bytes [0, _flushed) are flushed and out of the page cache
 
@@ -102,45 +102,37 @@ class Pull:
         """Land ``data`` at ``offset``: the next bytes of the piece that holds ``offset``."""
         self.landed(offset, data, self.store(offset, data))
 
-    def store(self, offset: int, data: bytes) -> str | None:
+    def store(self, offset: int, data: bytes) -> bytes | None:
         """Write ``data`` into the temporary file (thread-safe: pieces never overlap); if it completes
-        its piece, return the piece's sha256 (hashed here from memory). A relay calls it on a worker
-        thread, so neither a disk that throttles writes nor the hashing stalls its event loop, then
-        :meth:`landed` on the loop."""
+        its piece, return the hashes of the piece's 64 KiB blocks (hashed here, from memory, once).
+        A relay calls it on a worker thread, so neither a disk that throttles writes nor the hashing
+        stalls its event loop, then :meth:`landed` on the loop."""
         i = offset // self.piece_bytes
         assert offset == i * self.piece_bytes + self._filled[i], "a piece's bytes arrive in order"
         os.pwrite(self._fd, data, offset)
         start, stop = self.piece_range(i)
-        if offset + len(data) != stop:
+        if offset + len(data) != stop or self.piece_bytes % BLOCK:
             return None
         chunks = self._mem.get(i, [])
         if sum(len(c) for c in chunks) != offset - start:
-            return None  # part of the piece was let go: it is hashed from the file on the loop
-        h = hashlib.sha256()
-        for c in chunks:
-            h.update(c)
-        h.update(data)
-        return h.hexdigest()
+            return None  # part of the piece was let go: its pieces are hashed from the file on the loop
+        return leaves(b"".join([*chunks, data]) if chunks else data)
 
-    def landed(self, offset: int, data: bytes, digest: str | None = None) -> None:
+    def landed(self, offset: int, data: bytes, block_hashes: bytes | None = None) -> None:
         """``data`` is in the file at ``offset``: readers may have it, and what it completes is checked
-        (``digest``: the sha256 of the piece it completes, from :meth:`store`)."""
+        (``block_hashes``: those of the piece it completes, from :meth:`store`)."""
         i = offset // self.piece_bytes
         assert offset == i * self.piece_bytes + self._filled[i], "a piece's bytes arrive in order"
         self._filled[i] += len(data)
         if data and (i in self._mem or offset == i * self.piece_bytes):
             self._mem.setdefault(i, []).append(data)
             self._held += len(data)
-        if digest is not None:
-            self._digests[i] = digest
+        if block_hashes is not None:
+            self._leaves[i] = block_hashes
         if offset == self.prefix:
-            if self._hasher is not None:
-                self._hasher.update(data)
             self.prefix += len(data)
         end = self.available(self.prefix)
         if end > self.prefix:  # pieces that landed ahead of the prefix are now contiguous with it
-            if self._hasher is not None:
-                self._hasher.update(os.pread(self._fd, end - self.prefix, self.prefix))
             self.prefix = end
         self._check_pieces((offset, offset + len(data)))
         self.release()
@@ -187,16 +179,14 @@ class Pull:
 
     # --- verification against the manifest ----------------------------------------------------
 
-    def expect(self, sha256: str, pieces: tuple[str, ...] | None, piece_size: int | None) -> None:
+    def expect(self, ref: ObjectRef) -> None:
         """The manifest's ref for this object is known: check what has landed, and all that lands."""
         if self.expected is not None:
             return
-        self.expected = (sha256, pieces, piece_size or 0)
-        if pieces is not None:
-            self._checked = [False] * len(pieces)
-            self._hasher = None  # every byte is checked piece by piece from now on
-            if self.size is not None and self._fd >= 0:
-                self._check_pieces()
+        self.expected = ref
+        self._checked = [False] * len(ref.pieces)
+        if self.size is not None and self._fd >= 0:
+            self._check_pieces()
         self.notify()
 
     def _check_pieces(self, touched: tuple[int, int] | None = None) -> None:
@@ -205,9 +195,7 @@ class Pull:
         O(1) and not a walk over the whole object."""
         if self.expected is None or self.size is None or self._fd < 0:
             return
-        _, pieces, ps = self.expected
-        if pieces is None:
-            return
+        pieces, ps = self.expected.pieces, self.expected.piece_size
         lo, hi = self._next_check, len(pieces)
         if touched is not None:
             lo, hi = max(lo, touched[0] // ps), min(hi, -(-touched[1] // ps))
@@ -217,19 +205,52 @@ class Pull:
             start, stop = j * ps, min((j + 1) * ps, self.size)
             if self.available(start) < stop:
                 continue
-            got = (self._digests.get(j) if ps == self.piece_bytes else None) or self._hash_from_file(start, stop)
+            got = self._piece_from_blocks(start, stop) or self._hash_from_file(start, stop)
             if got != pieces[j]:
-                self.bad = IntegrityError(f"{self.key}: piece {j} (bytes {start}..{stop}) from upstream has sha256 "
+                self.bad = IntegrityError(f"{self.key}: piece {j} (bytes {start}..{stop}) from upstream has hash "
                                      f"{got[:16]}…, its manifest records {pieces[j][:16]}…")
                 return
             self._checked[j] = True
         while self._next_check < len(self._checked) and self._checked[self._next_check]:
             self._next_check += 1
 
+    def _piece_from_blocks(self, start: int, stop: int) -> str | None:
+        """The hash of bytes [start, stop) (a manifest piece) from the block hashes of the pull pieces
+        that hold them, or ``None`` where one of those was not hashed (let go, or another grain)."""
+        if self.piece_bytes % BLOCK:
+            return None
+        per = self.piece_bytes // BLOCK
+        out = bytearray()
+        b = start // BLOCK
+        while b * BLOCK < stop:
+            held = self._leaves.get(b // per)
+            if held is None:
+                return None
+            k = b % per
+            take = min(per - k, -(-(stop - b * BLOCK) // BLOCK))
+            out += held[k * HASH_BYTES : (k + take) * HASH_BYTES]
+            b += take
+        return piece_hash(bytes(out)).hex()
+
+    def _own_ref(self) -> ObjectRef | None:
+        """The object's ref at the pull's grain, from the block hashes taken as it landed (a piece let
+        go before it was hashed is read back): what the cache checks it by until a manifest names it."""
+        from deltarl.pipeline.pieces import MAX_PIECE_SIZE, MIN_PIECE_SIZE
+
+        pb = self.piece_bytes
+        if self.size is None or not MIN_PIECE_SIZE <= pb <= MAX_PIECE_SIZE or pb & (pb - 1):
+            return None
+        pieces = []
+        for i in range(self.pieces):
+            start, stop = self.piece_range(i)
+            pieces.append(self._piece_from_blocks(start, stop) or self._hash_from_file(start, stop))
+        root = object_root(self.size, pb, pieces)
+        return ObjectRef(key=self.key, root=root, size=self.size, piece_size=pb, pieces=tuple(pieces))
+
     def _hash_from_file(self, start: int, stop: int) -> str:
-        """sha256 of landed bytes read back (a manifest piece size other than the pull's, or a
-        piece let go before its manifest ref was known)."""
-        return hashlib.sha256(os.pread(self._fd, stop - start, start)).hexdigest()
+        """A manifest piece's hash from its bytes read back (a pull grain that is not whole blocks,
+        or a pull piece let go before it was hashed)."""
+        return piece_hash(leaves(os.pread(self._fd, stop - start, start))).hex()
 
     def verified(self, pos: int) -> int:
         """End of the manifest-checked bytes that run on from ``pos`` (``pos`` itself if none)."""
@@ -237,33 +258,30 @@ class Pull:
             return pos
         if self.done:
             return self.size
-        _, pieces, ps = self.expected
-        if pieces is None:
-            return pos  # a v1 ref is checked whole, when the pull is done
+        ps = self.expected.piece_size
         j = pos // ps
         while j < len(self._checked) and self._checked[j]:
             j += 1
         return max(pos, min(j * ps, self.size))
 
-    def digest(self) -> str:
-        """sha256 of the whole object (call once ``prefix == size``); closes the file.
-
-        With the manifest's pieces expected this is the manifest's sha256, once every piece matched
-        (the writer hashed the same bytes whole and piece by piece)."""
+    def finish_check(self) -> bool:
+        """Once every byte landed (``prefix == size``): whether the object was checked against its
+        manifest (every piece matched; ``False`` if no manifest ref is known); closes the file.
+        Raises the IntegrityError of a piece that differs, or of one never checked."""
         assert self.prefix == self.size
-        if self._hasher is None:
-            assert self.expected is not None
-            self._check_pieces()
-            unchecked = [j for j, ok in enumerate(self._checked) if not ok]
+        if self.expected is None:
+            self.own = self._own_ref()
             self._close_file()
-            if self.bad is not None:
-                raise self.bad
-            if unchecked:
-                raise IntegrityError(f"{self.key}: piece {unchecked[0]} of {len(self._checked)} was never checked "
-                                     f"(the object is {self.size} bytes)")
-            return self.expected[0]
+            return False
+        self._check_pieces()
+        unchecked = [j for j, ok in enumerate(self._checked) if not ok]
         self._close_file()
-        return self._hasher.hexdigest()
+        if self.bad is not None:
+            raise self.bad
+        if unchecked:
+            raise IntegrityError(f"{self.key}: piece {unchecked[0]} of {len(self._checked)} was never checked "
+                                 f"(the object is {self.size} bytes)")
+        return True
 
     def fail(self, error: BaseException) -> None:
         self.error = error

@@ -58,8 +58,13 @@ class FsspecStore(ObjectStore):
             from fsspec.core import url_to_fs
         except ImportError as err:  # pragma: no cover - fsspec ships with the base install
             raise StoreError("fsspec is not installed: pip install 'deltarl[fsspec]'") from err
-        if url.split("://", 1)[0].lower() in ("file", "local") or "://" not in url:
+        scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        if scheme in ("file", "local", ""):
             storage_options.setdefault("auto_mkdir", True)  # keys have '/' parts: create their directories
+        if scheme in ("s3", "s3a"):  # every object deltarl writes carries its own piece hashes: no CRC pass over the bytes
+            config = storage_options.setdefault("config_kwargs", {})
+            config.setdefault("request_checksum_calculation", "when_required")
+            config.setdefault("response_checksum_validation", "when_required")
         try:
             fs, path = url_to_fs(url, **storage_options)
         except (ImportError, ValueError, OSError) as err:  # missing package, bad URL, unreachable server

@@ -24,8 +24,10 @@ Semantics (see :mod:`deltarl.storage.store` for the contract):
   ``CompleteMultipartUpload``, so the object still appears whole or not at all.
 * ETags are returned without quotes.
 * Retries: boto3's own are off (``total_max_attempts=1``); :class:`~deltarl.storage.retry.RetryPolicy`
-  is the only policy. Payload checksums are sent only when an operation requires them, so
-  S3-compatible servers without the newer checksum trailers work.
+  is the only policy. Payload checksums are sent only when an operation requires them
+  (``request_checksum_calculation="when_required"``; boto3 >= 1.36 otherwise computes a CRC over
+  every byte uploaded and validates one over every byte read, a second pass that deltarl's own
+  piece hashes make redundant), so S3-compatible servers without the newer checksum trailers work.
 """
 
 from __future__ import annotations

@@ -123,13 +123,14 @@ async def test_truncated_response_is_retried(start_relay: StartRelay) -> None:
 async def test_every_source_failing_raises_transfer_error(start_relay: StartRelay) -> None:
     origin = MemoryStore()
     (ref, _), = _put_segments(origin, [10_000])
-    bad = ObjectRef(key=ref.key, sha256="0" * 64, size=ref.size)
+    wrong = ObjectRef.of(ref.key, bytes(ref.size), piece_size=ref.piece_size)  # pieces no source's bytes match
+    bad = ObjectRef(key=ref.key, root=wrong.root, size=ref.size, piece_size=wrong.piece_size, pieces=wrong.pieces)
     relay = await start_relay(origin)
     async with Fetcher([relay.url, origin]) as fetcher:
         with pytest.raises(TransferError):
             await fetcher.fetch(bad)
         with pytest.raises(FileNotFoundError):
-            await fetcher.fetch(ObjectRef(key=f"{RUN}/versions/000000000009/seg-00000.bin", sha256="0" * 64, size=1))
+            await fetcher.fetch(ObjectRef.of(f"{RUN}/versions/000000000009/e000001-seg-r000-00000.bin", b"x"))
 
 
 def _views_of(buf: bytearray, cuts: list[int]) -> list[tuple[int, memoryview]]:

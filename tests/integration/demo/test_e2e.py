@@ -108,7 +108,7 @@ def _corrupt_cached_segment(cache_dir: Path, version: int) -> str:
     prefix = f"{RUN}/versions/{version:012d}/"
     for meta in cache_dir.glob("*.json"):
         key = json.loads(meta.read_text())["key"]
-        if key.startswith(prefix) and "seg-" in key[len(prefix):]:  # v2 keys: e<epoch>-seg-r<rank>-<i>.bin
+        if key.startswith(prefix) and "seg-" in key[len(prefix):]:  # e<epoch>-seg-r<rank>-<i>.bin
             data = meta.with_suffix(".data")
             raw = bytearray(data.read_bytes())
             raw[len(raw) // 2] ^= 0xFF

@@ -3,7 +3,6 @@ that differ from the store (whole objects and ranges alike)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
@@ -13,8 +12,8 @@ from urllib.parse import urlsplit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltarl.pipeline.pieces import PieceHasher
 from deltarl.storage import MemoryStore
+from tests.fixtures.runs import manifest_naming
 from tests.integration.fuzz.http import PATHS, RANGES, TOKENS, request
 
 SEG = "r/versions/000000000001/e000001-seg-r000-00000.bin"
@@ -27,11 +26,7 @@ def _origin() -> MemoryStore:
     store = MemoryStore()
     for key, data in OBJECTS.items():
         store.put(key, data)
-    h = PieceHasher(64 << 10)
-    h.update(DATA)
-    sha, size, pieces = h.finish()
-    store.put("r/versions/000000000001/manifest.json", json.dumps(
-        {"segments": [{"key": SEG, "sha256": sha, "size": size, "piece_size": 64 << 10, "pieces": pieces}]}).encode())
+    store.put(*manifest_naming({SEG: DATA}, piece_size=64 << 10))
     return store
 
 

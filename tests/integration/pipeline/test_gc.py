@@ -30,7 +30,7 @@ def test_orphans_removed_and_dry_run(memory_store):
     stray = {
         LAY.segment(2, 7, epoch=1),  # not named by version 2's manifest
         LAY.segment(2, 0, epoch=9),  # a fenced writer's late upload
-        LAY.keyframe(4),  # version 4 is not a keyframe
+        LAY.keyframe_part(4, 0, epoch=1),  # version 4 is not a keyframe
         LAY.version_prefix(3) + "junk.tmp",
     }
     for key in stray:
@@ -69,7 +69,7 @@ def test_in_flight_objects_wait_for_the_writer_lease(memory_store):
 
 def test_released_claim_lets_gc_sweep(memory_store):
     publish_run(memory_store, "r", 2)
-    stray = {LAY.segment(2, 0, epoch=1), LAY.keyframe(2), LAY.keyframe_part(2, 0, epoch=1)}
+    stray = {LAY.segment(2, 0, epoch=1), LAY.keyframe_part(2, 1, epoch=1), LAY.keyframe_part(2, 0, epoch=1)}
     for key in stray:
         memory_store.put(key, b"partial")
     report = gc(memory_store, "r")

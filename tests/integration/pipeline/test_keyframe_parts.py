@@ -1,4 +1,4 @@
-"""Keyframes v2 end to end: parts streamed from the state, read back by ranges into fresh tensors
+"""Keyframes end to end: parts streamed from the state, read back by ranges into fresh tensors
 (or the caller's), bit-exact; a corrupted piece, a truncated part or overlapping ranges each
 raise a clear error naming the object."""
 
@@ -13,12 +13,13 @@ from deltarl.pipeline import RunLayout, RunReader, replay
 from deltarl.pipeline.keyframe import empty_state
 from deltarl.pipeline.manifest import canonical_json
 from deltarl.pipeline.pieces import MIN_PIECE_SIZE
-from tests.fixtures.runs import publish_run, states_equal
+from tests.fixtures.runs import WIDE_SHAPES, publish_run, states_equal
 
 pytestmark = pytest.mark.torch
 LAY = RunLayout("r")
-# tiny parts and pieces so the small test model is cut into several parts of several pieces
-KW = {"keyframe_interval": 3, "digest_interval": 2, "keyframe_part_bytes": 3000, "piece_size": MIN_PIECE_SIZE}
+# the smallest parts (64 KiB blocks) and pieces, so the test model is cut into several parts
+KW = {"keyframe_interval": 3, "digest_interval": 2, "keyframe_part_bytes": 3000, "piece_size": MIN_PIECE_SIZE,
+      "shapes": WIDE_SHAPES}
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ def test_a_header_that_disagrees_with_the_manifest_is_refused(local_store):
     specs = {"a": TensorSpec("a", "float32", (4,)), "b": TensorSpec("b", "float32", (4,))}
     body = part_header([("b", 0, 4), ("a", 0, 4)], specs) + bytes(32)  # stored b then a
     ref = ObjectRef.of(LAY.keyframe_part(0, 0, epoch=1), body, piece_size=MIN_PIECE_SIZE)
-    part = KeyframePart(ref.key, ref.sha256, ref.size, ref.piece_size, ref.pieces, (("a", 0, 4), ("b", 0, 4)))
+    part = KeyframePart(ref.key, ref.root, ref.size, ref.piece_size, ref.pieces, (("a", 0, 4), ("b", 0, 4)))
     local_store.put(part.key, body)
     dest = empty_state(list(specs.values()))
     with pytest.raises(FormatError, match=part.key):

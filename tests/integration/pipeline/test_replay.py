@@ -131,7 +131,7 @@ def test_verify_checks_the_newest_recorded_digest_once(memory_store, monkeypatch
     assert len(passes) == 1
     # the newest version's digest, forged (and HEAD moved to its new id): caught, named
     assert Manifest.from_bytes(memory_store.get(LAY.manifest(16))).state_digest is None
-    _rewrite_manifest(memory_store, 16, state_digest={"algo": "blocks64k-v2", "value": "ab" * 32})
+    _rewrite_manifest(memory_store, 16, state_digest={"algo": "blake3-stream64k", "value": "ab" * 32})
     head = json.loads(memory_store.get(LAY.head))
     head["version_id"] = Manifest.from_bytes(memory_store.get(LAY.manifest(16))).version_id
     memory_store.put(LAY.head, canonical_json(head))

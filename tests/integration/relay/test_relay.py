@@ -4,8 +4,6 @@ integrity, pushes, metrics, restarts and chaining. Real relays on loopback, real
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import os
 import time
 from pathlib import Path
@@ -18,8 +16,9 @@ from deltarl.relay import RelayClient
 from deltarl.storage import LocalStore, MemoryStore
 from deltarl.storage.aio import StoreSource
 from tests.fixtures.relays import RelayChain, StartRelay
+from tests.fixtures.runs import manifest_naming
 
-SEG = "r/versions/000000000001/seg-00000.bin"
+SEG = "r/versions/000000000001/e000001-seg-r000-00000.bin"
 MANIFEST = "r/versions/000000000001/manifest.json"
 
 
@@ -192,8 +191,7 @@ async def test_integrity_mismatch_is_never_served_and_refetched(start_relay: Sta
     bad = bytearray(good)
     bad[-1] ^= 1
     origin.put(SEG, bytes(bad))
-    manifest = {"segments": [{"key": SEG, "sha256": hashlib.sha256(good).hexdigest(), "size": len(good)}]}
-    origin.put(MANIFEST, json.dumps(manifest).encode())
+    origin.put(*manifest_naming({SEG: good}))
     relay = await start_relay(origin)
     async with RelayClient(relay.url) as client:
         with pytest.raises(TransientStoreError):  # cut short (payload error) or 502: never the whole bad object
@@ -209,7 +207,7 @@ async def test_integrity_mismatch_is_never_served_and_refetched(start_relay: Sta
 
 async def test_cache_is_bounded_and_survives_restart(start_relay: StartRelay, tmp_path: Path) -> None:
     origin = LocalStore(str(tmp_path / "origin"))
-    blobs = {f"r/versions/{v:012d}/seg-00000.bin": os.urandom(400_000) for v in range(1, 5)}
+    blobs = {f"r/versions/{v:012d}/e000001-seg-r000-00000.bin": os.urandom(400_000) for v in range(1, 5)}
     for key, blob in blobs.items():
         origin.put(key, blob)
     cache_dir = str(tmp_path / "cache")

@@ -4,8 +4,6 @@ whole objects, never a 5xx or a cut body."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -16,8 +14,9 @@ import pytest
 
 from deltarl.storage import LocalStore, MemoryStore
 from tests.fixtures.relays import StartRelay
+from tests.fixtures.runs import manifest_naming
 
-SEG = "r/versions/000000000001/seg-00000.bin"
+SEG = "r/versions/000000000001/e000001-seg-r000-00000.bin"
 MANIFEST = "r/versions/000000000001/manifest.json"
 
 
@@ -103,7 +102,7 @@ async def test_object_larger_than_the_cache_disk_passes_through_in_full(start_re
     origin = MemoryStore()
     data = os.urandom(3_000_000)
     origin.put(SEG, data)
-    origin.put(MANIFEST, json.dumps({"segments": [{"key": SEG, "sha256": hashlib.sha256(data).hexdigest()}]}).encode())
+    origin.put(*manifest_naming({SEG: data}))
     relay = await start_relay(origin, cache_dir=str(tiny_disk / "cache"), cache_bytes=1 << 30)
     async with aiohttp.ClientSession() as s:
         for _ in range(2):

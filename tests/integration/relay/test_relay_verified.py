@@ -5,15 +5,14 @@ is held (plain GET) or served unchecked on request (``?unverified=1``)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from pathlib import Path
 
 import aiohttp
 
-from deltarl.pipeline.pieces import PieceHasher
 from deltarl.storage import MemoryStore
 from tests.fixtures.relays import StartRelay
+from tests.fixtures.runs import manifest_naming
 
 SEG = "r/versions/000000000001/e000001-seg-r000-00000.bin"
 MANIFEST = "r/versions/000000000001/manifest.json"
@@ -21,11 +20,7 @@ PIECE = 256 << 10
 
 
 def _manifest(key: str, data: bytes) -> bytes:
-    h = PieceHasher(PIECE)
-    h.update(data)
-    sha, size, pieces = h.finish()
-    return json.dumps({"format_version": 2, "segments": [
-        {"key": key, "sha256": sha, "size": size, "piece_size": PIECE, "pieces": pieces}]}).encode()
+    return manifest_naming({key: data}, piece_size=PIECE)[1]
 
 
 async def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, bool]:

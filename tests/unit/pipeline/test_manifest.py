@@ -1,13 +1,11 @@
-"""Manifest, run.json and HEAD records: canonical bytes, version ids, strict parsing.
-
-The manifests here are format_version 1 (read-compat: readers still read v1 runs); the v2 records
-are pinned in test_format_v2.py."""
+"""Manifest, run.json and HEAD records: canonical bytes, version ids, strict parsing (the golden
+bytes of format 3 are pinned in test_format_v3.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 
+import blake3
 import pytest
 
 from deltarl.errors import FormatError, UnsupportedFormatVersion
@@ -30,6 +28,15 @@ LAY = RunLayout("r")
 SHA = "ab" * 32
 
 
+def _ref(key: str, size: int) -> ObjectRef:
+    return ObjectRef.of(key, bytes(size), piece_size=64 << 10)
+
+
+def _part(key: str, size: int, tensors: tuple) -> KeyframePart:
+    r = _ref(key, size)
+    return KeyframePart(key=r.key, root=r.root, size=r.size, piece_size=r.piece_size, pieces=r.pieces, tensors=tensors)
+
+
 def _manifest(version: int = 1, **kw) -> Manifest:
     fields = dict(
         run="r",
@@ -38,14 +45,13 @@ def _manifest(version: int = 1, **kw) -> Manifest:
         parent=None if version == 0 else "cd" * 32,
         kind="keyframe" if version == 0 else "delta",
         base_version=None if version == 0 else version - 1,
-        segments=() if version == 0 else (ObjectRef(LAY.segment_v1(version, 0), SHA, 12),),
-        keyframe=Keyframe((KeyframePart(LAY.keyframe(0), SHA, 100),)) if version == 0 else None,
+        segments=() if version == 0 else (_ref(LAY.segment(version, 0, epoch=1), 12),),
+        keyframe=Keyframe((_part(LAY.keyframe_part(0, 0, epoch=1), 100, (("a", 0, 50),)),)) if version == 0 else None,
         stats=DeltaStatsRecord(3, 10, 12, 20),
-        state_digest=StateDigest("sha256-seq-v1", SHA) if version == 0 else None,
+        state_digest=StateDigest("blake3-stream64k", SHA) if version == 0 else None,
         codec="auto",
         created_at="2026-12-02T13:00:00.000Z",
         writer_id="w1",
-        format_version=1,
     )
     fields.update(kw)
     return Manifest(**fields)
@@ -57,19 +63,8 @@ def test_canonical_bytes_and_version_id():
     assert b" " not in data
     assert data == canonical_json(json.loads(data))
     assert list(json.loads(data)) == sorted(json.loads(data))
-    assert version_id(data) == hashlib.sha256(data).hexdigest() == m.version_id
+    assert version_id(data) == blake3.blake3(data).hexdigest() == m.version_id
     assert Manifest.from_bytes(data) == m
-
-
-def test_golden_manifest_bytes():
-    data = _manifest(0).to_bytes()
-    assert data == (
-        b'{"base_version":null,"codec":"auto","created_at":"2026-12-02T13:00:00.000Z","format_version":1,'
-        b'"keyframe":{"key":"r/keyframes/000000000000.safetensors","sha256":"' + SHA.encode() + b'","size":100},'
-        b'"kind":"keyframe","parent":null,"run":"r","segments":[],"state_digest":"' + SHA.encode() + b'",'
-        b'"stats":{"changed_elements":3,"encoded_bytes":12,"full_bytes":20,"total_elements":10},'
-        b'"step":0,"version":0,"writer_id":"w1"}'
-    )
 
 
 def test_id_changes_with_any_field():
@@ -85,7 +80,7 @@ def test_non_canonical_bytes_rejected():
         Manifest.from_bytes(pretty)
 
 
-@pytest.mark.parametrize("fv", [0, 3, "1", None, True])
+@pytest.mark.parametrize("fv", [0, 1, 2, 4, "3", None, True])
 def test_unknown_format_version_rejected(fv):
     obj = json.loads(_manifest().to_bytes())
     obj["format_version"] = fv
@@ -106,13 +101,18 @@ def test_unknown_format_version_rejected(fv):
         lambda o: o.update(base_version=5),
         lambda o: o.update(kind="weird"),
         lambda o: o.update(run="a/b"),
-        lambda o: o["segments"][0].update(key="r/versions/000000000002/seg-00000.bin"),
+        lambda o: o["segments"][0].update(key="r/versions/000000000002/e000001-seg-r000-00000.bin"),
+        lambda o: o["segments"][0].update(key="r/versions/000000000001/seg-00000.bin"),
         lambda o: o["segments"][0].update(key="elsewhere/seg-00000.bin"),
-        lambda o: o["segments"][0].update(sha256="AB" * 32),
+        lambda o: o["segments"][0].update(blake3_root="AB" * 32),
+        lambda o: o["segments"][0].update(blake3_root=SHA),
+        lambda o: o["segments"][0]["blake3_pieces"].append(SHA),
         lambda o: o["segments"][0].update(size=-1),
+        lambda o: o["segments"][0].update(size=13),
         lambda o: o["segments"].append(dict(o["segments"][0])),
         lambda o: o["stats"].update(changed_elements=11),
-        lambda o: o.update(keyframe={"key": LAY.keyframe(0), "sha256": SHA, "size": 1}),
+        lambda o: o.update(keyframe={"parts": []}),
+        lambda o: o.update(state_digest="ab" * 32),
     ],
 )
 def test_strict_validation(mutate):
@@ -169,6 +169,6 @@ def test_head_roundtrip():
     head = HeadRecord(3, SHA, "w")
     assert HeadRecord.from_bytes(head.to_bytes()) == head
     with pytest.raises(FormatError):
-        HeadRecord.from_bytes(b'{"format_version":1,"version":3}')
+        HeadRecord.from_bytes(b'{"format_version":3,"version":3}')
     with pytest.raises(FormatError):
         HeadRecord(3, "nope")

@@ -17,9 +17,9 @@ def test_claim_record_roundtrip_and_strictness():
     claim = WriterClaim("w", 1, 2, "host", 3)
     assert WriterClaim.from_bytes(claim.to_bytes()) == claim
     with pytest.raises(UnsupportedFormatVersion):
-        WriterClaim.from_bytes(canonical_json({"format_version": 3}))
+        WriterClaim.from_bytes(canonical_json({"format_version": 2}))
     with pytest.raises(FormatError):
-        WriterClaim.from_bytes(b'{"format_version":1,"writer_id":"w"}')
+        WriterClaim.from_bytes(b'{"format_version":3,"writer_id":"w"}')
 
 
 def test_lease_lifecycle():

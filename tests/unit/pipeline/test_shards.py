@@ -8,7 +8,7 @@ import pytest
 
 from deltarl.codec import apply_delta, encode_delta, read_segment_header, tensor_table
 from deltarl.codec.encode import iter_encode_rows
-from deltarl.codec.tensors import state_digest_blocks
+from deltarl.codec.tensors import state_digest
 from deltarl.errors import IntegrityError, TensorMismatch
 from deltarl.pipeline import shard_rows as sr
 from deltarl.pipeline.shard_digest import combine_digest, shard_hashes
@@ -69,7 +69,7 @@ def test_rank_by_rank_digest_equals_whole_state(world: int) -> None:
     old, _ = _states(1)
     table = tensor_table(old)
     shares = [shard_hashes(*_shard(old, r, world)) for r in range(world)]
-    assert combine_digest(table, shares) == state_digest_blocks(old)  # what an actor computes
+    assert combine_digest(table, shares) == state_digest(old)  # what an actor computes
     with pytest.raises(IntegrityError, match=r"not covered|ends at byte"):
         combine_digest(table, shares[:-1] if world > 1 else [{}])
     if world > 1:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from deltarl.pipeline.manifest import ObjectRef
 from deltarl.relay.cache import DiskCache
 
 
 def _add(cache: DiskCache, key: str, data: bytes) -> None:
     tmp = cache.temp_path()
     Path(tmp).write_bytes(data)
-    cache.commit(key, tmp, size=len(data), etag="e", sha256="s", verified=False)
+    cache.commit(key, tmp, size=len(data), etag="e", ref=None, verified=False)
 
 
 def test_lru_eviction_within_budget(tmp_path: Path) -> None:
@@ -31,13 +32,15 @@ def test_lru_eviction_within_budget(tmp_path: Path) -> None:
 def test_survives_restart_and_drops_debris(tmp_path: Path) -> None:
     cache = DiskCache(tmp_path, 1000)
     _add(cache, "run/versions/000000000001/seg-00000.bin", b"hello")
-    cache.mark_verified("run/versions/000000000001/seg-00000.bin")
+    ref = ObjectRef.of("run/versions/000000000001/seg-00000.bin", b"hello")
+    cache.mark_verified(ref.key, ref)
     (tmp_path / ".tmp-crashed").write_bytes(b"partial")
     (tmp_path / ("0" * 64 + ".data")).write_bytes(b"orphan")  # data without metadata
     again = DiskCache(tmp_path, 1000)
     entry = again.get("run/versions/000000000001/seg-00000.bin")
     assert entry is not None
     assert entry.verified
+    assert entry.ref == ref  # its pieces survive the restart
     assert Path(entry.path).read_bytes() == b"hello"
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith((".data", ".json"))) == []
     assert len(list(tmp_path.glob("*.data"))) == 1

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import pytest
 
+from deltarl.codec.hashing import leaves
 from deltarl.errors import IntegrityError
+from deltarl.pipeline.manifest import ObjectRef
 from deltarl.relay.pull import Pull
+
+P = 64 << 10  # the smallest piece a manifest records
 
 
 def _begun(tmp_path: Path, size: int, piece_bytes: int = 4096) -> tuple[Pull, Path]:
@@ -21,7 +24,7 @@ def _begun(tmp_path: Path, size: int, piece_bytes: int = 4096) -> tuple[Pull, Pa
     return pull, tmp
 
 
-async def test_ranges_are_available_as_their_pieces_land_and_the_hash_follows_the_prefix(tmp_path: Path) -> None:
+async def test_ranges_are_available_as_their_pieces_land(tmp_path: Path) -> None:
     data = os.urandom(10_000)
     pull, tmp = _begun(tmp_path, len(data))  # pieces [0, 4096) [4096, 8192) [8192, 10000)
     assert pull.pieces == 3
@@ -44,7 +47,7 @@ async def test_ranges_are_available_as_their_pieces_land_and_the_hash_follows_th
     pull.write(5000, data[5000:8192])  # closes the gap: everything is contiguous
     assert pull.prefix == 10_000
     assert pull.available(0) == 10_000
-    assert pull.digest() == hashlib.sha256(data).hexdigest()
+    assert pull.finish_check() is False  # no manifest ref known: cached unverified
     assert tmp.read_bytes() == data
 
 
@@ -52,39 +55,47 @@ async def test_an_empty_object_needs_no_pieces(tmp_path: Path) -> None:
     pull, _ = _begun(tmp_path, 0)
     assert pull.pieces == 0
     assert pull.available(0) == 0
-    assert pull.digest() == hashlib.sha256(b"").hexdigest()
+    assert pull.finish_check() is False
 
 
-def _pieces(data: bytes, size: int) -> tuple[str, ...]:
-    return tuple(hashlib.sha256(data[i : i + size]).hexdigest() for i in range(0, len(data), size))
+def _ref(data: bytes) -> ObjectRef:
+    return ObjectRef.of("k", data, piece_size=P)
 
 
-async def test_with_the_manifests_pieces_each_byte_is_hashed_once_and_the_digest_is_the_manifests(tmp_path: Path) -> None:
-    data = os.urandom(10_000)
-    pull, tmp = _begun(tmp_path, len(data))
-    pull.write(0, data[:3000])  # hashed whole while the manifest's ref is unknown
-    pull.expect(hashlib.sha256(data).hexdigest(), _pieces(data, 4096), 4096)
-    assert pull._hasher is None  # from now on the pieces are the check: no second pass over the bytes
-    pull.write(3000, data[3000:4096])
-    assert pull.verified(0) == 4096
-    pull.write(4096, data[4096:8192])
-    pull.write(8192, data[8192:])
-    assert pull.verified(0) == 10_000
-    assert pull.digest() == hashlib.sha256(data).hexdigest()
+async def test_pieces_are_checked_from_the_block_hashes_taken_as_they_landed(tmp_path: Path) -> None:
+    data = os.urandom(3 * P + 1000)
+    pull, tmp = _begun(tmp_path, len(data), piece_bytes=P)
+    pull.write(0, data[:3000])
+    pull.write(3000, data[3000:P])  # hashed as it completes its piece, before the ref is known
+    pull.expect(_ref(data))  # composed from the block hashes already taken: no second pass
+    assert pull.verified(0) == P
+    pull.write(P, data[P : 2 * P])
+    pull.write(2 * P, data[2 * P :])
+    assert pull.verified(0) == len(data)
+    assert pull.finish_check() is True
     assert tmp.read_bytes() == data
 
 
-async def test_a_piece_that_differs_fails_the_digest_too(tmp_path: Path) -> None:
-    data = os.urandom(9000)
-    pull, _ = _begun(tmp_path, len(data))
-    pull.expect(hashlib.sha256(data).hexdigest(), _pieces(data, 4096), 4096)
-    pull.write(0, data[:4096])
+async def test_a_manifest_piece_size_other_than_the_pulls_is_checked_too(tmp_path: Path) -> None:
+    data = os.urandom(5 * P + 77)
+    pull, _ = _begun(tmp_path, len(data), piece_bytes=P)
+    pull.expect(ObjectRef.of("k", data, piece_size=2 * P))  # two pull pieces per manifest piece
+    for i in range(0, len(data), P):
+        pull.write(i, data[i : i + P])
+    assert pull.finish_check() is True
+
+
+async def test_a_piece_that_differs_fails_the_pull(tmp_path: Path) -> None:
+    data = os.urandom(2 * P + 900)
+    pull, _ = _begun(tmp_path, len(data), piece_bytes=P)
+    pull.expect(_ref(data))
+    pull.write(0, data[:P])
     with pytest.raises(IntegrityError, match="piece 1"):
-        pull.write(4096, b"\0" + data[4097:8192])
+        pull.write(P, b"\0" + data[P + 1 : 2 * P])
     with pytest.raises(IntegrityError, match="piece 1"):
-        pull.write(8192, data[8192:])
+        pull.write(2 * P, data[2 * P :])
     with pytest.raises(IntegrityError, match="piece 1"):
-        pull.digest()  # never the manifest's sha256 for bytes that did not match it
+        pull.finish_check()  # never verified: bytes that did not match the manifest
 
 
 async def test_landed_pieces_are_served_from_memory_until_every_reader_is_past_them(tmp_path: Path) -> None:
@@ -121,18 +132,18 @@ async def test_a_pull_holds_at_most_its_memory_budget_for_a_slow_reader(tmp_path
 
 
 async def test_store_hashes_the_piece_it_completes_and_landed_checks_that_hash(tmp_path: Path) -> None:
-    data = os.urandom(9000)
-    pull, _ = _begun(tmp_path, len(data))
-    pull.expect(hashlib.sha256(data).hexdigest(), _pieces(data, 4096), 4096)
+    data = os.urandom(P + 9000)
+    pull, _ = _begun(tmp_path, len(data), piece_bytes=P)
+    pull.expect(_ref(data))
     assert pull.store(0, data[:1000]) is None  # the piece is not complete yet
     pull.landed(0, data[:1000])
-    digest = pull.store(1000, data[1000:4096])
-    assert digest == hashlib.sha256(data[:4096]).hexdigest()
-    pull.landed(1000, data[1000:4096], digest)
-    assert pull.verified(0) == 4096
-    pull.store(4096, data[4096:8192])
+    blocks = pull.store(1000, data[1000:P])
+    assert blocks == leaves(data[:P])
+    pull.landed(1000, data[1000:P], blocks)
+    assert pull.verified(0) == P
+    pull.store(P, data[P:])
     with pytest.raises(IntegrityError, match="piece 1"):  # bytes that hashed to other than the manifest's piece
-        pull.landed(4096, data[4096:8192], "0" * 64)
+        pull.landed(P, data[P:], b"\0" * 32)
 
 
 async def test_big_pulls_are_flushed_window_by_window_and_small_ones_not(tmp_path: Path) -> None:

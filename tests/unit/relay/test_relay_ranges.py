@@ -7,9 +7,11 @@ from pydantic import ValidationError
 
 from deltarl import defaults
 from deltarl.errors import ConfigError, RangeNotSatisfiable
+from deltarl.pipeline.layout import manifest_key_for
 from deltarl.relay.config import RelayConfig, RelayProcessConfig
-from deltarl.relay.objects import manifest_key_for, refs_in_manifest
+from deltarl.relay.objects import manifest_refs
 from deltarl.relay.ranges import parse_range
+from tests.fixtures.runs import manifest_naming
 
 
 @pytest.mark.parametrize(
@@ -62,9 +64,13 @@ def test_config_bounds() -> None:
 
 
 def test_manifest_lookup_for_keys() -> None:
-    assert manifest_key_for("r/versions/000000000042/seg-00003.bin") == "r/versions/000000000042/manifest.json"
-    assert manifest_key_for("r/keyframes/000000000040.safetensors") == "r/versions/000000000040/manifest.json"
+    seg = "r/versions/000000000042/e000001-seg-r000-00003.bin"
+    assert manifest_key_for(seg) == "r/versions/000000000042/manifest.json"
+    assert manifest_key_for("r/keyframes/000000000040/e000001-part-r000-000.safetensors") == "r/versions/000000000040/manifest.json"
     assert manifest_key_for("r/versions/000000000042/manifest.json") is None
     assert manifest_key_for("r/HEAD") is None
-    refs = refs_in_manifest(b'{"segments":[{"key":"a","sha256":"1","size":1}],"keyframe":{"key":"k","sha256":"2","size":3}}')
-    assert refs == {"a": "1", "k": "2"}
+    key, data = manifest_naming({seg: b"abc"})
+    assert key == "r/versions/000000000042/manifest.json"
+    refs = manifest_refs(data)  # the pipeline's strict parser: the relay re-states no grammar of its own
+    assert list(refs) == [seg]
+    assert refs[seg].size == 3
