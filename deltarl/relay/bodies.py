@@ -37,13 +37,26 @@ class CachedBody:
     """An object in the cache; the data file is opened at construction (eviction-safe). With
     ``check``, whole-object reads are checked against the entry's pieces (``check_on_serve``)."""
 
-    def __init__(self, entry: CacheEntry, on_corrupt: Callable[[CacheEntry], None], *, check: bool = True) -> None:
+    def __init__(self, entry: CacheEntry, fd: int, on_corrupt: Callable[[CacheEntry], None], *, check: bool = True) -> None:
         self.entry = entry
         self.check = check
         self.size = entry.size
         self.etag = entry.etag
         self._on_corrupt = on_corrupt
-        self._fd = os.open(entry.path, os.O_RDONLY)
+        self._fd = fd
+
+    @classmethod
+    def open(cls, entry: CacheEntry, on_corrupt: Callable[[CacheEntry], None], *, check: bool = True) -> CachedBody | None:
+        """The body of a cached entry, or None if its data file vanished or is shorter than the entry
+        (someone deleted or truncated the cache under the relay): a cache miss, not an error."""
+        try:
+            fd = os.open(entry.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        if os.fstat(fd).st_size != entry.size:
+            os.close(fd)
+            return None
+        return cls(entry, fd, on_corrupt, check=check)
 
     def close(self) -> None:
         if self._fd >= 0:

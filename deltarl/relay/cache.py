@@ -117,9 +117,24 @@ class DiskCache:
 
     def temp_path(self) -> str:
         """A fresh temporary file in the cache directory (the caller writes it, then commits)."""
-        fd, path = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+        fd, path = self._mkstemp()
         os.close(fd)
         return path
+
+    def ensure_directory(self) -> None:
+        """Make the cache directory again if someone removed it (the entries it held are then found
+        missing when read, and fetched again)."""
+        if not self.directory.is_dir():
+            log.warning("relay cache directory %s vanished; making it again (its objects are fetched again)", self.directory)
+            self.directory.mkdir(parents=True, exist_ok=True)
+
+    def _mkstemp(self) -> tuple[int, str]:
+        """A temporary file in the cache directory (made again first if it vanished)."""
+        try:
+            return tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+        except FileNotFoundError:
+            self.ensure_directory()
+            return tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
 
     def fits(self, size: int) -> bool:
         return size <= self.max_bytes
@@ -133,9 +148,17 @@ class DiskCache:
         self._evict_to_fit(size)
         name = _name(key)
         data_path = self.directory / f"{name}.data"
-        os.replace(tmp_path, data_path)
         entry = CacheEntry(key=key, size=size, etag=etag, ref=ref, verified=verified, path=str(data_path))
-        self._write_meta(entry)
+        meta_tmp: str | None = None
+        try:  # the metadata first (a full disk fails here), then both renames: never a .data without its .json
+            meta_tmp = self._meta_temp(entry)
+            os.replace(tmp_path, data_path)
+            os.replace(meta_tmp, data_path.with_suffix(".json"))
+        except OSError:
+            for path in (tmp_path, meta_tmp, str(data_path)):
+                if path is not None:
+                    Path(path).unlink(missing_ok=True)
+            raise
         self._entries[key] = entry
         self.bytes += size
         return entry
@@ -145,7 +168,10 @@ class DiskCache:
         if entry is not None and not entry.verified:
             entry = replace(entry, verified=True, ref=ref)
             self._entries[key] = entry
-            self._write_meta(entry)
+            try:
+                self._write_meta(entry)
+            except OSError as err:  # kept verified in memory; after a restart it is checked again
+                log.warning("could not record %s as verified on disk: %s", key, err)
 
     def remove(self, key: str) -> bool:
         """Drop ``key`` from the cache; whether it was there."""
@@ -158,13 +184,21 @@ class DiskCache:
         Path(entry.path).unlink(missing_ok=True)
         return True
 
-    def _write_meta(self, entry: CacheEntry) -> None:
+    def _meta_temp(self, entry: CacheEntry) -> str:
+        """``entry``'s metadata written to a temporary file in the cache directory (removed on failure)."""
         meta = {"key": entry.key, "size": entry.size, "etag": entry.etag, "verified": entry.verified,
                 "ref": None if entry.ref is None else entry.ref.to_obj()}  # fmt: skip
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
-        with os.fdopen(fd, "w") as f:
-            json.dump(meta, f)
-        os.replace(tmp, Path(entry.path).with_suffix(".json"))
+        fd, tmp = self._mkstemp()
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(meta, f)
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return tmp
+
+    def _write_meta(self, entry: CacheEntry) -> None:
+        os.replace(self._meta_temp(entry), Path(entry.path).with_suffix(".json"))
 
     def _evict_to_fit(self, incoming: int) -> None:
         while self._entries and self.bytes + incoming > self.max_bytes:

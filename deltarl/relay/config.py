@@ -40,6 +40,10 @@ class RelayConfig(BaseModel):
     max_wait_s: float = Field(default=120.0, ge=0, le=3600, description="longest ?wait= honoured, in seconds")
     cut_through: bool = Field(default=True, description="serve bytes while they arrive (False: store-and-forward baseline)")
     verify: bool = Field(default=True, description="check segments and keyframes against their manifest's piece hashes before caching")
+    integrity_hold_s: float = Field(
+        default=10.0, ge=0, le=3600,
+        description="how long a key whose upstream bytes failed their manifest is answered 502 (integrity) at once, without pulling it again",
+    )
     check_on_serve: bool = Field(
         default=True,
         description="check a cached object against its manifest's pieces on every whole-object response (a second pass over those bytes, ~0.2 s CPU per GB; ranges never)",

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from deltarl.errors import (
     CacheFull,
     FormatError,
+    IntegrityError,
     ObjectNotFound,
     StoreError,
     TransientStoreError,
@@ -87,6 +88,7 @@ class ObjectService:
         self._manifests: OrderedDict[str, dict[str, Ref]] = OrderedDict()
         self._manifest_misses: dict[str, float] = {}
         self._uncacheable: OrderedDict[str, None] = OrderedDict()  # keys whose pull found no room on disk
+        self._bad: dict[str, tuple[float, str, str]] = {}  # key -> (until, why, upstream ETag): bytes failed the manifest
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -117,9 +119,11 @@ class ObjectService:
         client asks for it ``unverified`` (speculative fetches, which check the bytes themselves).
         """
         deadline = time.monotonic() + min(wait, self.config.max_wait_s)
+        await self._refuse_if_bad(key)
         ref: Ref | None = None
-        if self.config.verify and not unverified and manifest_key_for(key) is not None:
-            ref = await self._committed_ref(key, deadline)
+        if self.config.verify and manifest_key_for(key) is not None:
+            # a committed object is served checked even to a client that asked for it unverified
+            ref = await self._expected_ref(key) if unverified else await self._committed_ref(key, deadline)
         if key in self._uncacheable and key not in self.cache:
             return await self._pass_through(key, ref)
         while True:
@@ -129,8 +133,14 @@ class ObjectService:
                 if entry is not None and ref is not None and not entry.verified:
                     entry = None  # cached before its manifest and not checkable: pull it again
             if entry is not None:
-                self.metrics.cache_hits.inc()
-                return CachedBody(entry, self._evict_corrupt, check=self.config.check_on_serve)
+                body = CachedBody.open(entry, self._evict_corrupt, check=self.config.check_on_serve)
+                if body is not None:
+                    self.metrics.cache_hits.inc()
+                    return body
+                log.warning("cached file of %s vanished or was cut short; fetching it again", key)
+                self.cache.remove(key)
+                self.metrics.cache_bytes.set(self.cache.bytes)
+                continue
             pull = self._pulls.get(key)
             left = deadline - time.monotonic()
             if pull is None and left > 0:
@@ -224,6 +234,7 @@ class ObjectService:
 
     def _check_room(self, key: str, size: int) -> None:
         """Raise ``CacheFull`` unless the cache's disk has room for ``size`` bytes (after evicting)."""
+        self.cache.ensure_directory()
         free = shutil.disk_usage(self.cache.directory).free
         need = size + (64 << 10)
         if free < need and free + self.cache.bytes >= need:
@@ -298,6 +309,7 @@ class ObjectService:
             self._pulls.pop(key, None)
             if err is pull.bad:
                 self.metrics.integrity_failures.inc()
+                self._bad[key] = (time.monotonic() + self.config.integrity_hold_s, str(err), info.etag)
             if is_no_room(err):
                 err = CacheFull(f"{key}: the relay cache's disk is full: {err}")
             if isinstance(err, CacheFull):
@@ -311,7 +323,13 @@ class ObjectService:
             return
         assert pull.tmp_path is not None
         self._pulls.pop(key, None)
-        self.cache.commit(key, pull.tmp_path, size=size, etag=pull.etag, ref=known_ref if verified else pull.own, verified=verified)
+        try:
+            self.cache.commit(key, pull.tmp_path, size=size, etag=pull.etag, ref=known_ref if verified else pull.own,
+                              verified=verified)
+        except OSError as err:  # a full disk: the readers in flight still hold the file; the next one pulls again
+            log.warning("could not cache %s (%s); serving it uncached", key, err)
+            if is_no_room(err):
+                self._uncacheable[key] = None
         self.metrics.cache_bytes.set(self.cache.bytes)
         pull.done = True
         pull.notify()
@@ -340,6 +358,25 @@ class ObjectService:
                     raise
                 log.info("retrying piece [%d, %d) of %s: %s", pos, end, pull.key, err)
                 await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
+
+    async def _refuse_if_bad(self, key: str) -> None:
+        """IntegrityError if ``key``'s upstream bytes failed their manifest within the last
+        ``integrity_hold_s`` and the upstream still has the same object (same ETag): answered at
+        once (502, integrity) so a client falls back instead of retrying; a repaired upstream
+        object (another ETag) is pulled again."""
+        bad = self._bad.get(key)
+        if bad is None:
+            return
+        until, why, etag = bad
+        if time.monotonic() < until:
+            try:
+                self.metrics.upstream_requests.labels("head").inc()
+                same = (await self.upstream.head(key)).etag == etag
+            except StoreError:
+                same = False
+            if same:
+                raise IntegrityError(f"{key}: the upstream's bytes do not match their manifest ({why})")
+        self._bad.pop(key, None)
 
     def _evict_corrupt(self, entry: CacheEntry) -> None:
         log.error("cached %s is corrupt; evicting it", entry.key)

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from deltarl.relay.config import RelayConfig
 from deltarl.relay.objects import ObjectService
-from deltarl.relay.server import METRICS, SERVICE, create_app
+from deltarl.relay.server import METRICS, SERVICE, create_app, request_log
 from deltarl.storage.aio import AsyncSource
 from deltarl.storage.store import ObjectStore
 
@@ -49,7 +49,8 @@ class RelayServer:
     async def start(self) -> RelayServer:
         # handler_cancellation: a client that leaves a long-poll cancels it here and, through the
         # chain, upstream (otherwise every relay would keep polling for it until its deadline)
-        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True,
+                                     logger=request_log())
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()

@@ -20,12 +20,15 @@ import hmac
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import unquote
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from deltarl.errors import (
     DeltaRLError,
+    IntegrityError,
     InvalidKey,
     InvalidRange,
     ObjectExists,
@@ -102,6 +105,16 @@ def _wait_of(request: web.Request) -> float:
     return wait
 
 
+#: Response header of a 502 whose cause is not transient: the upstream's bytes fail their manifest.
+INTEGRITY_HEADER = "X-Deltarl-Error"
+
+
+def _not_found(request: web.Request, err: ObjectNotFound) -> web.HTTPNotFound:
+    """A 404 that says why, but never where the relay's upstream lives (a path or a host)."""
+    upstream = request.app[SERVICE].upstream.url
+    return web.HTTPNotFound(text=str(err).replace(upstream, "the relay's upstream")[:300])
+
+
 def _object_headers(key: str, etag: str) -> dict[str, str]:
     return {
         "ETag": f'"{etag}"',
@@ -124,7 +137,7 @@ async def handle_get(request: web.Request) -> web.StreamResponse:
         try:
             size, etag = await service.stat(key, wait=wait)
         except ObjectNotFound as err:
-            raise web.HTTPNotFound(text=str(err)) from err
+            raise _not_found(request, err) from err
         except InvalidKey as err:
             raise web.HTTPBadRequest(text=str(err)[:200]) from err
         except StoreError as err:
@@ -136,8 +149,10 @@ async def handle_get(request: web.Request) -> web.StreamResponse:
     unverified = request.query.get("unverified", "") in ("1", "true", "yes")
     try:
         body = await service.open(key, wait=wait, unverified=unverified)
+    except IntegrityError as err:  # not transient: the client should fall back, not retry
+        raise web.HTTPBadGateway(text=str(err)[:300], headers={INTEGRITY_HEADER: "integrity"}) from err
     except ObjectNotFound as err:
-        raise web.HTTPNotFound(text=str(err)) from err
+        raise _not_found(request, err) from err
     except InvalidKey as err:  # a key this upstream refuses
         raise web.HTTPBadRequest(text=str(err)[:200]) from err
     except StoreError as err:
@@ -277,6 +292,24 @@ async def handle_delete(request: web.Request) -> web.Response:
 
 
 # --- the app --------------------------------------------------------------------------------------
+
+
+class RequestLog(logging.LoggerAdapter):
+    """aiohttp's server log, with a malformed request (the client's HTTP error, answered 400) as one
+    INFO line instead of an ERROR traceback; anything else as aiohttp logs it."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            first = str(exc_info.message).strip().splitlines()[0] if exc_info.message else type(exc_info).__name__
+            self.logger.info("%s: malformed request answered %s: %s", str(msg) % args, exc_info.code, first[:200])
+            return
+        self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
+def request_log() -> RequestLog:
+    """The logger a relay's aiohttp server is built with (``web.AppRunner(..., logger=request_log())``)."""
+    return RequestLog(logging.getLogger("aiohttp.server"), {})
+
 
 
 @web.middleware

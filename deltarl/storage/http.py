@@ -80,7 +80,7 @@ class HTTPStore(ObjectStore):
             except urllib3.exceptions.HTTPError as err:
                 raise TransientStoreError(f"{method} {url}: {err!r}") from err
             if resp.status >= 500 or resp.status == 429:
-                raise_for_status(resp.status, f"{method} {url}", resp.data.decode(errors="replace"))
+                raise_for_status(resp.status, f"{method} {url}", resp.data.decode(errors="replace"), resp.headers)
             return resp
 
         return (retry or self.retry).call(once, f"{method} {url}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import NoReturn
 from urllib.parse import quote
@@ -20,6 +20,7 @@ import aiohttp
 from yarl import URL
 
 from deltarl.errors import (
+    IntegrityError,
     InvalidKey,
     InvalidRange,
     ObjectExists,
@@ -42,9 +43,16 @@ def object_url(base_url: str, key: str, **query: str) -> URL:
     return url.with_query(query) if query else url
 
 
-def raise_for_status(status: int, what: str, body: str = "") -> NoReturn:
-    """Raise the store error that an HTTP status means (never returns)."""
+#: Header of a relay's 502 that is not transient: the upstream's bytes fail their manifest.
+INTEGRITY_HEADER = "X-Deltarl-Error"
+
+
+def raise_for_status(status: int, what: str, body: str = "", headers: Mapping[str, str] | None = None) -> NoReturn:
+    """Raise the store error that an HTTP status means (never returns). A relay's 502 marked
+    ``X-Deltarl-Error: integrity`` is an IntegrityError: retrying it cannot help."""
     detail = f"{what}: HTTP {status}" + (f" ({body[:200]})" if body else "")
+    if headers is not None and headers.get(INTEGRITY_HEADER) == "integrity":
+        raise IntegrityError(detail)
     if status == 404:
         raise ObjectNotFound(detail)
     if status == 412:
@@ -143,7 +151,7 @@ class RelayClient:
         try:
             async with self.session.get(self._url(key, wait, unverified), headers=headers) as resp:
                 if resp.status not in (200, 206):
-                    raise_for_status(resp.status, what, await resp.text(errors="replace"))
+                    raise_for_status(resp.status, what, await resp.text(errors="replace"), resp.headers)
                 expected = resp.content_length
                 skip = start if resp.status == 200 else 0  # server ignored the range
                 limit = None if end is None else end - start
