@@ -8,12 +8,16 @@ an expired claim (or any claim with ``force``), so a writer that is still alive 
 renewal instead of committing a manifest that names swept objects. A live claim means "in
 flight": those objects are left alone and reported (a dry run reports the same without fencing).
 
-gc refuses to act on a run it cannot read safely: a run with no objects at all (a typo'd name),
-and a HEAD that names a version whose manifest is missing (a damaged HEAD would make a live
-writer's in-flight objects look like orphans of committed versions).
+gc refuses to act on a run it cannot read safely, and then removes nothing: a run with no objects
+at all (a typo'd name); committed versions without a readable run.json; a HEAD that names a
+version whose manifest is missing, or another id than that manifest's (a damaged HEAD would make
+a live writer's in-flight objects look like orphans of committed versions).
 
 ``keep_last=N`` also removes old versions while keeping what replay of the last N needs: the
-newest keyframe at or before the oldest kept version, and every version after it. Versions are removed oldest first, manifest before objects, so a gc that stops half way leaves a contiguous,
+newest keyframe at or before the oldest kept version that *verifies*, and every version after it
+(:mod:`deltarl.pipeline.retention` checks it by its hashes before anything is deleted; a damaged
+keyframe is passed over for an older one, so its fallback is never removed). Versions are removed
+oldest first, manifest before objects, so a gc that stops half way leaves a contiguous,
 replayable suffix plus orphans that the next gc removes.
 """
 
@@ -23,10 +27,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from deltarl.errors import ObjectNotFound, RunError, WriterConflict
+from deltarl.errors import FormatError, ObjectNotFound, RunError, WriterConflict
 from deltarl.pipeline.claim import fence_claim, read_claim
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.reader import RunReader
+from deltarl.pipeline.retention import Retention, plan_retention
 from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -45,6 +50,8 @@ class GcReport:
     freed_bytes: int = 0
     in_flight: list[str] = field(default_factory=list)
     oldest_kept: int | None = None
+    #: Keyframes ``keep_last`` found damaged and passed over (one line each: the object, the reason).
+    damaged: list[str] = field(default_factory=list)
 
 
 def _size(store: ObjectStore, key: str) -> int:
@@ -67,9 +74,9 @@ def gc(
         raise ValueError("keep_last must be >= 1")
     layout = RunLayout(run)
     reader = RunReader(store, run)
-    _check_run(store, reader, layout)
-    last = reader.last_committed()
+    last = _check_run(store, reader, layout)
     report = GcReport(run=run, dry_run=dry_run, last_committed=last)
+    retention: Retention | None = None
 
     by_version: dict[int, list[str]] = {}
     for key in store.list(layout.versions_prefix):
@@ -80,6 +87,10 @@ def gc(
     for key in store.list(layout.keyframes_prefix):
         if (v := layout.parse_keyframe_key(key)) is not None:
             keyframes.setdefault(v, []).append(key)
+    listed = {v for v, keys in by_version.items() if layout.manifest(v) in keys}
+    if keep_last is not None and last is not None and any(v < max(0, last - keep_last + 1) for v in listed):
+        retention = plan_retention(reader, last, keep_last)  # before anything is deleted
+        report.damaged = retention.damaged
 
     in_flight: list[str] = []
     for version in sorted(set(by_version) | set(keyframes)):
@@ -117,23 +128,37 @@ def gc(
             store.delete(key)
             logger.info("gc removed orphan %s", key)
 
-    if keep_last is not None and last is not None:
-        listed = {v for v, keys in by_version.items() if layout.manifest(v) in keys}
-        _remove_old_versions(store, reader, layout, last, keep_last, listed, report)
+    if retention is not None:
+        _remove_old_versions(store, reader, layout, retention.keyframe, listed, report)
     return report
 
 
-def _check_run(store: ObjectStore, reader: RunReader, layout: RunLayout) -> None:
-    """Refuse a run that does not exist, and a HEAD naming a version whose manifest is missing."""
+def _check_run(store: ObjectStore, reader: RunReader, layout: RunLayout) -> int | None:
+    """The last committed version, once the run is known safe to collect: RunError for a run that
+    does not exist, committed versions without a readable run.json, and a HEAD naming a version
+    whose manifest is missing or another id than that manifest's."""
+    refuse = "the run needs repair; gc removes nothing"
     try:
         head = reader.head()
     except ObjectNotFound:
+        head = None
         if not store.exists(layout.run_json) and next(iter(store.list(layout.run + "/")), None) is None:
             raise RunError(f"no run {layout.run!r} in {store.url}") from None
-        return
-    if not reader.has_manifest(head.version):
+    except FormatError as err:
+        raise RunError(f"{layout.head}: unreadable ({err}): {refuse}") from err
+    if head is not None and not reader.has_manifest(head.version):
         raise RunError(f"{layout.head} names version {head.version}, whose manifest {layout.manifest(head.version)} "
-                       "is missing: the run needs repair; gc removes nothing")  # fmt: skip
+                       f"is missing: {refuse}")  # fmt: skip
+    last = reader.last_committed()
+    if last is None:
+        return None
+    try:
+        reader.info()
+        if head is not None:
+            reader.check_head(head.version, reader.manifest(head.version)[1])
+    except (FormatError, ObjectNotFound, RunError) as err:
+        raise RunError(f"{err}: {refuse}") from err
+    return last
 
 
 def _check_claim_expired(store: ObjectStore, layout: RunLayout, force: bool) -> None:
@@ -144,25 +169,11 @@ def _check_claim_expired(store: ObjectStore, layout: RunLayout, force: bool) -> 
 
 
 def _remove_old_versions(
-    store: ObjectStore,
-    reader: RunReader,
-    layout: RunLayout,
-    last: int,
-    keep_last: int,
-    listed: set[int],
-    report: GcReport,
+    store: ObjectStore, reader: RunReader, layout: RunLayout, keyframe: int, listed: set[int], report: GcReport
 ) -> None:
-    oldest_kept = max(0, last - keep_last + 1)
-    kf_version = oldest_kept
-    while True:  # newest keyframe at or before the oldest kept version
-        manifest, _ = reader.manifest(kf_version)
-        if manifest.keyframe is not None:
-            break
-        if kf_version == 0:
-            return
-        kf_version -= 1
-    report.oldest_kept = kf_version
-    for version in sorted(v for v in listed if v < kf_version):  # oldest first: what remains is a replayable suffix
+    """Remove every listed version before ``keyframe`` (the checked one the kept versions start from)."""
+    report.oldest_kept = keyframe
+    for version in sorted(v for v in listed if v < keyframe):  # oldest first: what remains is a replayable suffix
         manifest, _ = reader.manifest(version)
         keys = [manifest.key, *(ref.key for ref in manifest.segments)]
         report.freed_bytes += _size(store, manifest.key) + sum(ref.size for ref in manifest.segments)
