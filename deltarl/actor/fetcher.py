@@ -38,6 +38,7 @@ from deltarl.errors import (
     ObjectNotFound,
     StoreError,
     TransferError,
+    short_pair,
 )
 from deltarl.pipeline.manifest import ObjectRef
 from deltarl.storage.aio import AsyncSource, make_async_source
@@ -105,8 +106,8 @@ class _Object:
             j = (start + a) // ps
             got = hashlib.sha256(mv[a : a + ps]).hexdigest()
             if got != self.ref.pieces[j]:
-                log.warning("%s: piece %d (bytes %d..%d) has sha256 %s…, its manifest records %s…",
-                            self.ref.key, j, start + a, start + a + len(mv[a : a + ps]), got[:16], self.ref.pieces[j][:16])
+                log.warning("%s: piece %d (bytes %d..%d) has sha256 %s, its manifest records %s",
+                            self.ref.key, j, start + a, start + a + len(mv[a : a + ps]), *short_pair(got, self.ref.pieces[j]))
                 self.mismatch = True
                 return  # never copied: the caller's memory holds no unchecked byte of it
         self.write(start, data)

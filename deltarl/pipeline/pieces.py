@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from deltarl.errors import IntegrityError
+from deltarl.errors import IntegrityError, short_pair
 
 DEFAULT_PIECE_SIZE = 1 << 20
 MIN_PIECE_SIZE = 64 << 10
@@ -123,9 +123,10 @@ class PieceVerifier:
         want = self.pieces[self._index]
         if got != want:
             start = self._index * self.piece_size
+            shown_got, shown_want = short_pair(got, want)
             raise IntegrityError(
                 f"{self.key}: piece {self._index} (bytes {start}..{min(start + self.piece_size, self.size)}) has sha256 "
-                f"{got[:16]}…, {self.named_by} records {want[:16]}…"
+                f"{shown_got}, {self.named_by} records {shown_want}"
             )
         self._index += 1
         self._fill = 0
@@ -138,7 +139,8 @@ class PieceVerifier:
         if self.pieces is None:
             got = self._hash.hexdigest()
             if got != self.sha256:
-                raise IntegrityError(f"{self.key}: sha256 {got[:16]}… differs from {self.sha256[:16]}… recorded in {self.named_by}")
+                shown_got, shown_want = short_pair(got, self.sha256)
+                raise IntegrityError(f"{self.key}: sha256 {shown_got} differs from {shown_want} recorded in {self.named_by}")
             self._index = 1
 
 

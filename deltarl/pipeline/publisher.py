@@ -33,6 +33,7 @@ from deltarl.errors import (
     RunError,
     StoreError,
     WriterConflict,
+    short_pair,
 )
 from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
@@ -188,7 +189,8 @@ class Publisher:
             record, self._head_etag = head
             manifest, vid = self.reader.manifest(record.version)
             if vid != record.version_id:
-                raise RunError(f"{self.layout.head}: names id {record.version_id[:16]}…, {manifest.key} has {vid[:16]}…")
+                named, has = short_pair(record.version_id, vid)
+                raise RunError(f"{self.layout.head}: names id {named}, {manifest.key} has {has}")
             self._head_id, self._next = vid, record.version + 1
         self._roll_forward()
         self._remove_orphans(self._next)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltarl.codec.heap import trim
 from deltarl.codec.jit_warmup import warm_codec_quietly
-from deltarl.errors import FormatError, IntegrityError, ObjectNotFound, RunError, TensorMismatch
+from deltarl.errors import FormatError, IntegrityError, ObjectNotFound, RunError, TensorMismatch, short_pair
 from deltarl.pipeline.manifest import Manifest
 from deltarl.pipeline.reader import RunReader
 from deltarl.storage.store import ObjectStore
@@ -45,8 +45,9 @@ def _check_digest(state: Any, manifest: Manifest) -> None:
         return
     got = state_digest(state, recorded.algo)
     if got != recorded.value:
+        shown_got, shown_recorded = short_pair(got, recorded.value)
         raise IntegrityError(
-            f"{manifest.key}: replayed state digest {got[:16]}… ({recorded.algo}) differs from the recorded {recorded.short()}"
+            f"{manifest.key}: replayed state digest {shown_got} ({recorded.algo}) differs from the recorded {shown_recorded}"
         )
 
 

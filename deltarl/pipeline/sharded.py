@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deltarl.codec.finite import check_before_encode
-from deltarl.errors import ObjectExists, RunError, ShardedPublishError, StoreError, WriterConflict
+from deltarl.errors import ObjectExists, RunError, ShardedPublishError, StoreError, WriterConflict, short_pair
 from deltarl.pipeline import shard_rows as sr
 from deltarl.pipeline.background import BackgroundPublishing
 from deltarl.pipeline.claim import WriterLease, new_writer_id
@@ -192,7 +192,8 @@ class ShardedPublisher:
             record, self._head_etag = head
             _, vid = self.reader.manifest(record.version)
             if vid != record.version_id:
-                raise RunError(f"{self.layout.head}: names id {record.version_id[:16]}…, manifest has {vid[:16]}…")
+                named, has = short_pair(record.version_id, vid)
+                raise RunError(f"{self.layout.head}: names id {named}, manifest has {has}")
             head_id, nxt = vid, record.version + 1
         while self.reader.has_manifest(nxt):  # committed by a writer that died before moving HEAD
             manifest, vid = self.reader.manifest(nxt)

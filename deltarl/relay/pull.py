@@ -7,7 +7,7 @@ import contextlib
 import hashlib
 import os
 
-from deltarl.errors import IntegrityError
+from deltarl.errors import IntegrityError, short_pair
 from deltarl.storage.pagecache import FLUSH_WINDOW_BYTES, flush_and_drop
 
 
@@ -219,8 +219,9 @@ class Pull:
                 continue
             got = (self._digests.get(j) if ps == self.piece_bytes else None) or self._hash_from_file(start, stop)
             if got != pieces[j]:
+                shown_got, shown_want = short_pair(got, pieces[j])
                 self.bad = IntegrityError(f"{self.key}: piece {j} (bytes {start}..{stop}) from upstream has sha256 "
-                                     f"{got[:16]}…, its manifest records {pieces[j][:16]}…")
+                                          f"{shown_got}, its manifest records {shown_want}")
                 return
             self._checked[j] = True
         while self._next_check < len(self._checked) and self._checked[self._next_check]:
