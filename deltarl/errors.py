@@ -59,6 +59,11 @@ class ObjectNotFound(StoreError, FileNotFoundError):
     """The key does not exist in the store."""
 
 
+class StoreNotFound(StoreError, FileNotFoundError):
+    """The store itself does not exist (a local folder that is missing), and the caller only reads
+    it, so it was not created."""
+
+
 class ObjectExists(StoreError, FileExistsError):
     """A conditional create found the key already present."""
 

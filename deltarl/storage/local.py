@@ -2,8 +2,10 @@
 
 Layout: the object ``a/b/c`` is the file ``<root>/a/b/c``, so a run directory can be browsed,
 copied or served as-is. Temp files and lock files live in ``<root>/.deltarl-tmp/`` (same file
-system as the objects, so renames are atomic); keys under that name are refused. Temp files a
-crashed writer left there are swept when a store is opened (those older than an hour).
+system as the objects, so renames are atomic); keys under that name are refused. That folder is
+made by the first write, so a store on a read-only mount opens and reads (every write then fails
+with ``StoreError``). Temp files a crashed writer left there are swept when a writable store is
+opened (those older than an hour).
 
 Atomicity:
 
@@ -41,7 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from deltarl.errors import InvalidKey, ObjectExists, ObjectNotFound, PreconditionFailed, StoreError
+from deltarl.errors import InvalidKey, ObjectExists, ObjectNotFound, PreconditionFailed, StoreError, StoreNotFound
 from deltarl.storage.keys import clamp_range, etag_of, validate_key, validate_prefix
 from deltarl.storage.pagecache import WriteBehind, drop_read
 from deltarl.storage.store import ObjectInfo, ObjectStore
@@ -72,21 +74,47 @@ def _recall_etag(fd: int, st: os.stat_result) -> str | None:
     return etag if (int(size), int(mtime_ns)) == (st.st_size, st.st_mtime_ns) else None
 
 
+def _discard(tmp: Path) -> None:
+    """Remove a temp file if it is there (after its write failed, or once it is linked into place)."""
+    with contextlib.suppress(OSError):  # missing, or a read-only file system
+        tmp.unlink()
+
+
 class LocalStore(ObjectStore):
-    """Objects as files under ``root`` (created if missing)."""
+    """Objects as files under ``root``.
+
+    ``create``: make ``root`` if it is missing (writers); with ``create=False`` a missing ``root``
+    raises :class:`~deltarl.errors.StoreNotFound` and nothing is created (readers). Opening never
+    writes: the temp folder is made by the first write.
+    """
 
     def __init__(
-        self, root: str | os.PathLike[str], *, fsync: bool = True, sweep_after_s: float = 3600.0
+        self, root: str | os.PathLike[str], *, fsync: bool = True, sweep_after_s: float = 3600.0, create: bool = True
     ) -> None:
         self.root = Path(root).expanduser().absolute()
         self.url = str(self.root)
         self.fsync = fsync
         self._tmp = self.root / TMP_DIR
-        try:
-            (self._tmp / "locks").mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise StoreError(f"cannot create local store at {self.root}: {err}") from err
-        self.sweep_temp(sweep_after_s)
+        self._tmp_ready = False
+        if not self.root.is_dir():
+            if not create or self.root.exists():
+                raise StoreNotFound(f"no store at {self.url!r} (not a directory)")
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise StoreError(f"cannot create local store at {self.root}: {err}") from err
+        if os.access(self._tmp, os.W_OK):  # a read-only store has nothing this process could sweep
+            self.sweep_temp(sweep_after_s)
+
+    def _tmp_dir(self) -> Path:
+        """The temp folder (made on the first write); StoreError where the store cannot be written."""
+        if not self._tmp_ready:
+            try:
+                (self._tmp / "locks").mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise StoreError(f"{self.url}: cannot write to this store: {err}") from err
+            self._tmp_ready = True
+        return self._tmp
 
     def sweep_temp(self, older_than_s: float = 3600.0) -> int:
         """Remove temp files a crashed writer left behind (never visible as objects); return how many.
@@ -95,16 +123,19 @@ class LocalStore(ObjectStore):
         """
         cutoff = time.time() - older_than_s
         removed = 0
-        with os.scandir(self._tmp) as entries:
-            for entry in entries:
-                if not entry.name.endswith(".tmp"):
-                    continue
-                # A temp file may vanish at any moment: its writer renamed or linked it into place,
-                # or another sweeper removed it. Either way there is nothing left to sweep.
-                with contextlib.suppress(FileNotFoundError):
-                    if entry.is_file() and entry.stat().st_mtime < cutoff:
-                        os.unlink(entry.path)
-                        removed += 1
+        try:
+            entries = list(os.scandir(self._tmp))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            if not entry.name.endswith(".tmp"):
+                continue
+            # A temp file may vanish at any moment: its writer renamed or linked it into place,
+            # or another sweeper removed it. Either way there is nothing left to sweep.
+            with contextlib.suppress(FileNotFoundError):
+                if entry.is_file() and entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
         if removed:
             log.info("%s: swept %d stale temp files", self.url, removed)
         return removed
@@ -120,7 +151,10 @@ class LocalStore(ObjectStore):
     @contextmanager
     def _locked(self, key: str) -> Iterator[None]:
         stripe = zlib.crc32(key.encode()) % _LOCK_STRIPES
-        fd = os.open(self._tmp / "locks" / f"{stripe:02d}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self._tmp_dir() / "locks" / f"{stripe:02d}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise StoreError(f"{self.url}: cannot write to this store: {err}") from err
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -128,7 +162,7 @@ class LocalStore(ObjectStore):
             os.close(fd)  # closing the descriptor releases the flock
 
     def _write_temp(self, data: bytes, etag: str) -> Path:
-        tmp = self._tmp / f"{uuid.uuid4().hex}.tmp"
+        tmp = self._tmp_dir() / f"{uuid.uuid4().hex}.tmp"
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -137,7 +171,7 @@ class LocalStore(ObjectStore):
                     os.fsync(f.fileno())
                 _remember_etag(f.fileno(), etag)
         except OSError as err:
-            tmp.unlink(missing_ok=True)
+            _discard(tmp)
             raise StoreError(f"{self.url}: cannot write a temp file: {err}") from err
         return tmp
 
@@ -172,7 +206,7 @@ class LocalStore(ObjectStore):
         except OSError as err:
             raise StoreError(f"{self.url}: cannot write {key!r}: {err}") from err
         finally:
-            tmp.unlink(missing_ok=True)
+            _discard(tmp)
         return etag
 
     @staticmethod
@@ -262,7 +296,7 @@ class LocalStore(ObjectStore):
         a second time (the caller hashes them as it produces them)."""
         path = self._path(key)
         etag = uuid.uuid4().hex
-        tmp = self._tmp / f"{uuid.uuid4().hex}.tmp"
+        tmp = self._tmp_dir() / f"{uuid.uuid4().hex}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
@@ -287,7 +321,7 @@ class LocalStore(ObjectStore):
         except OSError as err:
             raise StoreError(f"{self.url}: cannot write {key!r}: {err}") from err
         finally:
-            tmp.unlink(missing_ok=True)
+            _discard(tmp)
         return etag
 
     def get_range_into(self, key: str, start: int, buf: Any) -> int:
