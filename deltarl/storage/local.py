@@ -4,8 +4,11 @@ Layout: the object ``a/b/c`` is the file ``<root>/a/b/c``, so a run directory ca
 copied or served as-is. Temp files and lock files live in ``<root>/.deltarl-tmp/`` (same file
 system as the objects, so renames are atomic); keys under that name are refused. That folder is
 made by the first write, so a store on a read-only mount opens and reads (every write then fails
-with ``StoreError``). Temp files a crashed writer left there are swept when a writable store is
-opened (those older than an hour).
+with ``StoreError``). A temp file is named ``<first key component>~<random>.tmp`` (the component
+only when it is a plain name of at most 128 characters, as every run name is), so
+``pending_writes("<run>/")`` finds what a writer of that run left when it died mid-write, and gc
+can sweep it once the run's writer is known dead. Temp files older than an hour are also swept when
+a writable store is opened.
 
 Atomicity:
 
@@ -34,6 +37,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import stat
 import time
 import uuid
@@ -43,10 +47,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from deltarl.errors import InvalidKey, ObjectExists, ObjectNotFound, PreconditionFailed, StoreError, StoreNotFound
+from deltarl.errors import (
+    InvalidKey,
+    ObjectExists,
+    ObjectNotFound,
+    PreconditionFailed,
+    StoreError,
+    StoreNotFound,
+)
 from deltarl.storage.keys import clamp_range, etag_of, validate_key, validate_prefix
 from deltarl.storage.pagecache import WriteBehind, drop_read
-from deltarl.storage.store import ObjectInfo, ObjectStore
+from deltarl.storage.store import ObjectInfo, ObjectStore, PendingWrite
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +65,8 @@ TMP_DIR = ".deltarl-tmp"
 _LOCK_STRIPES = 64
 _READ_CHUNK = 1 << 20
 _ETAG_XATTR = "user.deltarl.md5"
+#: A key's first component that a temp file's name may carry (every run name is one).
+_TAGGABLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def _remember_etag(fd: int, etag: str) -> None:
@@ -161,8 +174,13 @@ class LocalStore(ObjectStore):
         finally:
             os.close(fd)  # closing the descriptor releases the flock
 
-    def _write_temp(self, data: bytes, etag: str) -> Path:
-        tmp = self._tmp_dir() / f"{uuid.uuid4().hex}.tmp"
+    def _temp_for(self, key: str) -> Path:
+        """A fresh temp file name for a write of ``key``, tagged with the key's first component."""
+        first = key.split("/", 1)[0]
+        return self._tmp_dir() / f"{first if _TAGGABLE.match(first) else ''}~{uuid.uuid4().hex}.tmp"
+
+    def _write_temp(self, key: str, data: bytes, etag: str) -> Path:
+        tmp = self._temp_for(key)
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -183,7 +201,7 @@ class LocalStore(ObjectStore):
         """
         path = self._path(key)
         etag = etag_of(data)
-        tmp = self._write_temp(data, etag)
+        tmp = self._write_temp(key, data, etag)
         try:
             for attempt in range(3):
                 try:
@@ -296,7 +314,7 @@ class LocalStore(ObjectStore):
         a second time (the caller hashes them as it produces them)."""
         path = self._path(key)
         etag = uuid.uuid4().hex
-        tmp = self._tmp_dir() / f"{uuid.uuid4().hex}.tmp"
+        tmp = self._temp_for(key)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
@@ -338,6 +356,40 @@ class LocalStore(ObjectStore):
             return done
         finally:
             os.close(fd)
+
+    def pending_writes(self, prefix: str = "") -> Iterator[PendingWrite]:
+        """Temp files of writes that may be of keys under ``prefix``: those tagged with a first
+        component that ``prefix`` falls under (or that falls under ``prefix``); untagged ones
+        (an old name, or a key whose first component is not a plain name) only for ``prefix=""``."""
+        validate_prefix(prefix)
+        try:
+            entries = sorted(os.scandir(self._tmp), key=lambda e: e.name)
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if not entry.name.endswith(".tmp"):
+                continue
+            tag, sep, _ = entry.name.partition("~")
+            if prefix and not (sep and tag and ((tag + "/").startswith(prefix) or prefix.startswith(tag + "/"))):
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue  # linked into place or swept meanwhile
+            if stat.S_ISREG(st.st_mode):
+                yield PendingWrite(key=f"{tag}/…" if sep and tag else "…", size=st.st_size, touched_at=st.st_mtime,
+                                   handle=entry.name)
+
+    def abort_pending(self, write: PendingWrite) -> None:
+        name = write.handle
+        if "/" in name or not name.endswith(".tmp"):
+            raise InvalidKey(f"{name!r} is not a temp file of {self.url}")
+        try:
+            (self._tmp / name).unlink()
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            raise StoreError(f"{self.url}: cannot remove temp file {name!r}: {err}") from err
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
