@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
              f"{info.keyframe_interval}, digest every {info.digest_interval}; HEAD "
              f"{'none' if head is None else f'{head.version} ({head.version_id[:12]})'}")  # fmt: skip
     columns = ("version", "step", "kind", "segs", "changed", "delta", "ratio vs full", "keyframe", "digest", "id")
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             str(r.version),
             str(r.step),
