@@ -1,0 +1,53 @@
+"""What a new user trips on at the command line: a closed pipe, a benchmark the help lists, the
+files replay and follow write, an unreachable relay, an audit with nothing to audit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deltarl.cli import build_parser, main
+from deltarl.storage import LocalStore
+from tests.fixtures.runs import publish_run
+
+pytestmark = pytest.mark.torch
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    publish_run(LocalStore(root), "r", 3, keyframe_interval=2)
+    return root
+
+
+@pytest.mark.parametrize("argv", [["inspect", "r"], ["inspect", "r", "--json"], ["gc", "r", "--dry-run"],
+                                  ["nginx-config", "--upstream", "http://127.0.0.1:8470"], ["--help"], ["inspect", "--help"]])
+def test_a_closed_pipe_is_no_error(store_dir: Path, argv: list[str]) -> None:
+    """``deltarl … | head``: the reader went away before (or while) the command wrote."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout now fails with EPIPE
+    try:
+        if "--help" not in argv and argv[0] != "nginx-config":
+            argv = [*argv, "--store", str(store_dir)]
+        proc = subprocess.run([sys.executable, "-m", "deltarl.cli", *argv], stdout=write_end, stderr=subprocess.PIPE,
+                              cwd=REPO, timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.stderr.decode() == ""
+    # as a process killed by SIGPIPE reports it; argparse's help already ignores a failed write
+    assert proc.returncode == (0 if "--help" in argv else 141)
+
+
+def test_every_benchmark_the_help_lists_is_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    modules = sorted(p.stem for p in (REPO / "benchmarks").glob("*.py") if not p.stem.startswith("_"))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    listed = " ".join(capsys.readouterr().out.split())
+    for name in modules:
+        assert build_parser().parse_args(["bench", name, "--quick"]).name == name
+        assert name in listed, name
