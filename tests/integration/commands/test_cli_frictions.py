@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deltarl.cli import build_parser, main
+from deltarl.cli import build_parser
 from deltarl.storage import LocalStore
 from tests.fixtures.runs import publish_run
 
@@ -51,3 +51,29 @@ def test_every_benchmark_the_help_lists_is_accepted(capsys: pytest.CaptureFixtur
     for name in modules:
         assert build_parser().parse_args(["bench", name, "--quick"]).name == name
         assert name in listed, name
+
+
+@pytest.mark.slow
+def test_replay_and_follow_write_the_same_file_honouring_the_umask(store_dir: Path, tmp_path: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from deltarl.pipeline import RunReader, replay
+    from tests.fixtures.runs import states_equal
+
+    outs = {}
+    for name, argv, umask, mode in [("replay-1", ["replay", "r", "--no-progress"], 0o022, 0o644),
+                                    ("replay-2", ["replay", "r", "--no-progress"], 0o077, 0o600),
+                                    ("follow", ["follow", "r", "--until-version", "2"], 0o022, 0o644)]:
+        out = tmp_path / f"{name}.safetensors"
+        proc = subprocess.run([sys.executable, "-m", "deltarl.cli", *argv, "--store", str(store_dir), "--out", str(out)],
+                              capture_output=True, text=True, cwd=REPO, timeout=120, umask=umask)
+        assert proc.returncode == 0, proc.stderr
+        assert out.stat().st_mode & 0o777 == mode, (name, oct(out.stat().st_mode))
+        outs[name] = out.read_bytes()
+    # one version, one file, whichever command or process wrote it
+    assert outs["replay-1"] == outs["replay-2"] == outs["follow"]
+    path = tmp_path / "follow.safetensors"
+    assert states_equal(load_file(path), replay(LocalStore(store_dir), "r"))
+    with safe_open(path, "pt") as f:
+        assert f.metadata() == {"run": "r", "version": "2", "version_id": RunReader(LocalStore(store_dir), "r").manifest(2)[1]}
