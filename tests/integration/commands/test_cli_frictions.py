@@ -77,3 +77,57 @@ def test_replay_and_follow_write_the_same_file_honouring_the_umask(store_dir: Pa
     assert states_equal(load_file(path), replay(LocalStore(store_dir), "r"))
     with safe_open(path, "pt") as f:
         assert f.metadata() == {"run": "r", "version": "2", "version_id": RunReader(LocalStore(store_dir), "r").manifest(2)[1]}
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_an_unreachable_relay_is_one_clear_line(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    proc = subprocess.run([sys.executable, "-m", "deltarl.cli", "inspect", "r", "--store", url], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"cannot reach {url}: connection refused (gave up after 8 attempts)" in last, proc.stderr
+    assert "NewConnectionError" not in proc.stderr
+    assert "HTTPConnection(" not in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_unreachable_relay_through_the_async_client() -> None:
+    import asyncio
+
+    from deltarl.errors import TransientStoreError
+    from deltarl.storage.http_client import RelayClient
+
+    url = f"http://127.0.0.1:{_closed_port()}"
+
+    async def head() -> None:
+        async with RelayClient(url) as client:
+            await client.head("r/run.json")
+
+    with pytest.raises(TransientStoreError) as err:
+        asyncio.run(head())
+    assert str(err.value) == f"HEAD {url}/r/run.json: cannot reach {url}: connection refused"
+
+
+def test_an_audit_with_no_rollouts_is_no_failure(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from deltarl.cli import main
+
+    assert main(["audit", "r", "--store", str(store_dir)]) == 0
+    assert "no rollouts to audit" in capsys.readouterr().out
+    assert main(["audit", "r", "--store", str(store_dir), "--require-rollouts"]) == 1
+    err = capsys.readouterr().err
+    assert "no rollouts to audit" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["audit", "nosuch", "--store", str(store_dir)]) == 1  # a run that is not there still fails
+    assert "no run 'nosuch'" in capsys.readouterr().err
+    (store_dir / "r" / "versions" / "000000000001" / "manifest.json").write_bytes(b"{}")
+    assert main(["audit", "r", "--store", str(store_dir)]) == 1  # and so does a broken chain
+    assert "no rollouts to audit" not in capsys.readouterr().out

@@ -70,7 +70,7 @@ def test_read_only_commands_work_on_a_read_only_store(ro_store, tmp_path: Path, 
     root, _ = ro_store
     assert main(["inspect", "r", "--store", str(root)]) == 0
     assert main(["replay", "r", "--store", str(root), "--out", str(tmp_path / "w.safetensors"), "--no-progress"]) == 0
-    assert main(["audit", "r", "--store", str(root)]) in (0, 1)  # runs (whether no rollouts fail is its own test)
+    assert main(["audit", "r", "--store", str(root)]) == 0  # no rollouts: nothing failed
     assert main(["gc", "r", "--store", str(root), "--dry-run"]) == 0
     err = capsys.readouterr().err
     assert "cannot create" not in err
