@@ -52,7 +52,7 @@ from deltarl.pipeline.manifest import (
 from deltarl.pipeline.pieces import check_piece_size
 from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.reader import RunReader, entries_of, table_of
-from deltarl.pipeline.uploads import UploadPool, copy_into, cpu_copy
+from deltarl.pipeline.uploads import UploadPool, check_materialized, copy_into, cpu_copy
 from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -257,6 +257,7 @@ class Publisher:
         for :meth:`publish` (nothing is copied; the caller must not modify them).
         """
         self._background.check_open()
+        check_materialized(state_dict)
         state = state_dict if owned else {name: cpu_copy(value) for name, value in state_dict.items()}
         return self._background.submit(lambda: self._publish(state, step, True, allow_nonfinite))
 
@@ -277,6 +278,7 @@ class Publisher:
         ``allow_nonfinite=True``.
         """
         self._background.settle()
+        check_materialized(state_dict)
         return self._publish(state_dict, step, owned, allow_nonfinite)
 
     def _publish(
