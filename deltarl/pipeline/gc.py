@@ -106,9 +106,12 @@ def gc(
         if (v := layout.parse_keyframe_key(key)) is not None:
             keyframes.setdefault(v, []).append(key)
     listed = {v for v, keys in by_version.items() if layout.manifest(v) in keys}
-    if keep_last is not None and last is not None and any(v < max(0, last - keep_last + 1) for v in listed):
-        retention = plan_retention(reader, last, keep_last)  # before anything is deleted
-        report.damaged = retention.damaged
+    if keep_last is not None and last is not None:
+        retention = plan_retention(reader, last, keep_last, listed)  # before anything is deleted
+        if retention is not None:
+            report.damaged = retention.damaged
+        else:  # nothing is old enough to go: every stored version stays
+            report.oldest_kept = min(listed, default=None)
 
     in_flight: list[str] = []
     for version in sorted(set(by_version) | set(keyframes)):

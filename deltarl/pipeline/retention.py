@@ -72,14 +72,19 @@ def verify_keyframe(reader: RunReader, manifest: Manifest) -> None:
             pass
 
 
-def plan_retention(reader: RunReader, last: int, keep_last: int) -> Retention:
-    """The keyframe the last ``keep_last`` versions (up to ``last``) are kept from, checked.
+def plan_retention(reader: RunReader, last: int, keep_last: int, stored: set[int]) -> Retention | None:
+    """The keyframe the last ``keep_last`` versions (up to ``last``) are kept from, checked; ``None``
+    when no ``stored`` version is older than the newest keyframe they could be kept from (nothing
+    would go, so nothing is read: a gc run after every step checks a keyframe only when it moves on).
 
     Raises:
         RunError: no keyframe at or before the oldest kept version verifies, or a delta or parent
             link the kept versions need is damaged; the message says gc removes nothing.
     """
     oldest_kept = max(0, last - keep_last + 1)
+    newest = next((v for v in range(oldest_kept, -1, -1) if v in stored and reader.manifest(v)[0].keyframe), None)
+    if not any(v < (oldest_kept if newest is None else newest) for v in stored):
+        return None
     retention: Retention | None = None
     damaged: list[str] = []
     for version in range(oldest_kept, -1, -1):

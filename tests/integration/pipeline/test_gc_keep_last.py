@@ -117,4 +117,7 @@ def test_nothing_to_remove_reads_no_keyframe(run10) -> None:
     report = gc(store, "r", keep_last=6)
     assert report.removed_versions == []
     assert report.damaged == []
+    assert report.oldest_kept == 4
     assert states_equal(replay(store, "r"), exports[9])
+    _damage(store, _part(4), "flip")  # nothing is older than keyframe 4, so gc has no reason to read it
+    assert gc(store, "r", keep_last=3).removed_versions == []
