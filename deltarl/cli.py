@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import select
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -66,7 +69,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``deltarl`` console script."""
+    """Entry point of the ``deltarl`` console script.
+
+    A reader of stdout that goes away (``deltarl inspect RUN | head``) ends the command quietly
+    with 141, the status of a process killed by SIGPIPE, for every command.
+    """
+    try:
+        try:
+            code = _run(argv)
+        except SystemExit:  # argparse: --help, --version, a refusal
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # here, not at interpreter exit, so a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise
+        _detach_stdout()
+        return 128 + signal.SIGPIPE
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose + args.sub_verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -79,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"deltarl {args.command}: {TORCH_HINT}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise
     except (DeltaRLError, OSError) as err:  # bad input or a failing store: one line, no traceback
         if args.verbose:
             raise
@@ -86,6 +111,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reader has gone (so EPIPE came from it)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced (a test's capture) or closed
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _detach_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what is left has somewhere to go."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

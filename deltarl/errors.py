@@ -59,6 +59,11 @@ class ObjectNotFound(StoreError, FileNotFoundError):
     """The key does not exist in the store."""
 
 
+class StoreNotFound(StoreError, FileNotFoundError):
+    """The store itself does not exist (a local folder that is missing), and the caller only reads
+    it, so it was not created."""
+
+
 class ObjectExists(StoreError, FileExistsError):
     """A conditional create found the key already present."""
 
@@ -198,3 +203,21 @@ class PublishFailed(RunError):
 class IntegrationError(DeltaRLError, RuntimeError):
     """A training framework's model cannot be exported as published weights (e.g. an adapter type
     whose merge deltarl does not know), or a background publish of a training step failed."""
+
+
+# --- naming things in messages -------------------------------------------------------------------
+
+
+def short_pair(a: str | None, b: str | None, width: int = 16) -> tuple[str, str]:
+    """Two ids (hex digests) shortened for a message so that they visibly differ: the first
+    ``width`` characters, or, where those are equal, up to four characters past the first one that
+    differs. ``None`` stays ``"None"``.
+
+    >>> short_pair("0123456789abcdef" + "0" * 48, "0123456789abcdef" + "1" * 48)
+    ('0123456789abcdef0000…', '0123456789abcdef1111…')
+    """
+    if a is None or b is None:
+        return (f"{a[:width]}…" if a else str(a)), (f"{b[:width]}…" if b else str(b))
+    first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    n = max(width, first + 4)
+    return (a[:n] + "…" if len(a) > n else a), (b[:n] + "…" if len(b) > n else b)

@@ -37,6 +37,7 @@ from deltarl.errors import (
     ObjectNotFound,
     StoreError,
     TransferError,
+    short_pair,
 )
 from deltarl.pipeline.manifest import ObjectRef
 from deltarl.pipeline.pieces import hash_piece
@@ -102,8 +103,8 @@ class _Object:
             j = (start + a) // ps
             got = hash_piece(mv[a : a + ps])
             if got != self.ref.pieces[j]:
-                log.warning("%s: piece %d (bytes %d..%d) has hash %s…, its manifest records %s…",
-                            self.ref.key, j, start + a, start + a + len(mv[a : a + ps]), got[:16], self.ref.pieces[j][:16])
+                log.warning("%s: piece %d (bytes %d..%d) has hash %s, its manifest records %s",
+                            self.ref.key, j, start + a, start + a + len(mv[a : a + ps]), *short_pair(got, self.ref.pieces[j]))
                 self.mismatch = True
                 return  # never copied: the caller's memory holds no unchecked byte of it
         self.write(start, data)

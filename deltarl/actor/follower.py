@@ -28,7 +28,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
@@ -216,16 +215,14 @@ class Follower:
     # --- output ------------------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the committed state as safetensors (atomically: a temporary file, then a rename)."""
-        from safetensors.torch import save_file
+        """Write the committed state as safetensors, atomically, byte for byte as ``deltarl replay``
+        writes the same version (:mod:`deltarl.pipeline.state_file`)."""
+        from deltarl.pipeline.state_file import write_state_file
 
         if not self.state:
             raise RunError(f"run {self.run_name!r}: nothing committed yet, no weights to save")
-        out = Path(path)
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        save_file({n: t.contiguous() for n, t in self.state.items()}, str(tmp),
-                  metadata={"run": self.run_name, "version": str(self.version), "version_id": str(self.version_id)})
-        os.replace(tmp, out)
+        write_state_file(path, self.state,
+                         {"run": self.run_name, "version": str(self.version), "version_id": str(self.version_id)})
 
     def run(
         self,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -38,16 +37,12 @@ def non_negative_int(text: str) -> int:
 
 
 def open_existing_store(url: str) -> ObjectStore:
-    """Open a store for a read-only command: a local path that does not exist is an error, never
-    created (``ConfigError``)."""
-    from deltarl.errors import ConfigError
+    """Open a store for a command that only reads it: a local path that does not exist is an error
+    (``StoreNotFound``, "no store at …"), never created."""
     from deltarl.storage import open_store
 
-    if url and ("://" not in url or url.startswith("file://")):
-        path = url.removeprefix("file://") if url.startswith("file://") else url
-        if not os.path.isdir(os.path.expanduser(path)):
-            raise ConfigError(f"no store at {url!r} (not a directory)")
-    return open_store(url)
+    return open_store(url, must_exist=True)
+
 
 #: Every store URL ``open_store`` accepts, and where an S3 endpoint comes from (one text for every command).
 STORE_SCHEMES = (

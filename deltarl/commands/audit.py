@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 0.05)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rescore sample (default 0)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--require-rollouts", action="store_true",
+                        help="fail (exit 1) when the run has no rollouts to audit (default: that is no failure)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         report = audit_run(store, args.run, args.steps)
+        exists = report.versions_in_chain > 0 or report.steps_in_store > 0 or \
+            next(iter(store.list(f"{args.run}/")), None) is not None
         rescored: list[RescoreFinding] = []
         if args.rescore > 0:
             results = [rec.result for rec in report.records]
@@ -63,9 +67,18 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         store.close()
-    if report.steps_in_store == 0:
-        print(f"deltarl audit: run {args.run!r} has no rollouts in {args.store}", file=sys.stderr)
+    if not exists:
+        print(f"deltarl audit: no run {args.run!r} in {args.store}", file=sys.stderr)
         return 1
+    if report.steps_in_store == 0 and report.ok and not args.json:
+        # The chain checked out and no step was ever opened (a run published without a coordinator):
+        # nothing failed an audit. --require-rollouts makes that a failure for scripts that expect some.
+        line = f"run {args.run!r}: no rollouts to audit ({report.versions_in_chain} versions in the chain checked)"
+        if args.require_rollouts:
+            print(f"deltarl audit: {line}", file=sys.stderr)
+            return 1
+        print(line)
+        return 0
     flagged = [dataclasses.asdict(f) for f in rescored if not f.ok]
     if args.json:
         print(json.dumps({
@@ -77,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         }, indent=1))
     else:
         _print_tables(report, len(rescored), flagged)
+    if args.require_rollouts and report.steps_in_store == 0:
+        return 1
     return 0 if report.ok and not flagged else 1
 
 

@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-HELP = "run a benchmark of a source checkout: python -m benchmarks.NAME (codec, publish, transfer, scheduler, e2e, scale, pause, gpu, ...)"
+#: Every module of ``benchmarks/`` that runs as ``python -m benchmarks.NAME`` (a test keeps this in step).
+BENCHMARKS = ("codec", "publish", "transfer", "scheduler", "e2e", "scale", "sharded", "pause", "gpu", "idle_polling",
+              "trl_callback")
 
-BENCHMARKS = ("codec", "publish", "transfer", "scheduler", "e2e", "pause", "gpu")
+HELP = f"run a benchmark of a source checkout: python -m benchmarks.NAME ({', '.join(BENCHMARKS)})"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

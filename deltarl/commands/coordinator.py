@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         store_url, run_name = args.store or config.store, args.run or config.run
         if not store_url or not run_name:
             raise ValueError("give --store and --run (or 'store:' and 'run:' in the --config file)")
-        store = open_store(store_url)
+        store = open_store(store_url, must_exist=True)  # the trainer creates the run; a typo is no new store
     except (DeltaRLError, ValueError) as err:
         print(f"deltarl coordinator: {err}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ import json
 import sys
 
 from deltarl.commands._store import add_store_argument, non_negative_int, open_existing_store, positive_int
-from deltarl.pipeline.inspection import human_bytes
+from deltarl.pipeline.inspection import human_bytes, spans
 
 HELP = "show a run's versions: changed fraction, delta bytes, ratio vs full weights, keyframes, digests"
 
@@ -35,10 +35,15 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         store.close()
+    if summary.missing:
+        many = len(summary.missing) > 1
+        print(f"deltarl inspect: version{'s' if many else ''} {spans(summary.missing)} {'are' if many else 'is'} missing "
+              "(no manifest): the stored chain is broken there, and no version after the gap replays from a "
+              "keyframe before it", file=sys.stderr)  # fmt: skip
     if args.json:
         versions = [dict(r.__dict__, changed_fraction=r.changed_fraction, ratio=r.ratio) for r in summary.rows]
         print(json.dumps({"run": args.run, "head": None if summary.head is None else summary.head.version,
-                          "versions": versions}, indent=1))
+                          "versions": versions, "missing": list(summary.missing)}, indent=1))
         return 0
     info, head = summary.info, summary.head
     full = sum(t.numel for t in info.tensors)
@@ -46,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
              f"{info.keyframe_interval}, digest every {info.digest_interval}; HEAD "
              f"{'none' if head is None else f'{head.version} ({head.version_id[:12]})'}")  # fmt: skip
     columns = ("version", "step", "kind", "segs", "changed", "delta", "ratio vs full", "keyframe", "digest", "id")
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             str(r.version),
             str(r.step),
@@ -61,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
         )
         for r in summary.rows
     ]
+    shown = {r.version for r in summary.rows}
+    if shown:  # a gap inside the versions shown is a row of its own
+        gaps = [v for v in summary.missing if min(shown) < v < max(shown)]
+        rows.extend((str(v), "", "missing", *("",) * (len(columns) - 3)) for v in gaps)
+        rows.sort(key=lambda row: int(row[0]))
     if not sys.stdout.isatty():  # piped: whole values, tab-separated, one version a line (cut/awk/sort work)
         print(f"# {title}")
         print("\t".join(c.replace(" ", "_") for c in columns))

@@ -24,10 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not have_torch("replay"):
         return 2
-    from safetensors.torch import save_file
-
     from deltarl.errors import ConfigError, DeltaRLError
     from deltarl.pipeline import RunReader, replay
+    from deltarl.pipeline.state_file import write_state_file
 
     out = os.path.abspath(os.path.expanduser(args.out))
     if os.path.isdir(out):
@@ -45,6 +44,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         store.close()
-    save_file(state, args.out, metadata={"run": args.run, "version": str(version), "version_id": vid})
+    write_state_file(out, state, {"run": args.run, "version": str(version), "version_id": vid})  # as follow writes it
     print(f"{args.run} version {version} ({vid[:16]}…) -> {args.out}")
     return 0

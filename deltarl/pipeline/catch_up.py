@@ -36,6 +36,7 @@ from deltarl.errors import (
     StoreError,
     TensorMismatch,
     TransferError,
+    short_pair,
 )
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo
@@ -99,8 +100,9 @@ async def walk_down(source: VersionSource, version: int, *, down_to: int | None 
     while True:
         manifest, vid = await source.manifest(v)
         if chain and chain[-1][0].parent != vid:
-            raise ChainBroken(f"{chain[-1][0].key}: broken parent chain: it names parent {chain[-1][0].parent}, "
-                              f"but {manifest.key} has id {vid}")
+            named, has = short_pair(chain[-1][0].parent, vid)
+            raise ChainBroken(f"{chain[-1][0].key}: broken parent chain: it names parent {named}, "
+                              f"but {manifest.key} has id {has}")
         chain.append((manifest, vid))
         if v == down_to or (down_to is None and manifest.keyframe is not None):
             break
@@ -118,25 +120,22 @@ async def check_up_to_head(source: VersionSource, version: int, vid: str) -> Non
     head = await source.head()
     if head is None or head.version <= version:
         if head is not None and head.version == version and head.version_id != vid:
-            raise ChainBroken(f"{source.layout.head}: names id {head.version_id} for version {version}, "
-                              f"but {source.layout.manifest(version)} has id {vid} (they differ from "
-                              f"character {_first_difference(head.version_id, vid)})")
+            named, has = short_pair(head.version_id, vid)
+            raise ChainBroken(f"{source.layout.head}: names id {named} for version {version}, "
+                              f"but {source.layout.manifest(version)} has id {has}")
         return
     below = vid
     for v in range(version + 1, head.version + 1):
         manifest, mid = await source.manifest(v)
         if manifest.parent != below:
-            raise ChainBroken(f"{manifest.key}: names parent {manifest.parent}, but version {v - 1} has id {below}: "
+            named, has = short_pair(manifest.parent, below)
+            raise ChainBroken(f"{manifest.key}: names parent {named}, but version {v - 1} has id {has}: "
                               f"version {version} is not in the history HEAD (version {head.version}) commits to")
         below = mid
     if below != head.version_id:
-        raise ChainBroken(f"{source.layout.head}: names id {head.version_id} for version {head.version}, "
-                          f"but its manifest has id {below} (they differ from character "
-                          f"{_first_difference(head.version_id, below)})")
-
-
-def _first_difference(a: str, b: str) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        named, has = short_pair(head.version_id, below)
+        raise ChainBroken(f"{source.layout.head}: names id {named} for version {head.version}, "
+                          f"but its manifest has id {has}")
 
 
 async def load_base(source: VersionSource, chain: Chain, into: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -176,8 +175,9 @@ async def check_digest(state: dict[str, Any], manifest: Manifest) -> None:
     assert recorded is not None
     got = await asyncio.to_thread(state_digest, state, recorded.algo)
     if got != recorded.value:
-        raise IntegrityError(f"{manifest.key}: rebuilt state digest {got[:16]}… ({recorded.algo}) differs from the "
-                             f"recorded {recorded.short()}")
+        shown_got, shown_recorded = short_pair(got, recorded.value)
+        raise IntegrityError(f"{manifest.key}: rebuilt state digest {shown_got} ({recorded.algo}) differs from the "
+                             f"recorded {shown_recorded}")
 
 
 async def apply_chain(
@@ -206,7 +206,8 @@ async def apply_chain(
             manifest, _ = chain[pos]
             parent_id = chain[pos - 1][1]
             if manifest.parent != parent_id:
-                raise ChainBroken(f"{manifest.key}: parent {manifest.parent} is not the id of version {manifest.version - 1}")
+                named, has = short_pair(manifest.parent, parent_id)
+                raise ChainBroken(f"{manifest.key}: parent {named} is not the id of version {manifest.version - 1} ({has})")
             prefetch(pos)
             prefetch(pos + 1)  # the next version's segments while this one is decoded
             segments = await fetching.pop(manifest.version)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -60,11 +61,14 @@ class VersionRow:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """run.json, HEAD, and the rows asked for (ascending)."""
+    """run.json, HEAD, the rows asked for (ascending), and the gaps of the stored chain."""
 
     info: RunInfo
     head: HeadRecord | None
     rows: tuple[VersionRow, ...]
+    #: Versions with no manifest between the oldest stored one and the last committed one: a
+    #: broken chain (versions ``gc --keep-last`` removed come before the oldest stored, no gap).
+    missing: tuple[int, ...] = ()
 
 
 def inspect_run(store: ObjectStore, run: str, *, version: int | None = None, last: int | None = 50) -> RunSummary:
@@ -94,7 +98,32 @@ def inspect_run(store: ObjectStore, run: str, *, version: int | None = None, las
 
     with ThreadPoolExecutor(8) as pool:
         rows = [r for r in pool.map(row, wanted) if r is not None]
-    return RunSummary(info=info, head=head, rows=tuple(rows))
+    return RunSummary(info=info, head=head, rows=tuple(rows), missing=_gaps(reader, reader.last_committed()))
+
+
+def _gaps(reader: RunReader, top: int | None) -> tuple[int, ...]:
+    """Versions up to ``top`` that have no manifest although an older version has one."""
+    if top is None:
+        return ()
+    layout = reader.layout
+    stored = set()
+    for key in reader.store.list(layout.versions_prefix):
+        parsed = layout.parse_version_key(key)
+        if parsed is not None and parsed[1] == "manifest.json":
+            stored.add(parsed[0])
+    oldest = min(stored, default=top)
+    return tuple(v for v in range(oldest, top + 1) if v not in stored)
+
+
+def spans(versions: Sequence[int]) -> str:
+    """``[3, 4, 5, 9]`` as ``"3..5, 9"``."""
+    out: list[str] = []
+    for v in versions:
+        if out and v == int(out[-1].rsplit(".", 1)[-1]) + 1:
+            out[-1] = f"{out[-1].split('..')[0]}..{v}"
+        else:
+            out.append(str(v))
+    return ", ".join(out)
 
 
 def human_bytes(n: float) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from deltarl.codec.hashing import BLOCK, HASH_BYTES, leaves, object_root, piece_hash
-from deltarl.errors import IntegrityError
+from deltarl.errors import IntegrityError, short_pair
 
 DEFAULT_PIECE_SIZE = 1 << 20
 MIN_PIECE_SIZE = 64 << 10
@@ -159,9 +159,10 @@ class PieceVerifier:
         want = self.pieces[self._index]
         if got != want:
             start = self._index * self.piece_size
+            shown_got, shown_want = short_pair(got, want)
             raise IntegrityError(
                 f"{self.key}: piece {self._index} (bytes {start}..{min(start + self.piece_size, self.size)}) has hash "
-                f"{got[:16]}…, {self.named_by} records {want[:16]}…"
+                f"{shown_got}, {self.named_by} records {shown_want}"
             )
         self._index += 1
 

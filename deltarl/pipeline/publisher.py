@@ -33,7 +33,14 @@ from deltarl.pipeline.manifest import KeyframePart, ObjectRef, StateDigest
 from deltarl.pipeline.pieces import check_piece_size
 from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.reader import table_of
-from deltarl.pipeline.uploads import UploadPool, copy_into, cpu_copy, discard, upload_object
+from deltarl.pipeline.uploads import (
+    UploadPool,
+    check_materialized,
+    copy_into,
+    cpu_copy,
+    discard,
+    upload_object,
+)
 from deltarl.pipeline.writer import ProgressHook, RunWriter, VersionInfo, utc_now
 from deltarl.storage.store import ObjectStore
 
@@ -165,6 +172,7 @@ class Publisher:
         the future.
         """
         self._background.check_open()
+        check_materialized(state_dict)
         state = state_dict if owned else {name: cpu_copy(value) for name, value in state_dict.items()}
         return self._background.submit(lambda: self._publish(state, step, True, allow_nonfinite), on_published)
 
@@ -186,6 +194,7 @@ class Publisher:
         tensors at all, a tensor that cannot be read) is refused before anything is written.
         """
         self._background.settle()
+        check_materialized(state_dict)
         return self._publish(state_dict, step, owned, allow_nonfinite)
 
     def _check_changes(self, state: Mapping[str, Any], allow_nonfinite: bool) -> tuple[bool, Future[bool] | None]:

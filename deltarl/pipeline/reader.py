@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from deltarl.errors import IntegrityError, ObjectNotFound, RunError
+from deltarl.errors import IntegrityError, ObjectNotFound, RunError, short_pair
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import HeadRecord, Manifest, ObjectRef, RunInfo, TensorEntry, version_id
 from deltarl.storage.store import ObjectStore
@@ -211,10 +211,8 @@ class RunReader:
         for v in range(version, -1, -1):
             manifest, vid = self.manifest(v)
             if child is not None and child.parent != vid:
-                raise RunError(
-                    f"{child.key}: broken parent chain: it names parent {child.parent[:16] if child.parent else None}…, "
-                    f"but {manifest.key} has id {vid[:16]}…"
-                )
+                named, has = short_pair(child.parent, vid)
+                raise RunError(f"{child.key}: broken parent chain: it names parent {named}, but {manifest.key} has id {has}")
             yield manifest, vid
             child = manifest
 
@@ -225,6 +223,7 @@ class RunReader:
         except ObjectNotFound:
             return
         if head.version == version and head.version_id != vid:
-            raise RunError(f"{self.layout.head}: names id {head.version_id[:16]}… for version {version}, manifest has {vid[:16]}…")
+            named, has = short_pair(head.version_id, vid)
+            raise RunError(f"{self.layout.head}: names id {named} for version {version}, manifest has {has}")
         if head.version < version:
             logger.debug("version %d is past HEAD (%d): committed but HEAD not yet moved", version, head.version)

@@ -10,16 +10,29 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from deltarl.errors import ObjectExists, StoreError, WriterConflict
+from deltarl.errors import ObjectExists, StoreError, TensorMismatch, WriterConflict
 from deltarl.pipeline.manifest import ObjectRef
 from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
+
+
+def check_materialized(state: Mapping[str, Any]) -> None:
+    """TensorMismatch naming the first tensor of ``state`` that holds no values: one on torch's
+    ``meta`` device (a model built with ``device="meta"`` or ``init_empty_weights``, never loaded)
+    has a shape and a dtype but nothing to copy, hash or publish."""
+    for name, value in state.items():
+        if getattr(value, "is_meta", False):
+            raise TensorMismatch(
+                f"tensor {name!r} is on the meta device: it has a shape but no values (a model built on "
+                "device='meta' or with init_empty_weights and never loaded); publish tensors that hold values"
+            )
 
 
 def cpu_copy(value: Any) -> Any:

@@ -33,6 +33,7 @@ from deltarl.errors import (
     StoreError,
     TensorMismatch,
     WriterConflict,
+    short_pair,
 )
 from deltarl.pipeline.claim import WriterLease, new_writer_id
 from deltarl.pipeline.layout import RunLayout
@@ -173,8 +174,9 @@ class RunWriter:
             record, self._head_etag = head
             manifest, vid = self.reader.manifest(record.version)
             if vid != record.version_id:
-                raise RunError(f"{self.layout.head}: names id {record.version_id} for version {record.version}, "
-                               f"but {manifest.key} has id {vid}")
+                named, has = short_pair(record.version_id, vid)
+                raise RunError(f"{self.layout.head}: names id {named} for version {record.version}, "
+                               f"but {manifest.key} has id {has}")
             self.head_id, self.next_version = vid, record.version + 1
         while self.reader.has_manifest(self.next_version):  # committed by a writer that died before HEAD
             manifest, vid = self.reader.manifest(self.next_version)

@@ -7,7 +7,7 @@ import contextlib
 import os
 
 from deltarl.codec.hashing import BLOCK, HASH_BYTES, leaves, object_root, piece_hash
-from deltarl.errors import IntegrityError
+from deltarl.errors import IntegrityError, short_pair
 from deltarl.pipeline.manifest import ObjectRef
 from deltarl.storage.pagecache import FLUSH_WINDOW_BYTES, flush_and_drop
 
@@ -207,8 +207,9 @@ class Pull:
                 continue
             got = self._piece_from_blocks(start, stop) or self._hash_from_file(start, stop)
             if got != pieces[j]:
+                shown_got, shown_want = short_pair(got, pieces[j])
                 self.bad = IntegrityError(f"{self.key}: piece {j} (bytes {start}..{stop}) from upstream has hash "
-                                     f"{got[:16]}…, its manifest records {pieces[j][:16]}…")
+                                          f"{shown_got}, its manifest records {shown_want}")
                 return
             self._checked[j] = True
         while self._next_check < len(self._checked) and self._checked[self._next_check]:

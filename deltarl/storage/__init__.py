@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from deltarl.storage.local import LocalStore
 from deltarl.storage.memory import MemoryStore
 from deltarl.storage.open import open_store
-from deltarl.storage.store import ObjectInfo, ObjectStore
+from deltarl.storage.store import ObjectInfo, ObjectStore, PendingWrite
 
 if TYPE_CHECKING:
     from deltarl.storage.aio import AsyncSource, make_async_source
@@ -24,6 +24,7 @@ __all__ = [
     "MemoryStore",
     "ObjectInfo",
     "ObjectStore",
+    "PendingWrite",
     "RetryPolicy",
     "S3Store",
     "make_async_source",

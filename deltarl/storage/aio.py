@@ -237,7 +237,7 @@ def make_async_source(
     """An async source from a relay URL (``http(s)://``), a store, any other store URL, or a ready one.
 
     Args:
-        source: what to read from.
+        source: what to read from (a local store path must name an existing folder: ``StoreNotFound``).
         connections: persistent HTTP connections to a relay (long-polls hold one each).
         read_timeout_s: how long a relay response may stall before it counts as failed.
         token: bearer token sent to a relay (needed for the writes it forwards).
@@ -254,4 +254,4 @@ def make_async_source(
         return RelaySource(source, connections=connections, read_timeout_s=read_timeout_s, token=token)
     from deltarl.storage.open import open_store
 
-    return StoreSource(open_store(source), poll_interval_s=poll_interval_s)
+    return StoreSource(open_store(source, must_exist=True), poll_interval_s=poll_interval_s)

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import urllib3
 
 from deltarl.errors import InvalidRange, ObjectExists, PreconditionFailed, TransientStoreError
-from deltarl.storage.http_client import raise_for_status
+from deltarl.storage.http_client import network_error, raise_for_status
 from deltarl.storage.keys import check_range_args, strip_etag, validate_key, validate_prefix
 from deltarl.storage.retry import NO_RETRY, RetryPolicy
 from deltarl.storage.store import ObjectInfo, ObjectStore
@@ -78,12 +78,18 @@ class HTTPStore(ObjectStore):
             try:
                 resp = self._pool.request(method, url, headers=hdrs, body=body, preload_content=True, redirect=False)
             except urllib3.exceptions.HTTPError as err:
-                raise TransientStoreError(f"{method} {url}: {err!r}") from err
+                raise network_error(f"{method} {url}", self.url, err) from err
             if resp.status >= 500 or resp.status == 429:
                 raise_for_status(resp.status, f"{method} {url}", resp.data.decode(errors="replace"), resp.headers)
             return resp
 
-        return (retry or self.retry).call(once, f"{method} {url}")
+        policy = retry or self.retry
+        try:
+            return policy.call(once, f"{method} {url}")
+        except TransientStoreError as err:
+            if policy.attempts == 1:
+                raise
+            raise TransientStoreError(f"{err} (gave up after {policy.attempts} attempts)") from err
 
     # --- reads ----------------------------------------------------------------------------------
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import NoReturn
 from urllib.parse import quote
 
 import aiohttp
+import urllib3
 from yarl import URL
 
 from deltarl.errors import (
@@ -34,6 +36,33 @@ from deltarl.storage.store import ObjectInfo
 
 #: Errors of aiohttp and the loop that mean "this connection or server failed; try again/elsewhere".
 NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+#: Failures to open a connection at all (urllib3's NewConnectionError is a ConnectTimeoutError).
+_CONNECT_ERRORS = (aiohttp.ClientConnectorError, urllib3.exceptions.ConnectTimeoutError, ConnectionRefusedError)
+
+
+def network_reason(err: BaseException) -> str:
+    """Why a request failed on the network, in a few words: the OS error under a client's wrapper
+    ("connection refused", "name or service not known"), "timed out", else the error's own text."""
+    chain: list[BaseException] = []
+    e: BaseException | None = err
+    while e is not None and e not in chain and len(chain) < 8:
+        chain.append(e)
+        e = getattr(e, "os_error", None) or e.__cause__ or e.__context__
+    for e in chain:
+        if isinstance(e, OSError) and e.errno:
+            return os.strerror(e.errno).lower()
+        if isinstance(e, OSError) and getattr(e, "strerror", None) and not isinstance(e, StoreError):
+            return str(e.strerror).lower()
+    if any(isinstance(e, (TimeoutError, asyncio.TimeoutError, urllib3.exceptions.TimeoutError)) for e in chain):
+        return "timed out"
+    return str(err) or type(err).__name__
+
+
+def network_error(what: str, base_url: str, err: BaseException) -> TransientStoreError:
+    """The one-line error of a request ``what`` to ``base_url`` that failed on the network."""
+    if isinstance(err, _CONNECT_ERRORS):
+        return TransientStoreError(f"{what}: cannot reach {base_url}: {network_reason(err)}")
+    return TransientStoreError(f"{what}: connection to {base_url} failed: {network_reason(err)}")
 
 
 def object_url(base_url: str, key: str, **query: str) -> URL:
@@ -125,7 +154,7 @@ class RelayClient:
                 size = int(resp.headers.get("Content-Length", "0"))
                 return ObjectInfo(key=key, size=size, etag=strip_etag(resp.headers.get("ETag")))
         except NETWORK_ERRORS as err:
-            raise TransientStoreError(f"HEAD {self.base_url}/{key}: {err!r}") from err
+            raise network_error(f"HEAD {self.base_url}/{key}", self.base_url, err) from err
 
     async def get_range(self, key: str, start: int = 0, end: int | None = None, *, wait: float | None = None,
                         unverified: bool = False) -> bytes:
@@ -168,7 +197,7 @@ class RelayClient:
                 if expected is not None and resp.status == 206 and got != expected:
                     raise TransientStoreError(f"{what}: truncated response ({got} of {expected} bytes)")
         except NETWORK_ERRORS as err:
-            raise TransientStoreError(f"{what}: {err!r}") from err
+            raise network_error(what, self.base_url, err) from err
 
     async def get_mutable(self, key: str, *, etag: str | None = None, wait: float | None = None) -> tuple[bytes, str] | None:
         """Read a mutable object (HEAD) with its ETag; ``None`` if still ``etag`` after ``wait``."""
@@ -183,7 +212,7 @@ class RelayClient:
                     raise_for_status(resp.status, f"GET {self.base_url}/{key}")
                 return await resp.read(), strip_etag(resp.headers.get("ETag"))
         except NETWORK_ERRORS as err:
-            raise TransientStoreError(f"GET {self.base_url}/{key}: {err!r}") from err
+            raise network_error(f"GET {self.base_url}/{key}", self.base_url, err) from err
 
     async def list(self, prefix: str = "") -> list[str]:
         url = URL(self.base_url + "/", encoded=True).with_query({"prefix": prefix})
@@ -193,7 +222,7 @@ class RelayClient:
                     raise_for_status(resp.status, f"LIST {self.base_url} {prefix!r}")
                 return [str(k) for k in json.loads(await resp.read())["keys"]]
         except NETWORK_ERRORS as err:
-            raise TransientStoreError(f"LIST {self.base_url}: {err!r}") from err
+            raise network_error(f"LIST {self.base_url}", self.base_url, err) from err
 
     # --- writes -------------------------------------------------------------------------------
 
@@ -211,7 +240,7 @@ class RelayClient:
                     raise_for_status(resp.status, f"PUT {self.base_url}/{key}", await resp.text(errors="replace"))
                 return strip_etag(resp.headers.get("ETag"))
         except NETWORK_ERRORS as err:
-            raise TransientStoreError(f"PUT {self.base_url}/{key}: {err!r}") from err
+            raise network_error(f"PUT {self.base_url}/{key}", self.base_url, err) from err
 
     async def delete(self, key: str) -> None:
         try:
@@ -219,4 +248,4 @@ class RelayClient:
                 if resp.status not in (200, 204, 404):
                     raise_for_status(resp.status, f"DELETE {self.base_url}/{key}")
         except NETWORK_ERRORS as err:
-            raise TransientStoreError(f"DELETE {self.base_url}/{key}: {err!r}") from err
+            raise network_error(f"DELETE {self.base_url}/{key}", self.base_url, err) from err

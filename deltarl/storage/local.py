@@ -2,8 +2,13 @@
 
 Layout: the object ``a/b/c`` is the file ``<root>/a/b/c``, so a run directory can be browsed,
 copied or served as-is. Temp files and lock files live in ``<root>/.deltarl-tmp/`` (same file
-system as the objects, so renames are atomic); keys under that name are refused. Temp files a
-crashed writer left there are swept when a store is opened (those older than an hour).
+system as the objects, so renames are atomic); keys under that name are refused. That folder is
+made by the first write, so a store on a read-only mount opens and reads (every write then fails
+with ``StoreError``). A temp file is named ``<first key component>~<random>.tmp`` (the component
+only when it is a plain name of at most 128 characters, as every run name is), so
+``pending_writes("<run>/")`` finds what a writer of that run left when it died mid-write, and gc
+can sweep it once the run's writer is known dead. Temp files older than an hour are also swept when
+a writable store is opened.
 
 Atomicity:
 
@@ -32,6 +37,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import stat
 import time
 import uuid
@@ -41,10 +47,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from deltarl.errors import InvalidKey, ObjectExists, ObjectNotFound, PreconditionFailed, StoreError
+from deltarl.errors import (
+    InvalidKey,
+    ObjectExists,
+    ObjectNotFound,
+    PreconditionFailed,
+    StoreError,
+    StoreNotFound,
+)
 from deltarl.storage.keys import clamp_range, etag_of, validate_key, validate_prefix
 from deltarl.storage.pagecache import WriteBehind, drop_read
-from deltarl.storage.store import ObjectInfo, ObjectStore
+from deltarl.storage.store import ObjectInfo, ObjectStore, PendingWrite
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +65,8 @@ TMP_DIR = ".deltarl-tmp"
 _LOCK_STRIPES = 64
 _READ_CHUNK = 1 << 20
 _ETAG_XATTR = "user.deltarl.md5"
+#: A key's first component that a temp file's name may carry (every run name is one).
+_TAGGABLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def _remember_etag(fd: int, etag: str) -> None:
@@ -72,21 +87,47 @@ def _recall_etag(fd: int, st: os.stat_result) -> str | None:
     return etag if (int(size), int(mtime_ns)) == (st.st_size, st.st_mtime_ns) else None
 
 
+def _discard(tmp: Path) -> None:
+    """Remove a temp file if it is there (after its write failed, or once it is linked into place)."""
+    with contextlib.suppress(OSError):  # missing, or a read-only file system
+        tmp.unlink()
+
+
 class LocalStore(ObjectStore):
-    """Objects as files under ``root`` (created if missing)."""
+    """Objects as files under ``root``.
+
+    ``create``: make ``root`` if it is missing (writers); with ``create=False`` a missing ``root``
+    raises :class:`~deltarl.errors.StoreNotFound` and nothing is created (readers). Opening never
+    writes: the temp folder is made by the first write.
+    """
 
     def __init__(
-        self, root: str | os.PathLike[str], *, fsync: bool = True, sweep_after_s: float = 3600.0
+        self, root: str | os.PathLike[str], *, fsync: bool = True, sweep_after_s: float = 3600.0, create: bool = True
     ) -> None:
         self.root = Path(root).expanduser().absolute()
         self.url = str(self.root)
         self.fsync = fsync
         self._tmp = self.root / TMP_DIR
-        try:
-            (self._tmp / "locks").mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise StoreError(f"cannot create local store at {self.root}: {err}") from err
-        self.sweep_temp(sweep_after_s)
+        self._tmp_ready = False
+        if not self.root.is_dir():
+            if not create or self.root.exists():
+                raise StoreNotFound(f"no store at {self.url!r} (not a directory)")
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise StoreError(f"cannot create local store at {self.root}: {err}") from err
+        if os.access(self._tmp, os.W_OK):  # a read-only store has nothing this process could sweep
+            self.sweep_temp(sweep_after_s)
+
+    def _tmp_dir(self) -> Path:
+        """The temp folder (made on the first write); StoreError where the store cannot be written."""
+        if not self._tmp_ready:
+            try:
+                (self._tmp / "locks").mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise StoreError(f"{self.url}: cannot write to this store: {err}") from err
+            self._tmp_ready = True
+        return self._tmp
 
     def sweep_temp(self, older_than_s: float = 3600.0) -> int:
         """Remove temp files a crashed writer left behind (never visible as objects); return how many.
@@ -95,16 +136,19 @@ class LocalStore(ObjectStore):
         """
         cutoff = time.time() - older_than_s
         removed = 0
-        with os.scandir(self._tmp) as entries:
-            for entry in entries:
-                if not entry.name.endswith(".tmp"):
-                    continue
-                # A temp file may vanish at any moment: its writer renamed or linked it into place,
-                # or another sweeper removed it. Either way there is nothing left to sweep.
-                with contextlib.suppress(FileNotFoundError):
-                    if entry.is_file() and entry.stat().st_mtime < cutoff:
-                        os.unlink(entry.path)
-                        removed += 1
+        try:
+            entries = list(os.scandir(self._tmp))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            if not entry.name.endswith(".tmp"):
+                continue
+            # A temp file may vanish at any moment: its writer renamed or linked it into place,
+            # or another sweeper removed it. Either way there is nothing left to sweep.
+            with contextlib.suppress(FileNotFoundError):
+                if entry.is_file() and entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
         if removed:
             log.info("%s: swept %d stale temp files", self.url, removed)
         return removed
@@ -120,15 +164,23 @@ class LocalStore(ObjectStore):
     @contextmanager
     def _locked(self, key: str) -> Iterator[None]:
         stripe = zlib.crc32(key.encode()) % _LOCK_STRIPES
-        fd = os.open(self._tmp / "locks" / f"{stripe:02d}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self._tmp_dir() / "locks" / f"{stripe:02d}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise StoreError(f"{self.url}: cannot write to this store: {err}") from err
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the flock
 
-    def _write_temp(self, data: bytes, etag: str) -> Path:
-        tmp = self._tmp / f"{uuid.uuid4().hex}.tmp"
+    def _temp_for(self, key: str) -> Path:
+        """A fresh temp file name for a write of ``key``, tagged with the key's first component."""
+        first = key.split("/", 1)[0]
+        return self._tmp_dir() / f"{first if _TAGGABLE.match(first) else ''}~{uuid.uuid4().hex}.tmp"
+
+    def _write_temp(self, key: str, data: bytes, etag: str) -> Path:
+        tmp = self._temp_for(key)
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -137,7 +189,7 @@ class LocalStore(ObjectStore):
                     os.fsync(f.fileno())
                 _remember_etag(f.fileno(), etag)
         except OSError as err:
-            tmp.unlink(missing_ok=True)
+            _discard(tmp)
             raise StoreError(f"{self.url}: cannot write a temp file: {err}") from err
         return tmp
 
@@ -149,7 +201,7 @@ class LocalStore(ObjectStore):
         """
         path = self._path(key)
         etag = etag_of(data)
-        tmp = self._write_temp(data, etag)
+        tmp = self._write_temp(key, data, etag)
         try:
             for attempt in range(3):
                 try:
@@ -172,7 +224,7 @@ class LocalStore(ObjectStore):
         except OSError as err:
             raise StoreError(f"{self.url}: cannot write {key!r}: {err}") from err
         finally:
-            tmp.unlink(missing_ok=True)
+            _discard(tmp)
         return etag
 
     @staticmethod
@@ -262,7 +314,7 @@ class LocalStore(ObjectStore):
         a second time (the caller hashes them as it produces them)."""
         path = self._path(key)
         etag = uuid.uuid4().hex
-        tmp = self._tmp / f"{uuid.uuid4().hex}.tmp"
+        tmp = self._temp_for(key)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
@@ -287,7 +339,7 @@ class LocalStore(ObjectStore):
         except OSError as err:
             raise StoreError(f"{self.url}: cannot write {key!r}: {err}") from err
         finally:
-            tmp.unlink(missing_ok=True)
+            _discard(tmp)
         return etag
 
     def get_range_into(self, key: str, start: int, buf: Any) -> int:
@@ -304,6 +356,40 @@ class LocalStore(ObjectStore):
             return done
         finally:
             os.close(fd)
+
+    def pending_writes(self, prefix: str = "") -> Iterator[PendingWrite]:
+        """Temp files of writes that may be of keys under ``prefix``: those tagged with a first
+        component that ``prefix`` falls under (or that falls under ``prefix``); untagged ones
+        (an old name, or a key whose first component is not a plain name) only for ``prefix=""``."""
+        validate_prefix(prefix)
+        try:
+            entries = sorted(os.scandir(self._tmp), key=lambda e: e.name)
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if not entry.name.endswith(".tmp"):
+                continue
+            tag, sep, _ = entry.name.partition("~")
+            if prefix and not (sep and tag and ((tag + "/").startswith(prefix) or prefix.startswith(tag + "/"))):
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue  # linked into place or swept meanwhile
+            if stat.S_ISREG(st.st_mode):
+                yield PendingWrite(key=f"{tag}/…" if sep and tag else "…", size=st.st_size, touched_at=st.st_mtime,
+                                   handle=entry.name)
+
+    def abort_pending(self, write: PendingWrite) -> None:
+        name = write.handle
+        if "/" in name or not name.endswith(".tmp"):
+            raise InvalidKey(f"{name!r} is not a temp file of {self.url}")
+        try:
+            (self._tmp / name).unlink()
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            raise StoreError(f"{self.url}: cannot remove temp file {name!r}: {err}") from err
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()

@@ -22,7 +22,9 @@ Precedence: deltarl's own backends win for plain paths, ``file://``, ``memory://
 ``O_EXCL``, S3 conditional writes through boto3); fsspec takes every other scheme it knows.
 
 Extra keyword options go to the backend's constructor; an unknown option or a malformed URL
-raises :class:`~deltarl.errors.ConfigError`.
+raises :class:`~deltarl.errors.ConfigError`. Roles that only read a store (and those that add to a
+run someone else created: a relay's upstream, the coordinator) open it with ``must_exist=True``, so
+a mistyped local path is refused instead of becoming a new, empty store.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ from deltarl.errors import ConfigError
 from deltarl.storage.store import ObjectStore
 
 
-def open_store(url: str | os.PathLike[str], **options: Any) -> ObjectStore:
+def open_store(url: str | os.PathLike[str], *, must_exist: bool = False, **options: Any) -> ObjectStore:
     """Open the store that ``url`` names (see the module docstring for the forms).
 
     Args:
         url: a path, ``file:///abs``, ``memory://[name]``, ``s3://bucket[/prefix]`` or a relay's
             ``http(s)://host:port``.
+        must_exist: refuse a local folder that does not exist (``StoreNotFound``) instead of
+            creating it; nothing is created. Other backends never create their bucket or server.
         **options: keyword options of the backend's constructor (e.g. ``endpoint_url=`` for S3,
             ``token=`` for a relay).
 
@@ -50,6 +54,7 @@ def open_store(url: str | os.PathLike[str], **options: Any) -> ObjectStore:
 
     Raises:
         ConfigError: a malformed URL, an unknown scheme or an option the backend does not take.
+        StoreNotFound: ``must_exist`` and the local folder is missing.
 
     Example:
         >>> store = open_store("memory://demo")
@@ -62,8 +67,9 @@ def open_store(url: str | os.PathLike[str], **options: Any) -> ObjectStore:
         raise ConfigError(f"store URL must be a non-empty string, got {url!r}")
     if url.lower().startswith("fsspec+"):
         return _build("fsspec", (url[len("fsspec+"):],), options)
+    local = {"create": False} if must_exist else {}
     if "://" not in url:
-        return _build("local", (url,), options)
+        return _build("local", (url,), {**local, **options})
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if parts.query or parts.fragment:
@@ -73,7 +79,7 @@ def open_store(url: str | os.PathLike[str], **options: Any) -> ObjectStore:
             raise ConfigError(f"file:// URL must be file:///absolute/path, got {url!r}")
         if not parts.path:
             raise ConfigError(f"file:// URL has no path: {url!r}")
-        return _build("local", (unquote(parts.path),), options)
+        return _build("local", (unquote(parts.path),), {**local, **options})
     if scheme == "memory":
         name = (parts.netloc + parts.path).strip("/") or None
         return _build("memory", (name,), options)

@@ -21,7 +21,8 @@ Semantics (see :mod:`deltarl.storage.store` for the contract):
   which the contract allows when ``start == size`` (empty result), so a 416 is followed by ``HEAD``.
 * Objects above ``multipart_threshold`` (64 MiB) go up as a parallel multipart upload (S3 caps a
   single PUT at 5 GiB; a keyframe of an 8B model is 16 GB); the condition then rides on
-  ``CompleteMultipartUpload``, so the object still appears whole or not at all.
+  ``CompleteMultipartUpload``, so the object still appears whole or not at all. The uploads a
+  killed writer left (its parts still billed) are ``pending_writes``; ``abort_pending`` aborts one.
 * ETags are returned without quotes.
 * Retries: boto3's own are off (``total_max_attempts=1``); :class:`~deltarl.storage.retry.RetryPolicy`
   is the only policy. Payload checksums are sent only when an operation requires them
@@ -55,7 +56,7 @@ from deltarl.storage import s3_multipart
 from deltarl.storage.keys import check_range_args, strip_etag, validate_key, validate_prefix
 from deltarl.storage.retry import RetryPolicy
 from deltarl.storage.s3_errors import is_code, is_precondition, translate
-from deltarl.storage.store import ObjectInfo, ObjectStore
+from deltarl.storage.store import ObjectInfo, ObjectStore, PendingWrite
 
 log = logging.getLogger(__name__)
 
@@ -380,6 +381,25 @@ class S3Store(ObjectStore):
     def delete(self, key: str) -> None:
         full = self._full(key)
         self._call("delete", key, lambda: self._client.delete_object(Bucket=self.bucket, Key=full))
+
+    def pending_writes(self, prefix: str = "") -> Iterator[PendingWrite]:
+        validate_prefix(prefix)
+        root = f"{self.prefix}/" if self.prefix else ""
+
+        def call(fn: Callable[[], Any]) -> Any:
+            return self._call("list uploads", prefix, fn)
+
+        for key, upload_id, initiated, size in s3_multipart.pending_uploads(self._client, self.bucket, root + prefix, call):
+            yield PendingWrite(key=key[len(root) :], size=size, touched_at=initiated, handle=upload_id)
+
+    def abort_pending(self, write: PendingWrite) -> None:
+        full = self._full(write.key)
+        try:
+            self._call("abort upload", write.key, lambda: self._client.abort_multipart_upload(
+                Bucket=self.bucket, Key=full, UploadId=write.handle))  # fmt: skip
+        except StoreError as err:
+            if not is_code(err, "NoSuchUpload", "404"):
+                raise
 
     def close(self) -> None:
         self._client.close()

@@ -2,15 +2,18 @@
 
 A single S3 PUT is capped at 5 GiB and a keyframe of an 8B model is 16 GB, so large objects go
 up in parts, several at once, each request under the caller's retry policy; the condition (``If-None-Match``/``If-Match``) rides on the completing call, so the object
-appears whole or not at all. Any failure aborts the upload so no parts are left billed.
+appears whole or not at all. Any failure aborts the upload so no parts are left billed; a process
+that is killed cannot abort, so :func:`pending_uploads` lists what such writers left (gc aborts
+them once the run's writer is known dead).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -160,3 +163,30 @@ def upload_stream(
         raise
     finally:
         pool.shutdown(wait=True)
+
+
+def pending_uploads(
+    client: Any, bucket: str, prefix: str, call: Callable[[Callable[[], Any]], Any]
+) -> Iterator[tuple[str, str, float, int]]:
+    """``(key, upload_id, initiated, size)`` of every multipart upload under ``prefix`` (full keys)
+    not yet completed or aborted: ``initiated`` in Unix seconds, ``size`` the bytes of the parts
+    received so far (``ListParts``). Pages through both listings; ``call`` as in :func:`upload`."""
+    markers: dict[str, str] = {}
+    while True:
+        page = call(functools.partial(client.list_multipart_uploads, Bucket=bucket, Prefix=prefix, **markers))
+        for up in page.get("Uploads", ()):
+            key, upload_id = up["Key"], up["UploadId"]
+            yield key, upload_id, up["Initiated"].timestamp(), _parts_size(client, bucket, key, upload_id, call)
+        if not page.get("IsTruncated"):
+            return
+        markers = {"KeyMarker": page.get("NextKeyMarker", ""), "UploadIdMarker": page.get("NextUploadIdMarker", "")}
+
+
+def _parts_size(client: Any, bucket: str, key: str, upload_id: str, call: Callable[[Callable[[], Any]], Any]) -> int:
+    total, marker = 0, 0
+    while True:
+        page = call(functools.partial(client.list_parts, Bucket=bucket, Key=key, UploadId=upload_id, PartNumberMarker=marker))
+        total += sum(int(part["Size"]) for part in page.get("Parts", ()))
+        if not page.get("IsTruncated"):
+            return total
+        marker = int(page.get("NextPartNumberMarker", 0))

@@ -34,6 +34,11 @@ Contract shared by all backends (memory, local directory, S3, relay client):
   :class:`~deltarl.errors.StoreError` for a permanent failure).
 * Backend limits: the local store cannot hold both ``a`` and ``a/b`` (a file is not a directory;
   ``StoreError``) and reserves the top-level name ``.deltarl-tmp``.
+* ``pending_writes(prefix)`` lists writes that started and have not finished: what a writer killed
+  mid-write leaves behind, never visible as objects but taking space (a local temp file, an S3
+  multipart upload). It cannot tell a dead writer's from a live one's: callers decide by their own
+  means (gc: the run's writer claim, and how long the write has been left untouched).
+  ``abort_pending`` discards one; a live writer whose write is aborted fails that write.
 """
 
 from __future__ import annotations
@@ -51,6 +56,21 @@ class ObjectInfo:
     key: str
     size: int
     etag: str
+
+
+@dataclass(frozen=True)
+class PendingWrite:
+    """A write that started and has not finished (see ``ObjectStore.pending_writes``)."""
+
+    #: The key being written; the local store records only the key's first path component, so
+    #: there it is ``"<component>/…"``.
+    key: str
+    #: Bytes it holds (a temp file's size; the parts an upload has received).
+    size: int
+    #: Unix seconds: when it was last written to (local) or started (an S3 upload).
+    touched_at: float
+    #: What ``abort_pending`` removes: a temp file's name, an upload id.
+    handle: str
 
 
 class ObjectStore(abc.ABC):
@@ -108,6 +128,15 @@ class ObjectStore(abc.ABC):
         data = self.get_range(key, start, start + len(mv))
         mv[: len(data)] = data
         return len(data)
+
+    def pending_writes(self, prefix: str = "") -> Iterator[PendingWrite]:
+        """Yield the unfinished writes of keys that may start with ``prefix`` (a backend that knows
+        less of the key, like the local store, yields every write that *may* be under it). This
+        default yields none: a backend whose writes are single requests leaves nothing behind."""
+        return iter(())
+
+    def abort_pending(self, write: PendingWrite) -> None:  # noqa: B027 - optional hook, default does nothing
+        """Discard one unfinished write from :meth:`pending_writes`; one already gone is no error."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, default does nothing
         """Release connections or background resources."""

@@ -207,3 +207,14 @@ class StoreTests:
         assert store.head("big/seg-00000.bin").size == len(data)
         assert store.get("big/seg-00000.bin") == data
         assert store.get_range("big/seg-00000.bin", 5 << 20, (5 << 20) + 123) == data[5 << 20 : (5 << 20) + 123]
+
+    def test_finished_writes_leave_nothing_pending(self, store: ObjectStore) -> None:
+        store.put("p/a", b"1")
+        store.put_if_absent("p/b", b"2")
+        store.cas("p/a", b"3", store.head("p/a").etag)
+        store.put_stream_if_absent("p/c", [b"x" * (1 << 20), b"y" * (1 << 20)])
+        with pytest.raises(ObjectExists):
+            store.put_stream_if_absent("p/c", [b"z"])
+        store.delete("p/b")
+        assert list(store.pending_writes("p/")) == []
+        assert list(store.pending_writes("")) == []

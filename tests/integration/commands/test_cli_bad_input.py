@@ -68,6 +68,7 @@ def test_inspect_last_must_be_positive(store_dir: Path, last: str, capsys: pytes
 
 
 def test_relay_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "s").mkdir()
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -81,3 +82,18 @@ def test_relay_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
     assert "address already in use" in out.stderr.lower()
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("role", ["relay", "coordinator"])
+def test_roles_that_do_not_create_a_run_refuse_a_missing_store(tmp_path: Path, role: str) -> None:
+    missing = tmp_path / "missing" / "dir"
+    argv = {
+        "relay": ["relay", "--upstream", str(missing), "--cache-dir", str(tmp_path / "cache"), "--listen", "127.0.0.1:0"],
+        "coordinator": ["coordinator", "--store", str(missing), "--run", "r", "--token", "t", "--listen", "127.0.0.1:0"],
+    }[role]
+    out = subprocess.run([sys.executable, "-m", "deltarl.cli", *argv], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    assert "no store at" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "missing").exists()

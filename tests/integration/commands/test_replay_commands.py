@@ -81,3 +81,26 @@ def test_gc_command(run_dir, capsys):
     assert not store.exists(stray)
     assert not store.exists(RunLayout("demo").manifest(3))
     assert store.exists(RunLayout("demo").manifest(4))
+
+
+def test_inspect_names_a_missing_middle_version(run_dir, capsys):
+    root, _ = run_dir
+    store = LocalStore(root)
+    layout = RunLayout("demo")
+    assert main(["gc", "demo", "--store", str(root), "--keep-last", "2"]) == 0  # removes versions 0..3
+    capsys.readouterr()
+    assert main(["inspect", "demo", "--store", str(root), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["missing"] == []  # what gc removed is no gap
+    assert "missing" not in captured.err
+    for key in list(store.list(layout.version_prefix(5))):  # a middle version is gone, manifest and all
+        store.delete(key)
+    assert main(["inspect", "demo", "--store", str(root)]) == 0
+    captured = capsys.readouterr()
+    assert "version 5 is missing" in captured.err
+    rows = [line.split("\t") for line in captured.out.splitlines() if not line.startswith(("#", "version"))]
+    assert [(r[0], r[2]) for r in rows] == [("4", "keyframe"), ("5", "missing"), ("6", "delta"), ("7", "delta")]
+    assert main(["inspect", "demo", "--store", str(root), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["missing"] == [5]
+    assert [r["version"] for r in doc["versions"]] == [4, 6, 7]

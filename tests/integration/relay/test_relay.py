@@ -317,4 +317,5 @@ async def test_cached_ranges_are_served_and_a_short_file_is_caught(start_relay: 
             assert resp.status == 206
             assert await resp.read() == data[1_500_000:2_500_000]
     entry = relay.service.cache.get(SEG)
-    assert entry is not None and os.path.getsize(entry.path) == len(data)
+    assert entry is not None
+    assert os.path.getsize(entry.path) == len(data)

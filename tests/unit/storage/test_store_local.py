@@ -59,7 +59,7 @@ def test_delete_prunes_empty_dirs(tmp_path: Path) -> None:
 
 
 def test_crashed_writer_temp_files_are_swept(tmp_path: Path) -> None:
-    LocalStore(tmp_path)
+    LocalStore(tmp_path).put("k", b"a first write makes the temp folder")
     stale = tmp_path / TMP_DIR / "dead.tmp"
     fresh = tmp_path / TMP_DIR / "inflight.tmp"
     stale.write_bytes(b"half a segment")
@@ -69,7 +69,7 @@ def test_crashed_writer_temp_files_are_swept(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)  # opening sweeps temp files older than an hour
     assert not stale.exists()
     assert fresh.exists()
-    assert list(store.list()) == []
+    assert list(store.list()) == ["k"]
     assert store.sweep_temp(older_than_s=0) == 1
 
 
