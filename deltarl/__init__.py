@@ -3,11 +3,15 @@
 The entry points (imported on first use, so ``import deltarl`` and ``deltarl --help`` stay fast
 and never import torch):
 
+* :class:`Publisher` / :class:`ShardedPublisher` (with :class:`PublishConfig`) - the trainer side:
+  publish each policy version, from one process or from every rank of a sharded trainer
+* :class:`DeltaRLCallback` - the same from a TRL / ``transformers`` trainer, one callback
 * :func:`open_store` - an object store from a URL (path, ``file://``, ``memory://``, ``s3://``, ``http(s)://`` relay)
-* :class:`Publisher` (with :class:`PublishConfig`) - the trainer side: publish each policy version
-* :func:`replay` - any committed version's full state, rebuilt and checked from the store
-* :class:`Subscriber` (with :class:`Fetcher`) - the actor side: follow a run, one verified commit at a time
-* :func:`encode_delta` / :func:`apply_delta` - the codec alone: a lossless sparse delta between two states
+* :func:`replay` and :class:`RunReader` - any committed version rebuilt bit for bit, and the run read back, checked
+* :class:`DeltaRLError` - the root of every error (``deltarl.errors``)
+
+The codec alone is :mod:`deltarl.codec`; actors and followers are :mod:`deltarl.actor`; a vLLM
+engine takes updates through the ``deltarl`` weight-transfer backend (:mod:`deltarl.integrations.vllm`).
 
 Example:
     >>> import deltarl
@@ -26,46 +30,28 @@ from deltarl.lazy import lazy_exports
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from deltarl.actor.fetcher import Fetcher
-    from deltarl.actor.subscriber import Subscriber
-    from deltarl.codec.apply import apply_delta, stage_delta
-    from deltarl.codec.encode import encode_delta
     from deltarl.errors import DeltaRLError
+    from deltarl.integrations.trl import DeltaRLCallback
     from deltarl.pipeline.publish_config import PublishConfig
     from deltarl.pipeline.publisher import Publisher
+    from deltarl.pipeline.reader import RunReader
     from deltarl.pipeline.replay import replay
+    from deltarl.pipeline.sharded import ShardedPublisher
+    from deltarl.pipeline.writer import VersionInfo
     from deltarl.storage.open import open_store
     from deltarl.storage.store import ObjectStore
 
-#: Public name -> the module that defines it.
-_EXPORTS = {
-    "DeltaRLError": "deltarl.errors",
-    "Fetcher": "deltarl.actor.fetcher",
-    "ObjectStore": "deltarl.storage.store",
-    "PublishConfig": "deltarl.pipeline.publish_config",
-    "Publisher": "deltarl.pipeline.publisher",
-    "Subscriber": "deltarl.actor.subscriber",
-    "apply_delta": "deltarl.codec.apply",
-    "encode_delta": "deltarl.codec.encode",
-    "open_store": "deltarl.storage.open",
-    "replay": "deltarl.pipeline.replay",
-    "stage_delta": "deltarl.codec.apply",
-}
-
+__getattr__, __dir__, _names = lazy_exports(__name__)
 __all__ = [
+    "DeltaRLCallback",
     "DeltaRLError",
-    "Fetcher",
     "ObjectStore",
     "PublishConfig",
     "Publisher",
-    "Subscriber",
+    "RunReader",
+    "ShardedPublisher",
+    "VersionInfo",
     "__version__",
-    "apply_delta",
-    "encode_delta",
     "open_store",
     "replay",
-    "stage_delta",
 ]
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

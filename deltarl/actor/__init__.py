@@ -10,18 +10,4 @@ from __future__ import annotations
 
 from deltarl.lazy import lazy_exports
 
-#: Public name -> the module that defines it (imported on first use: ``import deltarl.actor`` stays light).
-_EXPORTS = {
-    "ActorConfig": "deltarl.actor.config",
-    "ActorLoop": "deltarl.actor.loop",
-    "CommitInfo": "deltarl.actor.subscriber",
-    "FetchStats": "deltarl.actor.fetcher",
-    "Fetcher": "deltarl.actor.fetcher",
-    "Subscriber": "deltarl.actor.subscriber",
-    "Weights": "deltarl.actor.weights",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE

@@ -15,23 +15,4 @@ from __future__ import annotations
 
 from deltarl.lazy import lazy_exports
 
-#: Public name -> the module that defines it (imported on first use: ``import deltarl.coordinator`` stays light).
-_EXPORTS = {
-    "AuditReport": "deltarl.coordinator.audit",
-    "Coordinator": "deltarl.coordinator.server",
-    "CoordinatorConfig": "deltarl.coordinator.config",
-    "CoordinatorStore": "deltarl.coordinator.persistence",
-    "Scheduler": "deltarl.coordinator.scheduler",
-    "SchedulerConfig": "deltarl.coordinator.config",
-    "ServiceConfig": "deltarl.coordinator.config",
-    "audit_run": "deltarl.coordinator.audit",
-    "check_invariants": "deltarl.coordinator.views",
-    "create_app": "deltarl.coordinator.server",
-    "fleet_status": "deltarl.coordinator.views",
-    "recover": "deltarl.coordinator.persistence",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE

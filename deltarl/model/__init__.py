@@ -12,22 +12,4 @@ from __future__ import annotations
 
 from deltarl.lazy import lazy_exports
 
-#: Public name -> the module that defines it (imported on first use: ``import deltarl.model`` stays light).
-_EXPORTS = {
-    "ModelSpec": "deltarl.model.build",
-    "RunModelInfo": "deltarl.model.record",
-    "TaskSpec": "deltarl.model.tasks",
-    "TokenizerSpec": "deltarl.model.tokenizer",
-    "build_model": "deltarl.model.build",
-    "build_task": "deltarl.model.tasks",
-    "export_bf16": "deltarl.model.build",
-    "load_bf16_into": "deltarl.model.build",
-    "load_tokenizer": "deltarl.model.tokenizer",
-    "read_model_json": "deltarl.model.record",
-    "write_model_json": "deltarl.model.record",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE

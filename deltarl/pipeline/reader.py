@@ -49,9 +49,18 @@ def entries_of(state: Any) -> tuple[TensorEntry, ...]:
 
 
 class RunReader:
-    """Verified reads of one run. Manifests are cached (they are immutable). Thread-safe."""
+    """Verified reads of one run. Manifests are cached (they are immutable). Thread-safe.
+
+    Example:
+        >>> reader = RunReader(open_store("s3://bucket/runs"), "qwen-grpo")  # doctest: +SKIP
+        >>> manifest, version_id = reader.manifest(reader.head().version)  # doctest: +SKIP
+    """
 
     def __init__(self, store: ObjectStore, run: str) -> None:
+        """Args:
+            store: the store the run lives in (any store, a relay's ``http://`` included).
+            run: the run's name.
+        """
         self.store = store
         self.layout = RunLayout(run)
         self.run = self.layout.run

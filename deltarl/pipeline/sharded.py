@@ -78,6 +78,18 @@ class ShardedPublisher:
         on_progress: ProgressHook | None = None,
         **settings: Any,
     ) -> None:
+        """Open ``run`` for writing from every rank of ``group`` (collective); rank 0 claims it.
+
+        Args:
+            store: where the run lives (every rank writes its own objects to it).
+            run: the run's name.
+            config: how to publish (:class:`PublishConfig`); ``settings`` override single fields.
+            group: the process group of the ranks that publish together (default: the world);
+                background publishing needs a group of its own (``dist.new_group(backend="gloo")``).
+            encode_threads: encode threads per rank (default: the node's cores over its local ranks).
+            writer_id: rank 0's identity in the writer claim (a fresh one by default).
+            on_progress: called as ``on_progress(version, point)`` on every rank (tests, observation).
+        """
         import torch.distributed as dist
 
         cfg = (config or PublishConfig()).with_settings(settings)

@@ -11,19 +11,4 @@ from __future__ import annotations
 
 from deltarl.lazy import lazy_exports
 
-#: Public name -> the module that defines it (imported on first use: ``import deltarl.protocol`` stays light).
-_EXPORTS = {
-    "AdmittedRecord": "deltarl.protocol.records",
-    "CoordinatorClient": "deltarl.protocol.client",
-    "LeaseRecord": "deltarl.protocol.records",
-    "PromptItem": "deltarl.protocol.records",
-    "RolloutResult": "deltarl.protocol.records",
-    "Sample": "deltarl.protocol.records",
-    "StepSpec": "deltarl.protocol.records",
-    "SyncCoordinatorClient": "deltarl.protocol.client",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE

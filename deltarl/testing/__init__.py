@@ -12,19 +12,4 @@ from __future__ import annotations
 
 from deltarl.lazy import lazy_exports
 
-#: Public name -> the module that defines it (imported on first use: ``import deltarl.testing`` stays light).
-_EXPORTS = {
-    "CrashAt": "deltarl.testing.faults",
-    "EmulatedLink": "deltarl.testing.wan",
-    "Fleet": "deltarl.testing.fleet",
-    "LinkStats": "deltarl.testing.wan",
-    "StoreTests": "deltarl.testing.store_tests",
-    "leave_process_group": "deltarl.testing.ranks",
-    "spawn_ranks": "deltarl.testing.ranks",
-    "simulate": "deltarl.testing.fleet",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE

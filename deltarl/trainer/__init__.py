@@ -13,18 +13,4 @@ from __future__ import annotations
 
 from deltarl.lazy import lazy_exports
 
-#: Public name -> the module that defines it (imported on first use: ``import deltarl.trainer`` stays light).
-_EXPORTS = {
-    "GRPOConfig": "deltarl.trainer.grpo",
-    "GRPOTrainer": "deltarl.trainer.grpo",
-    "StepReport": "deltarl.trainer.loop",
-    "TrainStats": "deltarl.trainer.grpo",
-    "TrainerConfig": "deltarl.trainer.config",
-    "TrainerLoop": "deltarl.trainer.loop",
-    "rescore_rollouts": "deltarl.trainer.rescore",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE

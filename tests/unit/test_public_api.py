@@ -23,7 +23,8 @@ def test_entry_points_resolve_and_are_documented() -> None:
     for name in deltarl.__all__:
         obj = getattr(deltarl, name)
         assert obj is not None, name
-    for name in ("open_store", "Publisher", "replay", "Subscriber", "encode_delta", "apply_delta"):
+    assert sorted(set(deltarl.__all__) - {"__version__"}) == sorted(__import__("deltarl.lazy").lazy.surface("deltarl"))
+    for name in ("open_store", "Publisher", "ShardedPublisher", "replay", "RunReader"):
         doc = getattr(deltarl, name).__doc__ or ""
         assert "Example:" in doc, name
         assert "Args:" in doc or "Args:" in (getattr(deltarl, name).__init__.__doc__ or ""), name
