@@ -14,12 +14,46 @@ first use (set ``DELTARL_NO_NUMBA=1`` for the pure-numpy path).
 """
 
 from deltarl.codec.apply import StagedUpdate, Stager, apply_delta, stage_delta
-from deltarl.codec.encode import encode_delta, iter_encode_delta
+from deltarl.codec.encode import SEGMENT_CHANGES, encode_delta, iter_encode_delta, iter_encode_rows
+from deltarl.codec.finite import check_before_encode, check_finite, is_finite
+from deltarl.codec.hashing import (
+    BLOCK,
+    HASH_BYTES,
+    block_hash,
+    content_id,
+    leaves,
+    object_root,
+    piece_hash,
+    state_root,
+)
+from deltarl.codec.heap import trim
+from deltarl.codec.jit_warmup import warm_codec_quietly
+from deltarl.codec.kernels import worker_threads
 from deltarl.codec.segment import ChunkInfo, DeltaStats, SegmentHeader, delta_stats, read_segment_header
-from deltarl.codec.tensors import BF16, TensorSpec, check_compatible, state_digest, tensor_table
+from deltarl.codec.tensors import (
+    BF16,
+    DIGEST_ALGO,
+    DIGEST_ALGOS,
+    DTYPES,
+    TensorSpec,
+    check_compatible,
+    dtype_of,
+    flat_bits,
+    is_cuda,
+    state_digest,
+    stream_offsets,
+    table_bytes,
+    tensor_table,
+)
 
 __all__ = [
     "BF16",
+    "BLOCK",
+    "DIGEST_ALGO",
+    "DIGEST_ALGOS",
+    "DTYPES",
+    "HASH_BYTES",
+    "SEGMENT_CHANGES",
     "ChunkInfo",
     "DeltaStats",
     "SegmentHeader",
@@ -27,12 +61,30 @@ __all__ = [
     "Stager",
     "TensorSpec",
     "apply_delta",
+    "block_hash",
+    "check_before_encode",
     "check_compatible",
+    "check_finite",
+    "content_id",
     "delta_stats",
+    "dtype_of",
     "encode_delta",
+    "flat_bits",
+    "is_cuda",
+    "is_finite",
     "iter_encode_delta",
+    "iter_encode_rows",
+    "leaves",
+    "object_root",
+    "piece_hash",
     "read_segment_header",
     "stage_delta",
     "state_digest",
+    "state_root",
+    "stream_offsets",
+    "table_bytes",
     "tensor_table",
+    "trim",
+    "warm_codec_quietly",
+    "worker_threads",
 ]

@@ -7,3 +7,9 @@
 
 Nothing here imports torch, transformers or trl at import time.
 """
+
+from __future__ import annotations
+
+from deltarl.lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE

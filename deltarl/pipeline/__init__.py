@@ -7,10 +7,19 @@ The run namespace (layout, manifests and records), the writer claim, the :class:
 Importing this package imports neither torch nor numba.
 """
 
+from deltarl.pipeline.catch_up import catch_up
 from deltarl.pipeline.claim import WriterClaim, WriterLease
-from deltarl.pipeline.gc import GcReport, gc
-from deltarl.pipeline.inspection import RunSummary, VersionRow, inspect_run
-from deltarl.pipeline.layout import RunLayout, is_immutable, validate_run_name
+from deltarl.pipeline.gc import PENDING_GRACE_S, GcReport, gc
+from deltarl.pipeline.inspection import RunSummary, VersionRow, human_bytes, inspect_run, spans
+from deltarl.pipeline.keyframe import empty_state, part_views
+from deltarl.pipeline.layout import (
+    VERSION_DIGITS,
+    RunLayout,
+    is_immutable,
+    key_epoch,
+    manifest_key_for,
+    validate_run_name,
+)
 from deltarl.pipeline.manifest import (
     DeltaStatsRecord,
     HeadRecord,
@@ -21,18 +30,31 @@ from deltarl.pipeline.manifest import (
     canonical_json,
     version_id,
 )
+from deltarl.pipeline.pieces import (
+    MAX_PIECE_SIZE,
+    MIN_PIECE_SIZE,
+    PieceVerifier,
+    hash_piece,
+    pieces_of_blocks,
+)
 from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.publisher import Publisher, VersionInfo
 from deltarl.pipeline.reader import RunReader
 from deltarl.pipeline.replay import replay, roll_forward, squash
 from deltarl.pipeline.sharded import ShardedPublisher
+from deltarl.pipeline.state_file import write_state_file
 
 __all__ = [
+    "MAX_PIECE_SIZE",
+    "MIN_PIECE_SIZE",
+    "PENDING_GRACE_S",
+    "VERSION_DIGITS",
     "DeltaStatsRecord",
     "GcReport",
     "HeadRecord",
     "Manifest",
     "ObjectRef",
+    "PieceVerifier",
     "PublishConfig",
     "Publisher",
     "RunInfo",
@@ -46,12 +68,22 @@ __all__ = [
     "WriterClaim",
     "WriterLease",
     "canonical_json",
+    "catch_up",
+    "empty_state",
     "gc",
+    "hash_piece",
+    "human_bytes",
     "inspect_run",
     "is_immutable",
+    "key_epoch",
+    "manifest_key_for",
+    "part_views",
+    "pieces_of_blocks",
     "replay",
     "roll_forward",
+    "spans",
     "squash",
     "validate_run_name",
     "version_id",
+    "write_state_file",
 ]
