@@ -1,5 +1,5 @@
 """The relay's object logic, independent of HTTP: cache lookups, shared upstream pulls,
-long-poll waits and integrity checks against manifests (mutable objects: :mod:`.mutable`)."""
+integrity checks against manifests (mutable objects: :mod:`.mutable`, long-polls: :mod:`.longpoll`)."""
 
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ from deltarl.pipeline.manifest import Manifest, ObjectRef
 from deltarl.relay.bodies import CachedBody, PullBody
 from deltarl.relay.cache import CacheEntry, DiskCache, file_matches
 from deltarl.relay.config import RelayConfig
+from deltarl.relay.longpoll import LongPolls
 from deltarl.relay.metrics import RelayMetrics
 from deltarl.relay.mutable import MutableObjects
 from deltarl.relay.passthrough import PassThroughBody, is_no_room
 from deltarl.relay.pull import Pull
 from deltarl.storage.aio import AsyncSource
-from deltarl.storage.retry import POLL_BACKOFF
 from deltarl.storage.store import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -47,16 +47,6 @@ def manifest_refs(data: bytes, where: str = "manifest") -> dict[str, ObjectRef]:
     manifest = Manifest.from_bytes(data, where=where)
     parts = manifest.keyframe.parts if manifest.keyframe is not None else ()
     return {ref.key: ref for ref in (*manifest.segments, *parts)}
-
-
-class _Wait:
-    """One shared long-poll for a missing key; its future resolves when the key lands."""
-
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
-        self.found: asyncio.Future[ObjectInfo] = asyncio.get_running_loop().create_future()
-        self.task: asyncio.Task[None] | None = None
-        self.waiters = 0
 
 
 async def _off_loop(fn: Callable[..., T], *args: Any) -> T:
@@ -83,7 +73,7 @@ class ObjectService:
         self.cache = DiskCache(config.cache_dir, config.cache_bytes, on_evict=lambda e: metrics.evictions.inc())
         metrics.cache_bytes.set(self.cache.bytes)
         self._pulls: dict[str, Pull] = {}
-        self._waits: dict[str, _Wait] = {}
+        self.polls = LongPolls(upstream, config, metrics)
         self.mutable = MutableObjects(upstream, config, metrics)
         self._manifests: OrderedDict[str, dict[str, Ref]] = OrderedDict()
         self._manifest_misses: dict[str, float] = {}
@@ -92,10 +82,11 @@ class ObjectService:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
-        tasks = list(self._tasks) + [w.task for w in self._waits.values() if w.task is not None]
+        tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.polls.close()
         await self.upstream.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -430,81 +421,16 @@ class ObjectService:
                 self._manifests.popitem(last=False)
         return refs.get(key)
 
-    # --- long-poll for objects that do not exist yet --------------------------------------------
-
     async def wait_for(self, key: str, timeout: float) -> ObjectInfo | None:
         """Hold until ``key`` exists upstream (or is pushed here); its info, or ``None`` after ``timeout``."""
-        now = time.monotonic()
-        w = self._waits.get(key)
-        if w is None or w.found.done():
-            w = self._waits[key] = _Wait(now + timeout)
-            w.task = asyncio.ensure_future(self._poll(key, w))
-        w.deadline = max(w.deadline, now + timeout)
-        w.waiters += 1
-        self.metrics.waiters.inc()
-        try:
-            return await asyncio.wait_for(asyncio.shield(w.found), timeout)
-        except asyncio.TimeoutError:
-            return None
-        except asyncio.CancelledError:
-            if w.found.cancelled() and not _current_task_cancelling():
-                return None  # the poll gave up at its deadline (just before ours): not found
-            raise
-        finally:
-            self.metrics.waiters.dec()
-            w.waiters -= 1
-            if w.waiters == 0 and w.task is not None and not w.found.done():
-                if self._waits.get(key) is w:
-                    del self._waits[key]  # a later waiter starts afresh
-                w.task.cancel()  # nobody waits any more (clients left): stop asking upstream
-
-    async def _poll(self, key: str, w: _Wait) -> None:
-        misses = 0  # "not found" answered sooner than asked (an nginx or S3 upstream): back off
-        try:
-            while not w.found.done():
-                left = w.deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    self.metrics.upstream_requests.labels("wait_head").inc()
-                    info = await self.upstream.head(key, wait=left)  # backs off on early 404s itself
-                except ObjectNotFound:
-                    early = w.deadline - time.monotonic()
-                    if early > 0.05:
-                        await asyncio.sleep(min(POLL_BACKOFF.delay(misses), early))
-                        misses += 1
-                    else:  # the source gave up just short of the deadline: hold to it, then stop
-                        await asyncio.sleep(max(0.0, early))
-                        break
-                    continue
-                except TransientStoreError as err:
-                    log.info("long-poll of %s upstream failed (%s); retrying", key, err)
-                    await asyncio.sleep(self.config.poll_interval_s)
-                    continue
-                except StoreError as err:  # not retryable: every waiter gets it
-                    if not w.found.done():
-                        w.found.set_exception(err)
-                    break
-                if not w.found.done():
-                    w.found.set_result(info)
-        finally:
-            if self._waits.get(key) is w:
-                del self._waits[key]
-            if not w.found.done():
-                w.found.cancel()
+        return await self.polls.wait_for(key, timeout)
 
     def landed(self, key: str, info: ObjectInfo | None) -> None:
         """A push wrote (``info``) or deleted (``None``) ``key``: forget stale copies, wake long-polls."""
         self.cache.remove(key)
         self.mutable.forget(key)
-        w = self._waits.get(key)
-        if info is not None and w is not None and not w.found.done():
-            w.found.set_result(info)
-
-def _current_task_cancelling() -> bool:
-    """Whether the running task itself is being cancelled (a client left), not only what it awaited."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+        if info is not None:
+            self.polls.found(key, info)
 
 
 def _read_file(path: str) -> bytes:

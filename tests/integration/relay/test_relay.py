@@ -286,8 +286,8 @@ async def test_a_client_leaving_a_long_poll_releases_it_along_the_chain(relay_ch
     while relay_chain.a.counters()["deltarl_relay_waiters"] or relay_chain.b.counters()["deltarl_relay_waiters"]:
         assert time.monotonic() < deadline, "long-poll still held upstream after the client left"
         await asyncio.sleep(0.05)
-    assert not relay_chain.a.service._waits
-    assert not relay_chain.b.service._waits
+    assert not relay_chain.a.service.polls
+    assert not relay_chain.b.service.polls
 
 
 async def test_cached_ranges_are_served_and_a_short_file_is_caught(start_relay: StartRelay) -> None:
