@@ -157,8 +157,12 @@ class ObjectService:
                     continue  # committed between our wake-up and now: read the cache entry
                 if ref is not None:
                     pull.expect(ref)
-                return PullBody(pull, cut_through=self.config.cut_through, rest=self._rest_of(key, pull, ref),
-                                verified_only=ref is not None)
+                try:
+                    return PullBody(pull, cut_through=self.config.cut_through, rest=self._rest_of(key, pull, ref),
+                                    verified_only=ref is not None)
+                except FileNotFoundError:  # someone removed the cache folder under a pull in flight
+                    log.warning("the file of the pull of %s vanished; serving it from upstream uncached", key)
+                    return await self._pass_through(key, ref)
             if not isinstance(pull.error, ObjectNotFound):
                 raise StoreError(f"upstream {self.upstream.url}: {key}: {pull.error}") from pull.error
             if deadline - time.monotonic() <= 0:

@@ -4,9 +4,11 @@ give away."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -71,6 +73,40 @@ async def test_a_removed_cache_folder_or_file_is_a_cache_miss(start_relay: Start
     assert (await _get(f"{relay.url}/{SEG}"))[:2] == (200, data[SEG])  # a cached key: pulled again
     assert (await _get(f"{relay.url}/{OTHER}"))[:2] == (200, data[OTHER])  # a new key: cached afresh
     assert relay.service.cache.get(OTHER) is not None
+
+
+class _GatedOrigin(MemoryStore):
+    """Ranged reads wait for ``gate`` (so a pull stays in flight as long as the test wants)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
+        self.gate.wait(30)
+        return super().get_range(key, start, end)
+
+
+async def test_a_cache_folder_removed_under_a_pull_in_flight_is_served_uncached(start_relay: StartRelay, tmp_path: Path) -> None:
+    origin = _GatedOrigin()
+    data = os.urandom(3 * PIECE + 1000)
+    origin.put(SEG, data)
+    origin.put(MANIFEST, manifest_naming({SEG: data}, piece_size=PIECE)[1])
+    relay = await start_relay(origin, piece_bytes=PIECE, cache_dir=str(tmp_path / "cache"))
+    first = asyncio.ensure_future(_get(f"{relay.url}/{SEG}"))
+    deadline = time.monotonic() + 10
+    while SEG not in relay.service._pulls and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert SEG in relay.service._pulls, "the first read never started a pull"
+    shutil.rmtree(tmp_path / "cache")  # the pull's temporary file goes with it
+    second = asyncio.ensure_future(_get(f"{relay.url}/{SEG}"))
+    await asyncio.sleep(0.2)
+    origin.gate.set()
+    assert (await second)[:2] == (200, data)  # before: 500, FileNotFoundError opening the pull's file
+    status, body, _ = await first
+    assert status == 200
+    assert data.startswith(body.replace(b"<cut>", b""))
+    assert (await _get(f"{relay.url}/{SEG}"))[:2] == (200, data)
 
 
 async def test_bad_upstream_bytes_are_answered_as_integrity_failures(start_relay: StartRelay) -> None:
