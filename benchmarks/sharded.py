@@ -26,7 +26,6 @@ import logging
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -35,10 +34,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _scale_state import reset_peak, rss_bytes
-from _trace import qwen3_like_shapes
+from ._scale_state import reset_peak, rss_bytes
+from ._trace import qwen3_like_shapes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: name -> qwen3_like_shapes kwargs (Qwen3-1.7B and -0.6B element counts; tied embeddings)
