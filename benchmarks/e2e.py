@@ -214,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scratch", type=Path, default=None, help="--full-size: where generated states and stores live")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
+    if args.report is not None and args.full_size:
+        from ._e2e.fullmain import rerender_full
+
+        return rerender_full(args.report, args.docs)
     if args.report is not None:
         return rerender(args.report, args.docs)
     if args.full_size:

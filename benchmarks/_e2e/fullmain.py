@@ -41,6 +41,17 @@ def _write_docs(doc: dict[str, Any], docs: Path) -> list[Path]:
     return out
 
 
+def rerender_full(path: Path, docs: Path | None) -> int:
+    """Recompute the derived figures (tokens per dollar) of a saved result and rewrite its docs."""
+    doc = json.loads(path.read_text())
+    if "rates" in doc:
+        doc["tokens_per_dollar"] = tokens_per_dollar(doc["rates"], doc["scale"]["T"])
+    path.write_text(json.dumps(doc, indent=1))
+    for out in _write_docs(doc, docs if docs is not None else REPO / "docs"):
+        print(f"wrote {out}")
+    return 0
+
+
 def run_full_size(args: argparse.Namespace, argv: list[str]) -> int:
     from rich.console import Console
 

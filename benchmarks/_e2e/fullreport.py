@@ -53,11 +53,12 @@ def tokens_table(doc: dict[str, Any]) -> str:
     tp = doc.get("tokens_per_dollar")
     if not tp:
         return ""
-    lines = ["| link | RDMA ideal (8xH100 $55.04/h +26%) | deltarl, Ethernet | x RDMA | full broadcast, Ethernet | x RDMA |",
+    lines = [f"Tokens per dollar at {tp['per_tokens_per_s']:,} tokens/s of generation (8xH100; every figure scales with it):", "",
+             "| link | RDMA ideal (8xH100 $55.04/h +26% fabric) | deltarl, Ethernet ($55.04/h) | x RDMA | full broadcast, Ethernet | x RDMA |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for key, e in tp["rates"].items():
-        full = f"{e['full_ethernet'] / 1e6:.2f} M | {e['full_vs_rdma']:.2f}" if "full_ethernet" in e else "- | -"
-        lines.append(f"| {key.replace('gbps', ' Gbit/s')} | {e['rdma_ideal'] / 1e6:.2f} M | {e['deltarl_ethernet'] / 1e6:.2f} M | "
+        full = f"{e['full_ethernet'] / 1e3:.0f} k | {e['full_vs_rdma']:.2f}" if "full_ethernet" in e else "- | -"
+        lines.append(f"| {key.replace('gbps', ' Gbit/s')} | {e['rdma_ideal'] / 1e3:.0f} k | {e['deltarl_ethernet'] / 1e3:.0f} k | "
                      f"{e['deltarl_vs_rdma']:.2f} | {full} |")  # fmt: skip
     return "\n".join(lines)
 

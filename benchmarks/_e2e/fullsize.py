@@ -414,12 +414,13 @@ def straggler(st: Setting) -> dict[str, Any]:
 def tokens_per_dollar(rows: dict[str, Any], T: float) -> dict[str, Any]:
     """Tokens per dollar from the measured step times: the RDMA ideal on 8xH100 at $55.04/h + 26% for
     the RDMA fabric against deltarl (and full broadcast) on the same GPUs on Ethernet pricing. Per
-    1,000 tokens/s of the cluster's generation throughput (tokens per step = rate x gen window)."""
-    price, fabric = 55.04, 0.26
-    out = {"gpu_price_per_h": price, "rdma_fabric_premium": fabric, "per_tokens_per_s": 1000, "rates": {}}
+    10,000 tokens/s of the cluster's generation throughput (tokens per step = that rate x the
+    generation window; every figure scales with it)."""
+    price, fabric, tps = 55.04, 0.26, 10_000
+    out = {"gpu_price_per_h": price, "rdma_fabric_premium": fabric, "per_tokens_per_s": tps, "rates": {}}
     for key, row in rows.items():
         gen = row["modes"]["ideal"]["step_s"] * T  # the ideal step is the generation window
-        tokens = 1000 * gen
+        tokens = tps * gen
 
         def per_dollar(step_s: float, price_h: float, tokens: float = tokens) -> float:
             return tokens / (step_s * T * price_h / 3600)
