@@ -32,7 +32,8 @@ def _write_docs(doc: dict[str, Any], docs: Path) -> list[Path]:
     begin, end = "<!-- e2e-full-table:begin -->", "<!-- e2e-full-table:end -->"
     if md.exists() and begin in md.read_text():
         parts = [fullreport.main_table(doc), "", fullreport.cpu_table(doc), "", fullreport.sweep_table(doc), "",
-                 fullreport.tokens_table(doc), "", f"Command: `{doc['command']}`"]  # fmt: skip
+                 fullreport.tokens_table(doc), "",
+                 *(f"Command ({part}): `{c['command']}`  " for part, c in doc.get("commands", {}).items())]  # fmt: skip
         text = md.read_text()
         head, rest = text.split(begin, 1)
         tail = rest.split(end, 1)[1] if end in rest else ""

@@ -98,7 +98,8 @@ def plot_sweep(doc: dict[str, Any], path: Path) -> Path | None:
     ax.set_xlabel("actor regions (one relay and one actor each)")
     ax.set_ylabel("step time / ideal")
     ax.set_ylim(bottom=0.9)
-    ax.set_title(f"Qwen3-{sw['model'].upper()}, real bytes, {sw['rate_gbps']:g} Gbit/s per region, 50 ms RTT")
+    T = doc["sweep_scale"]["T"]
+    ax.set_title(f"Qwen3-{sw['model'].upper()}, real bytes, time / {T:g}, {sw['rate_gbps']:g} Gbit/s per region, 50 ms RTT", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
