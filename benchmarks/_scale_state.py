@@ -44,6 +44,8 @@ MODELS = {
     "1.7b": Qwen3Config(2048, 6144, 28, 16, 8, 128, 151936, True),
     "4b": Qwen3Config(2560, 9728, 36, 32, 8, 128, 151936, True),
     "8b": Qwen3Config(4096, 12288, 36, 32, 8, 128, 151936, False),
+    # not a real model: the same tensor table at a size a test runs in seconds
+    "tiny": Qwen3Config(64, 192, 2, 4, 2, 16, 512, True),
 }
 LR = 1e-6
 CHANGED = 0.01  # mean fraction of elements changed per version

@@ -202,10 +202,31 @@ def main(argv: list[str] | None = None) -> int:
                    help="root only: enforce link rates with tbf on veth pairs into a network namespace (delay stays in the proxy)")
     p.add_argument("--report", type=Path, default=None, metavar="JSON",
                    help="only re-render the table and docs from a saved result (no run)")
+    p.add_argument("--full-size", action="store_true",
+                   help="root only: real bytes (S = 1) at Qwen3 shapes, every component its own process, tbf-shaped links; "
+                        "writes e2e-full.json")
+    p.add_argument("--model", default="1.7b", help="--full-size: Qwen3 model shapes (0.6b, 1.7b, 4b, 8b; tiny for tests)")
+    p.add_argument("--parts", default="main,events,sweep", help="--full-size: which parts to run (main, events, sweep)")
+    p.add_argument("--sweep-model", default="0.6b", help="--full-size: the model of the regions sweep")
+    p.add_argument("--sweep-regions", default="1,2,3,4", help="--full-size: region counts of the sweep")
+    p.add_argument("--sweep-rate", type=float, default=0.25, help="--full-size: link rate of the sweep (Gbit/s)")
+    p.add_argument("--sweep-time-scale", type=float, default=None, help="--full-size: T of the sweep (default: --time-scale)")
+    p.add_argument("--scratch", type=Path, default=None, help="--full-size: where generated states and stores live")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
+    if args.report is not None and args.full_size:
+        from ._e2e.fullmain import rerender_full
+
+        return rerender_full(args.report, args.docs)
     if args.report is not None:
         return rerender(args.report, args.docs)
+    if args.full_size:
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+        if not netns.available():
+            p.error("--full-size needs root and the ip and tc commands (tbf-shaped links)")
+        from ._e2e.fullmain import run_full_size
+
+        return run_full_size(args, argv if argv is not None else sys.argv[1:])
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     shrink = args.shrink or (3000.0 if args.quick else 400.0)
     tscale = args.time_scale or (80.0 if args.quick else 5.0)

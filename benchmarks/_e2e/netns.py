@@ -59,7 +59,8 @@ class ShapedRegions:
 
     def up(self) -> ShapedRegions:
         rate = f"{max(8000, int(self.rate_bps))}bit"
-        limit = str(max(256 << 10, int(self.rate_bps / 8)))  # ~1 s of queue: drops stay rare
+        limit = str(min(256 << 20, max(256 << 10, int(self.rate_bps / 8))))  # ~1 s of queue: drops stay rare
+        burst = f"{max(32 << 10, int(self.rate_bps / 8 / 1000))}b"  # >= 1 ms at the rate, or a full-size link falls short
         try:
             _run("ip", "netns", "add", self.ns)
             _run("ip", "-n", self.ns, "link", "set", "lo", "up")
@@ -73,7 +74,7 @@ class ShapedRegions:
                 _run("ip", "link", "set", near, "up")
                 _run("ip", "-n", self.ns, "link", "set", far, "up")
                 for ns_args, dev in (((), near), (("-n", self.ns), far)):
-                    _run("tc", *ns_args, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "32kb", "limit", limit)
+                    _run("tc", *ns_args, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst, "limit", limit)
         except subprocess.CalledProcessError as err:
             self.down()
             raise RuntimeError(f"netns setup failed: {' '.join(err.cmd)}: {err.stderr.strip()}") from err
