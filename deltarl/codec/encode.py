@@ -23,6 +23,9 @@ CODECS = ("auto", *registry.ENCODABLE)
 MAX_CHUNK_ELEMENTS = 1 << 22
 MIN_CHUNK_ELEMENTS = 1 << 12
 DENSE_MIN_FRACTION = 1 / 2  # auto tries the dense codec only above this changed fraction
+# Below this changed fraction auto uses ``sparse`` (decode reads the base only at the changes);
+# above it ``ctx``, whose exponent-class ranks save bytes but whose decode scans the whole chunk.
+SPARSE_MAX_FRACTION = 1 / 400
 # A segment also ends once its chunks hold this many changed elements: a 1% delta of a 1.7B model
 # (~17M changes, ~14 MB encoded) is then ~17 segments of ~0.9 MB instead of one 16 MiB one, so
 # uploads start while the rest is still being encoded and actors fetch and stage meanwhile.
@@ -45,12 +48,14 @@ class _NonFiniteChunk(Exception):
 def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, finite: bool = False) -> tuple[str, int, bytes]:
     """Encode one chunk's changes: (codec used, changed count, payload).
 
-    ``auto`` encodes with ``ctx`` and, when at least half of the chunk changed, also ``dense``,
-    and keeps the smaller (``rice`` and ``aurora`` are never smaller than ``ctx`` on real updates
-    and are only used when asked for by name). ``finite``: refuse (``_NonFiniteChunk``) if a changed
-    value is NaN or Inf, before encoding it.
+    ``auto`` first finds the changes (a comparison at memory speed; a chunk without one costs
+    nothing more). Below ``SPARSE_MAX_FRACTION`` changed it uses ``sparse``, whose decode reads the
+    base only at the changes; above, ``ctx`` (smaller at RL densities, but its decode scans the
+    chunk), and from half of the chunk changed also ``dense``, keeping the smaller (``rice`` and
+    ``aurora`` are only used when asked for by name). ``finite``: refuse (``_NonFiniteChunk``) if a
+    changed value is NaN or Inf, before encoding it.
     """
-    ch = registry.detect(old, new, dtype, codec in ("auto", "ctx"))
+    ch = registry.detect(old, new, dtype, codec == "ctx")  # auto ranks classes only if it uses ctx
     changed = int(ch.pos.size)
     if changed == 0:
         return "none", 0, b""
@@ -58,7 +63,9 @@ def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, fi
         raise _NonFiniteChunk(bad, changed)
     if codec != "auto":
         return codec, changed, registry.ENCODERS[codec](old, new, dtype, ch)
-    best = ("ctx", registry.ENCODERS["ctx"](old, new, dtype, ch))
+    if changed < SPARSE_MAX_FRACTION * old.size:
+        return "sparse", changed, registry.ENCODERS["sparse"](old, new, dtype, ch)
+    best = ("ctx", registry.ENCODERS["ctx"](old, new, dtype, registry.detect(old, new, dtype, True)))
     if changed >= DENSE_MIN_FRACTION * old.size:
         dense = registry.ENCODERS["dense"](old, new, dtype, ch)
         if len(dense) < len(best[1]):

@@ -159,7 +159,7 @@ def _fuzz_inputs() -> tuple[dict, list[bytes]]:
     new["b"].reshape(-1)[::11] *= 1.001
     new["c"][::3] = -new["c"][::3]
     segs = []
-    for codec in ("ctx", "aurora", "rice", "dense"):
+    for codec in ("ctx", "aurora", "rice", "dense", "sparse"):
         segs += encode_delta(old, new, base="base-1", codec=codec, segment_bytes=1500)
     return old, segs
 
