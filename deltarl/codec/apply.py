@@ -326,6 +326,8 @@ class Stager:
         threads = worker_threads()
         tasks = self._tasks(jobs, threads)
         threads = min(threads, len(tasks))
+        if sum(_work(c) for c, _ in jobs) < _POOL_MIN_WORK:
+            threads = 1  # a few sparse chunks: a pool costs more than it spreads
         if threads > 1:
             with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-decode") as pool:
                 done = list(pool.map(lambda task: self._run(task, jobs), tasks))
@@ -410,9 +412,14 @@ class Stager:
         return StagedUpdate(self._state, self._base, parts, self._specs, torch_scatter=self._torch_scatter)
 
 
+# Decode work (in elements scanned) below which staging runs on the calling thread.
+_POOL_MIN_WORK = 1 << 22
+
+
 def _work(c: ChunkInfo) -> int:
-    """A chunk's decode cost, for ordering tasks: its changes (gather codecs) or its elements."""
-    return c.changed if c.codec in registry.GATHER_DECODERS else c.count
+    """A chunk's decode cost in elements scanned: its elements, or for a gather codec its changes
+    (one change costs about as much as scanning 64 elements)."""
+    return 64 * c.changed if c.codec in registry.GATHER_DECODERS else c.count
 
 
 def stage_delta(

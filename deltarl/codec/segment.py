@@ -159,10 +159,13 @@ def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
     if len({t.name for t in tensors}) != len(tensors):
         raise FormatError("duplicate tensor name in segment")
     (nchunks,) = r.take("<I")
+    if r.off + nchunks * _CHUNK.size > len(body):
+        raise FormatError("segment header is truncated")
+    table = body[r.off : r.off + nchunks * _CHUNK.size]
+    r.off += nchunks * _CHUNK.size
     chunks: list[ChunkInfo] = []
     total = 0
-    for _ in range(nchunks):
-        ti, codec, z1, z2, start, count, changed, nbytes = r.take(_CHUNK.format)
+    for ti, codec, z1, z2, start, count, changed, nbytes in _CHUNK.iter_unpack(table):
         if ti >= len(tensors):
             raise FormatError(f"chunk names tensor index {ti} of {len(tensors)}")
         if codec not in CODEC_NAMES or z1 or z2:
