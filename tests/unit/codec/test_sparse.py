@@ -108,3 +108,31 @@ def test_sparse_rejects_a_position_beyond_the_chunk() -> None:
     _, changed, payload = encode_chunk(old, new, "bfloat16", "sparse")
     with pytest.raises(FormatError):
         registry.GATHER_DECODERS["sparse"](lambda p: old[p], 900, memoryview(payload), changed, np.dtype(np.uint16))
+
+
+@pytest.mark.torch
+def test_device_tensors_are_gathered_at_the_changes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path (torch tensors treated as device tensors, run on CPU): a sparse chunk's old bits
+    come from an index_select on the tensor's device, never a host copy of its chunk."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(3)
+    old = {"a": torch.randn(300, 200, generator=g).bfloat16(), "b": torch.randn(5000, generator=g).half()}
+    new = {k: v.clone() for k, v in old.items()}
+    new["a"].view(-1)[::997] = new["a"].view(-1)[::997] * 1.01
+    new["b"][7] = -new["b"][7]
+    segs = encode_delta(old, new, base="v")
+    assert {c.codec for s in segs for c in read_segment_header(s).chunks} <= {"none", "sparse"}
+    monkeypatch.setattr(apply, "is_cuda", lambda v: isinstance(v, torch.Tensor))
+
+    def scan(*_args: object) -> np.ndarray:
+        raise AssertionError("the stager copied a whole chunk of the base to the host")
+
+    monkeypatch.setattr(apply, "_old_range", scan)
+    state = {k: v.clone() for k, v in old.items()}
+    upd = stage_delta(state, segs, base="v")
+    upd.commit()
+    for k in old:
+        assert torch.equal(state[k].view(torch.int16), new[k].view(torch.int16))
+    upd.rollback()
+    for k in old:
+        assert torch.equal(state[k].view(torch.int16), old[k].view(torch.int16))
