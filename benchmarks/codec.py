@@ -1,7 +1,7 @@
 """Codec benchmark: deltarl's codecs and the peers' formats side by side, same trace, same run.
 
 Run: ``.venv/bin/python -m benchmarks.codec [--quick]``. Builds a scaled Qwen3-like model and a
-scaled Qwen3-MoE one (benchmarks/_trace.py), warms Adam up, then takes one step's BF16 delta at
+Qwen3-MoE layer with Qwen3-30B-A3B's tensor shapes and 16 experts (benchmarks/_trace.py), warms Adam up, then takes one step's BF16 delta at
 the step sizes that change 0.01%, 0.02%, 0.05%, 0.1%, 1%, 5% and 10% of the elements (dense model),
 and on the MoE model one step with MoE sparsity (a few hot experts, attention and router dense,
 most experts nothing) at 0.02% and 0.1% overall, and a uniform 1% step on the same tensors.
@@ -116,7 +116,8 @@ def measure(old: dict[str, BF16], new: dict[str, BF16], repeat: int) -> dict[str
     o = {k: v.bits.reshape(-1) for k, v in old.items()}
     n = {k: v.bits.reshape(-1) for k, v in new.items()}
     for peer in PEERS:
-        enc_peak, blob = _peak(lambda p=peer: round_trip(p, o, n))  # checked bit-exact here
+        blob = round_trip(peer, o, n)  # checked bit-exact here
+        enc_peak, _ = _peak(lambda p=peer: p.encode(o, n))
         enc = _timed(lambda p=peer: p.encode(o, n), repeat)[:2]
         work_np = {k: v.copy() for k, v in o.items()}
         dec_peak, _ = _peak(lambda p=peer, b=blob, w=work_np: p.apply(w, b))
@@ -141,8 +142,8 @@ def _trace(quick: bool, moe: bool, seed: int) -> AdamTrace:
     if moe:
         shapes = (qwen3_moe_shapes(layers=1, hidden=256, experts=16, moe_intermediate=128, heads=4, kv_heads=2,
                                    head_dim=64, vocab=1024) if quick else
-                  qwen3_moe_shapes(layers=2, hidden=512, experts=64, moe_intermediate=256, heads=8, kv_heads=4,
-                                   head_dim=64, vocab=8192))  # fmt: skip
+                  qwen3_moe_shapes(layers=1, hidden=2048, experts=16, moe_intermediate=768, heads=32, kv_heads=4,
+                                   head_dim=128, vocab=4096))  # Qwen3-30B-A3B's tensor shapes, 16 of 128 experts  # fmt: skip
     else:
         shapes = (qwen3_like_shapes(layers=1, hidden=256, intermediate=768, heads=4, kv_heads=2, head_dim=64,
                                     vocab=4096) if quick else qwen3_like_shapes(layers=4, vocab=32768))  # fmt: skip
@@ -173,7 +174,7 @@ def scenarios(quick: bool, seed: int, repeat: int) -> tuple[dict[str, Any], dict
         models[kind] = {"tensors": len(tr.w), "params": tr.numel, "bf16_bytes": tr.numel * 2}
         plan: list[tuple[str, float, dict[str, float] | None]] = []
         if moe:
-            scale = moe_lr_scale(list(tr.w), seed=seed)
+            scale = moe_lr_scale(list(tr.w), seed=seed, hot=1, warm=2)  # 3 of 16 experts (30B-A3B: ~12 of 128)
             plan += [(f"moe {d:.2%}", d, scale) for d in (MOE_DENSITIES[:1] if quick else MOE_DENSITIES)]
             plan.append(("moe uniform 1.00%", 1e-2, None))
         else:
