@@ -136,3 +136,19 @@ def test_device_tensors_are_gathered_at_the_changes_only(monkeypatch: pytest.Mon
     upd.rollback()
     for k in old:
         assert torch.equal(state[k].view(torch.int16), old[k].view(torch.int16))
+
+
+def test_the_density_guess_changes_the_work_never_the_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto's strided sample only picks which detection runs; the codec follows the exact count."""
+    from deltarl.codec import encode as enc
+
+    rng = np.random.default_rng(4)
+    for every in (3, 200, 399, 401, 5000):
+        old = rng.integers(0, 1 << 16, 1 << 16, dtype=np.uint16)
+        new = old.copy()
+        new[rng.choice(old.size, old.size // every, replace=False)] += np.uint16(1)
+        out = {}
+        for guess in (True, False):
+            monkeypatch.setattr(enc, "_looks_dense", lambda _o, _n, g=guess: g)
+            out[guess] = encode_chunk(old, new, "bfloat16", "auto")
+        assert out[True] == out[False]
