@@ -12,6 +12,11 @@ Typical use::
     tr = AdamTrace(qwen3_like_shapes(layers=2), seed=0, lr=1e-6)
     tr.run(warmup_steps=20)          # steady state
     a = tr.export(); tr.step(); b = tr.export()   # one step's BF16 delta a -> b
+
+A delta at a chosen density: ``lr = tr.lr_for_density(direction, 1e-4)`` and
+``tr.export(direction, lr)``. MoE-like sparsity (``qwen3_moe_shapes``, ``moe_lr_scale``): per step a
+few hot experts get most of the changes, a few warm ones some, attention, router and norms the
+full step, and most experts nothing (they saw no tokens), as per-tensor scales of the step.
 """
 
 from __future__ import annotations
@@ -52,6 +57,78 @@ def qwen3_like_shapes(
             (p + "mlp.down_proj.weight", (hidden, intermediate)),
         ]
     out.append(("model.norm.weight", (hidden,)))
+    return out
+
+
+def qwen3_moe_shapes(
+    layers: int = 2,
+    hidden: int = 512,
+    experts: int = 32,
+    moe_intermediate: int = 256,
+    heads: int = 8,
+    kv_heads: int = 4,
+    head_dim: int = 64,
+    vocab: int = 8192,
+) -> list[tuple[str, Shape]]:
+    """A (scaled) Qwen3-MoE decoder in the HF names of ``Qwen3MoeForCausalLM``: attention, router
+    (``mlp.gate``) and ``experts`` gated MLPs of ``moe_intermediate`` each (Qwen3-30B-A3B: hidden
+    2048, 128 experts of 768, 48 layers, 32 q / 4 kv heads of 128)."""
+    out: list[tuple[str, Shape]] = [("model.embed_tokens.weight", (vocab, hidden))]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out += [
+            (p + "input_layernorm.weight", (hidden,)),
+            (p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
+            (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
+            (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
+            (p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
+            (p + "self_attn.q_norm.weight", (head_dim,)),
+            (p + "self_attn.k_norm.weight", (head_dim,)),
+            (p + "post_attention_layernorm.weight", (hidden,)),
+            (p + "mlp.gate.weight", (experts, hidden)),
+        ]
+        for e in range(experts):
+            q = f"{p}mlp.experts.{e}."
+            out += [
+                (q + "gate_proj.weight", (moe_intermediate, hidden)),
+                (q + "up_proj.weight", (moe_intermediate, hidden)),
+                (q + "down_proj.weight", (hidden, moe_intermediate)),
+            ]
+    out.append(("model.norm.weight", (hidden,)))
+    return out
+
+
+def expert_of(name: str) -> tuple[str, int] | None:
+    """``("model.layers.3.", 17)`` for a tensor of expert 17 of layer 3, else None."""
+    head, sep, tail = name.partition("mlp.experts.")
+    if not sep:
+        return None
+    return head, int(tail.split(".", 1)[0])
+
+
+def moe_lr_scale(
+    names: Sequence[str], *, seed: int, hot: int = 2, warm: int = 4, warm_scale: float = 0.1
+) -> dict[str, float]:
+    """Per-tensor scale of one MoE step: per layer ``hot`` experts (drawn at random) take the full
+    step, ``warm`` others ``warm_scale`` of it, every other expert nothing; attention, router, norms
+    and embeddings the full step (dense: every token passes through them)."""
+    rng = np.random.default_rng(seed)
+    per_layer: dict[str, set[int]] = {}
+    for name in names:
+        if (ex := expert_of(name)) is not None:
+            per_layer.setdefault(ex[0], set()).add(ex[1])
+    chosen: dict[str, tuple[set[int], set[int]]] = {}
+    for layer, experts in per_layer.items():
+        order = rng.permutation(sorted(experts)).tolist()
+        chosen[layer] = (set(order[:hot]), set(order[hot : hot + warm]))
+    out = {}
+    for name in names:
+        ex = expert_of(name)
+        if ex is None:
+            out[name] = 1.0
+        else:
+            hot_set, warm_set = chosen[ex[0]]
+            out[name] = 1.0 if ex[1] in hot_set else warm_scale if ex[1] in warm_set else 0.0
     return out
 
 
@@ -147,8 +224,39 @@ class AdamTrace:
         for _ in range(warmup_steps):
             self.step()
 
-    def export(self, direction: dict[str, np.ndarray] | None = None, lr: float = 0.0) -> dict[str, BF16]:
-        """BF16 bit patterns of the master weights, or of ``w - lr * direction`` when given."""
+    def export(
+        self, direction: dict[str, np.ndarray] | None = None, lr: float = 0.0, scale: dict[str, float] | None = None
+    ) -> dict[str, BF16]:
+        """BF16 bit patterns of the master weights, or of ``w - lr * scale[name] * direction`` when given."""
         if direction is None:
             return {name: BF16(bf16_bits(w)) for name, w in self.w.items()}
-        return {name: BF16(bf16_bits(w - np.float32(lr) * direction[name])) for name, w in self.w.items()}
+        out = {}
+        for name, w in self.w.items():
+            step = np.float32(lr * (1.0 if scale is None else scale[name]))
+            out[name] = BF16(bf16_bits(w - step * direction[name]) if step else bf16_bits(w))
+        return out
+
+    def lr_for_density(
+        self, direction: dict[str, np.ndarray], density: float, scale: dict[str, float] | None = None,
+        sample: int = 1 << 22,
+    ) -> float:
+        """The step size at which about ``density`` of the BF16 elements change (bisection on an
+        evenly strided sample of every tensor, ~``sample`` elements)."""
+        stride = max(1, self.numel // sample)
+        parts = [(self.w[n].reshape(-1)[::stride], direction[n].reshape(-1)[::stride],
+                  1.0 if scale is None else scale[n]) for n in self.w]  # fmt: skip
+        base = [bf16_bits(w) for w, _, _ in parts]
+        total = sum(w.size for w, _, _ in parts)
+
+        def frac(lr: float) -> float:
+            hit = sum(int((bf16_bits(w - np.float32(lr * s) * d) != b).sum())
+                      for (w, d, s), b in zip(parts, base, strict=True) if s)  # fmt: skip
+            return hit / total
+
+        lo, hi = 1e-12, 1e-2
+        for _ in range(40):
+            mid = float(np.sqrt(lo * hi))
+            lo, hi = (mid, hi) if frac(mid) < density else (lo, mid)
+            if hi / lo < 1.01:
+                break
+        return float(np.sqrt(lo * hi))

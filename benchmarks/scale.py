@@ -1,6 +1,7 @@
 """Full-size models: every whole-model path at real Qwen3 shapes, each phase in its own process.
 
     python -m benchmarks.scale [--model 0.6b|1.7b|4b|8b] [--scratch DIR] [--versions 3]
+    python -m benchmarks.scale --model 30b-a3b [--layers 2]   # MoE layers, benchmarks/_scale_moe.py
 
 Every phase also reports the CPU it used, as core-seconds per GB of model for each process (the
 trainer/publisher, the relay, the actor or replay: ``os.times`` of each, over the timed window), so
@@ -553,7 +554,8 @@ def _run_phase(args: argparse.Namespace, name: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="1.7b", choices=sorted(MODELS))
+    parser.add_argument("--model", default="1.7b", choices=[*sorted(MODELS), "30b-a3b"])
+    parser.add_argument("--layers", type=int, default=1, help="30b-a3b: layers measured, one at a time")
     parser.add_argument("--versions", type=int, default=3)
     parser.add_argument("--long", type=int, default=50, help="versions the deltas_long phase publishes (opt-in phase)")
     parser.add_argument("--scratch", default=None, help="scratch directory (default: a temp dir, removed after)")
@@ -562,6 +564,11 @@ def main() -> None:
     parser.add_argument("--serve-relay", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cache", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.model == "30b-a3b":  # MoE: full-size layers measured one at a time (benchmarks/_scale_moe.py)
+        from benchmarks._scale_moe import run
+
+        run(args.layers, RESULTS)
+        return
     if args.serve_relay:
         _serve_relay(args)
         return

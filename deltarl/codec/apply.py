@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -36,6 +37,24 @@ def _old_range(name: str, value: Any, start: int, stop: int) -> np.ndarray:
         host = device_flat(name, value)[start:stop].cpu().numpy()
         return host.view(np.uint16 if value.element_size() == 2 else np.uint32)
     return flat_bits(name, value)[start:stop]
+
+
+def _old_reader(name: str, value: Any, start: int, stop: int) -> Callable[[np.ndarray], np.ndarray]:
+    """``read(positions)``: the old bits at chunk-relative positions of elements [start, stop),
+    gathered where the tensor lives (a CUDA tensor is gathered on its device: only the changed
+    elements cross to the host)."""
+    if is_cuda(value):
+        torch = sys.modules["torch"]
+        flat = device_flat(name, value)[start:stop]
+        udt = np.uint16 if value.element_size() == 2 else np.uint32
+
+        def read_device(pos: np.ndarray) -> np.ndarray:
+            idx = torch.from_numpy(pos).to(flat.device, non_blocking=True)
+            return flat.index_select(0, idx).cpu().numpy().view(udt)
+
+        return read_device
+    view = flat_bits(name, value)[start:stop]
+    return lambda pos: kernels.gather(view, pos)
 
 
 def _data_ptr(value: Any) -> int | None:
@@ -307,6 +326,8 @@ class Stager:
         threads = worker_threads()
         tasks = self._tasks(jobs, threads)
         threads = min(threads, len(tasks))
+        if sum(_work(c) for c, _ in jobs) < _POOL_MIN_WORK:
+            threads = 1  # a few sparse chunks: a pool costs more than it spreads
         if threads > 1:
             with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-decode") as pool:
                 done = list(pool.map(lambda task: self._run(task, jobs), tasks))
@@ -334,7 +355,7 @@ class Stager:
             pairable = []
         pairable.sort(key=lambda i: jobs[i][0].count, reverse=True)
         tasks = single + [tuple(pairable[k : k + 2]) for k in range(0, len(pairable), 2)]
-        return sorted(tasks, key=lambda t: sum(jobs[i][0].count for i in t), reverse=True)
+        return sorted(tasks, key=lambda t: sum(_work(jobs[i][0]) for i in t), reverse=True)
 
     def _run(
         self, task: tuple[int, ...], jobs: list[tuple[ChunkInfo, memoryview]]
@@ -349,17 +370,27 @@ class Stager:
         return [self._checked(ca, olds[0], da), self._checked(cb, olds[1], db)]
 
     def _decode(self, c: ChunkInfo, payload: memoryview) -> tuple[str, _Part]:
+        gather = registry.GATHER_DECODERS.get(c.codec)
+        if gather is not None:  # the base is read at the changed positions only
+            value = self._state[c.tensor]
+            udt = np.dtype(uint_dtype(self._specs[c.tensor].dtype))
+            dec = gather(_old_reader(c.tensor, value, c.start, c.start + c.count), c.count, payload, c.changed, udt)
+            return self._checked(c, None, dec)
         old = _old_range(c.tensor, self._state[c.tensor], c.start, c.start + c.count)
         return self._checked(c, old, registry.DECODERS[c.codec](old, payload, c.changed))
 
     def _checked(
-        self, c: ChunkInfo, old: np.ndarray, dec: Decoded
+        self, c: ChunkInfo, old: np.ndarray | None, dec: Decoded
     ) -> tuple[str, _Part]:
         if dec.positions.size != c.changed or dec.values.dtype != uint_dtype(self._specs[c.tensor].dtype):
             raise FormatError(
                 f"chunk of {c.tensor!r} decoded to {dec.positions.size} of {c.changed} elements"
             )
-        old_v = dec.old_values if dec.old_values is not None else kernels.gather(old, dec.positions)
+        if dec.old_values is not None:
+            old_v = dec.old_values
+        else:
+            assert old is not None  # a decoder handed the chunk's base range
+            old_v = kernels.gather(old, dec.positions)
         # relative to the chunk: 4 bytes a position (a chunk of 2**32 elements or more keeps int64)
         pos = dec.positions.astype(np.uint32) if c.count <= 1 << 32 else dec.positions
         return c.tensor, _Part(c.start, c.count, pos, old_v, dec.values)
@@ -379,6 +410,16 @@ class Stager:
         parts = {name: sorted(ps, key=lambda p: p.start) for name, ps in self._parts.items()}
         self._parts = {}
         return StagedUpdate(self._state, self._base, parts, self._specs, torch_scatter=self._torch_scatter)
+
+
+# Decode work (in elements scanned) below which staging runs on the calling thread.
+_POOL_MIN_WORK = 1 << 22
+
+
+def _work(c: ChunkInfo) -> int:
+    """A chunk's decode cost in elements scanned: its elements, or for a gather codec its changes
+    (one change costs about as much as scanning 64 elements)."""
+    return 64 * c.changed if c.codec in registry.GATHER_DECODERS else c.count
 
 
 def stage_delta(

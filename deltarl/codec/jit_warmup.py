@@ -22,8 +22,8 @@ _BASE = "0" * 64
 
 def warm_codec(dtypes: Iterable[str]) -> None:
     """Encode, check and stage tiny deltas of each raw width the run's ``dtypes`` use (16 bits for
-    bfloat16/float16, 32 for float32), sparse and wholly changed (the ``ctx`` and ``dense`` codecs
-    ``auto`` picks from); nothing is kept. Only those widths and codecs: on a fresh install numba
+    bfloat16/float16, 32 for float32), at 0.02%, 1% and wholly changed (the ``sparse``, ``ctx`` and
+    ``dense`` codecs ``auto`` picks from); nothing is kept. Only those widths and codecs: on a fresh install numba
     compiles each signature on first use, and one the run never uses would cost seconds."""
     from deltarl.codec.apply import stage_delta
     from deltarl.codec.encode import iter_encode_delta
@@ -34,7 +34,7 @@ def warm_codec(dtypes: Iterable[str]) -> None:
     rng = np.random.default_rng(0)
     for dtype in [np.float16] * (16 in widths) + [np.float32] * (32 in widths):
         old = {"w": rng.standard_normal(_ELEMENTS).astype(dtype)}
-        for every in (97, 1):
+        for every in (4099, 97, 1):  # sparse, ctx, dense
             new = {"w": old["w"].copy()}
             new["w"][::every] = np.nextafter(new["w"][::every], np.inf)
             segments = list(iter_encode_delta(old, new, base=_BASE, segment_bytes=_SEGMENT_BYTES, check_finite=True))

@@ -66,20 +66,54 @@ class DeltaStats:
     encoded_bytes: int
 
 
+def _unchanged_whole(tensors: list[TensorSpec], chunks: list[ChunkInfo]) -> set[str]:
+    """Tensors whose chunks in this segment are all ``none`` and cover the whole tensor: the segment
+    names them and lists no chunk for them (docs/FORMAT.md, "Tensors without chunks")."""
+    spans: dict[str, list[tuple[int, int]]] = {}
+    changed: set[str] = set()
+    for c in chunks:
+        spans.setdefault(c.tensor, []).append((c.start, c.count))
+        if c.changed or c.codec != "none":
+            changed.add(c.tensor)
+    out = set()
+    for spec in tensors:
+        got = sorted(spans.get(spec.name, []))
+        if spec.name in changed or not got or spec.numel == 0:
+            continue
+        end = 0
+        for start, count in got:
+            if start != end:
+                break
+            end += count
+        else:
+            if end == spec.numel:
+                out.add(spec.name)
+    return out
+
+
 def pack_segment(
     base: str, tensors: list[TensorSpec], chunks: list[ChunkInfo], payloads: list[bytes]
 ) -> bytes:
-    """Build one segment; ``chunks[i]`` describes ``payloads[i]``."""
+    """Build one segment; ``chunks[i]`` describes ``payloads[i]``. A tensor that is wholly covered
+    by ``none`` chunks here is written with no chunk at all (its table entry covers it)."""
     index = {spec.name: i for i, spec in enumerate(tensors)}
+    whole = _unchanged_whole(tensors, chunks)
     raw_base = base.encode()
     parts = [struct.pack("<H", len(raw_base)), raw_base, struct.pack("<I", len(tensors))]
+    prev = b""
     for spec in tensors:
         name = spec.name.encode()
-        parts.append(struct.pack("<H", len(name)) + name)
+        shared = 0
+        limit = min(len(prev), len(name) - 1, 0xFFFF)  # at least one byte of suffix
+        while shared < limit and prev[shared] == name[shared]:
+            shared += 1
+        parts.append(struct.pack("<HH", shared, len(name) - shared) + name[shared:])
         parts.append(struct.pack("<BB", DTYPES[spec.dtype][0], len(spec.shape)))
         parts.append(struct.pack(f"<{len(spec.shape)}Q", *spec.shape))
-    parts.append(struct.pack("<I", len(chunks)))
-    for c in chunks:
+        prev = name
+    kept = [(c, p) for c, p in zip(chunks, payloads, strict=True) if c.tensor not in whole]
+    parts.append(struct.pack("<I", len(kept)))
+    for c, _ in kept:
         parts.append(
             _CHUNK.pack(index[c.tensor], CODEC_IDS[c.codec], 0, 0, c.start, c.count, c.changed, c.nbytes)
         )
@@ -88,7 +122,7 @@ def pack_segment(
         raise FormatError(f"segment header of {len(body)} bytes exceeds the {MAX_HEADER_BYTES}-byte cap")
     out = bytearray(_PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(body), zlib.crc32(body)))
     out += body
-    for p in payloads:
+    for _, p in kept:
         out += p
     out += struct.pack("<I", zlib.crc32(out))
     return bytes(out)
@@ -144,11 +178,20 @@ def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
     base = r.text(blen, "base id")
     (ntensors,) = r.take("<I")
     tensors: list[TensorSpec] = []
+    prev = b""
     for _ in range(ntensors):
-        (nlen,) = r.take("<H")
-        if not 0 < nlen <= MAX_NAME_BYTES:
-            raise FormatError(f"tensor name length {nlen} out of bounds")
-        name = r.text(nlen, "tensor name")
+        shared, nlen = r.take("<HH")
+        if shared > len(prev) or not 0 < shared + nlen <= MAX_NAME_BYTES or nlen == 0:
+            raise FormatError(f"tensor name of {shared} shared + {nlen} bytes out of bounds")
+        if r.off + nlen > len(body):
+            raise FormatError("segment header is truncated")
+        raw = prev[:shared] + bytes(body[r.off : r.off + nlen])
+        r.off += nlen
+        try:
+            name = raw.decode()
+        except UnicodeDecodeError as err:
+            raise FormatError("tensor name is not valid utf-8") from err
+        prev = raw
         code, ndim = r.take("<BB")
         if code not in DTYPE_BY_CODE:
             raise FormatError(f"tensor {name!r}: unknown dtype code {code}")
@@ -159,10 +202,13 @@ def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
     if len({t.name for t in tensors}) != len(tensors):
         raise FormatError("duplicate tensor name in segment")
     (nchunks,) = r.take("<I")
+    if r.off + nchunks * _CHUNK.size > len(body):
+        raise FormatError("segment header is truncated")
+    table = body[r.off : r.off + nchunks * _CHUNK.size]
+    r.off += nchunks * _CHUNK.size
     chunks: list[ChunkInfo] = []
     total = 0
-    for _ in range(nchunks):
-        ti, codec, z1, z2, start, count, changed, nbytes = r.take(_CHUNK.format)
+    for ti, codec, z1, z2, start, count, changed, nbytes in _CHUNK.iter_unpack(table):
         if ti >= len(tensors):
             raise FormatError(f"chunk names tensor index {ti} of {len(tensors)}")
         if codec not in CODEC_NAMES or z1 or z2:
@@ -176,6 +222,10 @@ def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
             raise FormatError(f"chunk of {spec.name!r}: inconsistent changed={changed} codec={codec}")
         total += nbytes
         chunks.append(ChunkInfo(spec.name, start, count, changed, CODEC_NAMES[codec], nbytes))
+    listed = {c.tensor for c in chunks}
+    for spec in tensors:  # a tensor without a chunk is covered whole, unchanged, by this segment
+        if spec.name not in listed and spec.numel:
+            chunks.append(ChunkInfo(spec.name, 0, spec.numel, 0, "none", 0))
     if r.off != len(body):
         raise FormatError("segment header has trailing bytes")
     if _PREFIX.size + hlen + total + 4 != len(mv):

@@ -41,7 +41,7 @@ def _copy(state: dict) -> dict:
     return {k: BF16(v.bits.copy()) if isinstance(v, BF16) else v.copy() for k, v in state.items()}
 
 
-@pytest.mark.parametrize("codec", ["auto", "aurora", "rice", "dense", "ctx"])
+@pytest.mark.parametrize("codec", ["auto", "aurora", "rice", "dense", "ctx", "sparse"])
 def test_apply_round_trip_small_segments(codec: str) -> None:
     old, new = _pair()
     segs = encode_delta(old, new, base="v1", segment_bytes=512, codec=codec)

@@ -24,7 +24,7 @@ from deltarl.codec import (
 )
 from deltarl.codec.encode import encode_chunk
 
-CODECS = ["auto", "aurora", "rice", "dense", "ctx"]
+CODECS = ["auto", "aurora", "rice", "dense", "ctx", "sparse"]
 DTYPES = ["bfloat16", "float16", "float32"]
 SPECIAL16 = [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFFF, 0x0001, 0x8001, 0x007F, 0x3F80, 0xBF80]
 SPECIAL16_FP16 = [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFFFF, 0x0001, 0x8001, 0x03FF, 0x3C00]
@@ -130,7 +130,7 @@ def test_numba_and_numpy_paths_agree(monkeypatch: pytest.MonkeyPatch, case: tupl
         assert state_digest(state) == state_digest(b)
 
 
-@pytest.mark.parametrize("codec", ["aurora", "rice", "ctx"])
+@pytest.mark.parametrize("codec", ["aurora", "rice", "ctx", "sparse"])
 def test_huge_gaps_take_the_escape_path(kernel_path: str, codec: str) -> None:
     n = 1 << 22
     old = np.zeros(n, dtype=np.uint16)
@@ -186,7 +186,7 @@ def test_ctx_is_smallest_on_adam_like_updates() -> None:
     step = (rng.standard_normal(w.size) * 3e-6).astype(np.float32)
     bf = lambda x: (x.view(np.uint32) >> 16).astype(np.uint16)  # noqa: E731 - truncation is fine here
     old, new = bf(w), bf(w - step)
-    sizes = {c: len(encode_chunk(old, new, "bfloat16", c)[2]) for c in ("aurora", "rice", "dense", "ctx")}
+    sizes = {c: len(encode_chunk(old, new, "bfloat16", c)[2]) for c in ("aurora", "rice", "dense", "ctx", "sparse")}
     assert min(sizes, key=sizes.__getitem__) == "ctx"
     assert encode_chunk(old, new, "bfloat16", "auto")[0] == "ctx"
 
