@@ -1,0 +1,86 @@
+"""The deltarl weight-transfer engine in vLLM's real engine (CPU build): updates, refusals, bootstrap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.vllm.conftest import VERSIONS, Run, engine, greedy, shut
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.filterwarnings("ignore")]  # vLLM's own warnings
+
+
+def _digest(state: dict[str, Any]) -> str:
+    from deltarl.codec import state_digest
+
+    return state_digest(state)
+
+
+def test_updates_equal_a_fresh_engine_on_replay(vllm_run: Run, served: Any) -> None:
+    from deltarl.integrations.vllm import status, update
+
+    assert status(served, digest=True)[0]["digest"] == _digest(vllm_run.states[0])
+    for v in range(1, VERSIONS + 1):
+        got = update(served, v)
+        assert got["version"] == v
+        assert got["changed"] > 0
+    st = status(served, digest=True)[0]
+    assert st["version"] == VERSIONS
+    assert st["digest"] == _digest(vllm_run.states[VERSIONS])  # bit for bit the trainer's state
+    after = greedy(served)
+
+    fresh = engine(vllm_run.checkpoint_of(VERSIONS))  # vLLM's own loader on replay(N)
+    try:
+        assert greedy(fresh) == after  # tokens and logprobs, exactly
+        # the same engine, late: bootstraps from keyframe 3 plus delta 4 through the relays/store
+        from deltarl.integrations.vllm import attach
+
+        boot = attach(fresh, vllm_run.store_url, vllm_run.run)
+        assert (boot["version"], boot["version_id"]) == (VERSIONS, st["version_id"])
+        assert status(fresh, digest=True)[0]["digest"] == st["digest"]
+        assert greedy(fresh) == after
+    finally:
+        shut(fresh)
+
+
+def _segment_files(run: Run, version: int) -> list[Path]:
+    return sorted((Path(run.store_url) / run.run / "versions" / f"{version:012d}").glob("*-seg-*.bin"))
+
+
+def test_refused_versions_leave_the_served_weights_unchanged(vllm_run: Run, served: Any) -> None:
+    from deltarl.integrations.vllm import status, update
+    from deltarl.pipeline.publisher import Publisher
+    from deltarl.storage.open import open_store
+    from deltarl.testing.vllm_runs import evolve
+
+    before = status(served, digest=True)[0]
+    tokens = greedy(served)
+    v = before["version"]
+    with pytest.raises(Exception, match=r"no object .*manifest"):
+        update(served, v + 1)  # missing: not published yet
+    with pytest.raises(Exception, match="does not apply to the served version"):
+        update(served, v + 2)  # wrong base
+    store = open_store(vllm_run.store_url)
+    with Publisher(store, vllm_run.run, keyframe_interval=1000) as pub:
+        nxt = evolve(vllm_run.states[v], 0.01, seed=100 + v)
+        pub.publish(nxt, v + 1)
+    store.close()
+    files = _segment_files(vllm_run, v + 1)
+    assert files, "the new version has segments"
+    seg = files[0]
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped bit in the middle of a segment
+    seg.chmod(0o644)
+    seg.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="no source delivered bytes matching its manifest"):
+        update(served, v + 1)
+    after = status(served, digest=True)[0]
+    assert (after["version"], after["digest"]) == (v, before["digest"])  # bit-identical
+    assert greedy(served) == tokens  # and it still serves
+    data[len(data) // 2] ^= 0x01
+    seg.write_bytes(bytes(data))
+    got = update(served, v + 1)  # the intact version still applies
+    assert got["version"] == v + 1
+    assert status(served, digest=True)[0]["digest"] == _digest(nxt)
