@@ -123,7 +123,7 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
     def init_transfer_engine(self, init_info: DeltaRLInitInfo) -> None:
         from deltarl.actor.fetcher import Fetcher
         from deltarl.actor.source import FetcherSource
-        from deltarl.codec import warm_codec_quietly
+        from deltarl.codec import trim, warm_codec_quietly
         from deltarl.integrations.vllm.mapping import derive_views
         from deltarl.pipeline.catch_up import catch_up
         from deltarl.storage.open import open_store
@@ -164,6 +164,7 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         t0 = time.perf_counter()
         caught = self._call(bootstrap())
         self.served = Served(caught.manifest.version, caught.version_id, fetch_s=time.perf_counter() - t0)
+        trim()  # the probes' and the keyframe read's buffers back to the OS
         log.info("deltarl: serving %s version %d (%s) from keyframe %d + %d deltas",
                  init_info.run, caught.manifest.version, caught.version_id[:12], caught.keyframe_version, caught.deltas)
 

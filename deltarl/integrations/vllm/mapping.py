@@ -79,10 +79,20 @@ def _tag_fill(i: int, spec: TensorSpec) -> torch.Tensor:
     return torch.full((spec.numel,), _BASE + i, dtype=torch.int16)
 
 
+def _index_pattern(start: int, stop: int) -> torch.Tensor:
+    import torch
+
+    return (torch.arange(start, stop, dtype=torch.int32) % _PRIME + _BASE).to(torch.int16)
+
+
 def _index_fill(i: int, spec: TensorSpec) -> torch.Tensor:
     import torch
 
-    return (torch.arange(spec.numel, dtype=torch.int32) % _PRIME + _BASE).to(torch.int16)
+    out = torch.empty(spec.numel, dtype=torch.int16)
+    for a in range(0, spec.numel, _CHUNK):  # chunk by chunk: the probe is the only model-sized buffer
+        b = min(spec.numel, a + _CHUNK)
+        out[a:b] = _index_pattern(a, b)
+    return out
 
 
 def _runs(bits: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -146,8 +156,8 @@ def derive_views(
         load_weights(_probe(specs, _index_fill))
         for pl in placements:
             got = _bits(wide[pl.param])[pl.start : pl.start + pl.numel]
-            want = (torch.arange(pl.numel, dtype=torch.int32) % _PRIME + _BASE).to(torch.int16)
-            if not torch.equal(got, want):
+            if not all(torch.equal(got[a : a + _CHUNK], _index_pattern(a, min(pl.numel, a + _CHUNK)))
+                       for a in range(0, pl.numel, _CHUNK)):
                 raise TensorMismatch(f"{pl.name}: vLLM's loader reorders its elements inside {pl.param} "
                                      "(transposed or repacked): not an in-place view")
         for p in wide.values():
