@@ -90,6 +90,22 @@ class Served:
     staged: int | None = None
 
 
+def _refuse_repacked_layers(model: Any) -> None:
+    """ConfigError (before anything is written) for layers whose kernel reads a repacked copy of
+    the loaded weights, so that an in-place write would not reach it: MoE experts on vLLM's CPU
+    build (``cpu_prepack_moe_weight`` after loading; measured: the probe maps them, the digest
+    matches, the tokens do not)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    moe = [name for name, m in model.named_modules() if hasattr(m, "w13_weight")]  # vLLM's fused-experts layers
+    if moe:
+        raise ConfigError(f"deltarl's vLLM engine cannot update MoE models on vLLM's CPU build: it repacks the expert "
+                          f"weights after loading ({moe[0]} and {len(moe) - 1} more), so an in-place write would "
+                          "not reach its kernel")
+
+
 class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
     """The ``deltarl`` weight-transfer engine (one per vLLM worker; see the module docstring)."""
 
@@ -131,6 +147,7 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         if self._tp() != 1:
             raise ConfigError("deltarl's vLLM engine maps checkpoint tensors onto whole parameters: "
                               "tensor and pipeline parallel sizes must be 1 (each rank holds part of a tensor)")
+        _refuse_repacked_layers(self.model)
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="deltarl-vllm", daemon=True)
