@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,51 @@ def test_refused_versions_leave_the_served_weights_unchanged(vllm_run: Run, serv
     got = update(served, v + 1)  # the intact version still applies
     assert got["version"] == v + 1
     assert status(served, digest=True)[0]["digest"] == _digest(nxt)
+
+
+def test_a_relay_restart_is_survived(vllm_run: Run, served: Any, tmp_path: Path) -> None:
+    """Engine workers reading through a relay only: with the relay down an update is refused and the
+    weights stay as they were; once it is back on its address the same update goes through."""
+    from deltarl.integrations.vllm import attach, status, update
+    from deltarl.pipeline.publisher import Publisher
+    from deltarl.pipeline.replay import replay
+    from deltarl.relay import BackgroundRelay, RelayConfig
+    from deltarl.storage.open import open_store
+    from deltarl.testing.vllm_runs import evolve
+
+    def relay(port: int = 0) -> BackgroundRelay:
+        cfg = RelayConfig(cache_dir=str(tmp_path / "relay-cache"), piece_bytes=256 << 10, poll_interval_s=0.02, head_ttl_s=0.1)
+        return BackgroundRelay(vllm_run.store_url, cfg, port=port)
+
+    first = relay()
+    port = int(first.url.rsplit(":", 1)[1])
+    try:
+        boot = attach(served, first.url, vllm_run.run)  # the relay is the only source
+        v = boot["version"]
+        store = open_store(vllm_run.store_url)
+        head = replay(store, vllm_run.run)
+        nxt = evolve(head, 0.01, seed=200 + v)
+        with Publisher(store, vllm_run.run, keyframe_interval=1000) as pub:
+            pub.publish(nxt, v + 1)
+        store.close()
+    finally:
+        first.close()
+    before = status(served, digest=True)[0]
+    with pytest.raises(Exception, match=r"127\.0\.0\.1|unreachable|connect|no source"):
+        update(served, v + 1)
+    assert status(served, digest=True)[0]["digest"] == before["digest"]
+    second = relay(port)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the fetcher may hold the failed source back for its cooldown
+            try:
+                got = update(served, v + 1)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+        assert got["version"] == v + 1
+        assert status(served, digest=True)[0]["digest"] == _digest(nxt)
+    finally:
+        second.close()
