@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load_s = time.perf_counter() - t0
     mem0 = llm.collective_rpc(vllm_runs.worker_memory)[0]
     t0 = time.perf_counter()
-    attach(llm, str(tmp / "store"), "bench", version=0, verify=False)
+    attach(llm, str(tmp / "store"), "bench", version=0, verify=False, prefetch=False)  # timings undisturbed
     attach_s = time.perf_counter() - t0
     mem1 = llm.collective_rpc(vllm_runs.worker_memory)[0]
     rows = []

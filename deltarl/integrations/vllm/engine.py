@@ -9,6 +9,9 @@ only a few dozen bytes of control travel through vLLM's RPC. Lifecycle, as vLLM 
   (:mod:`.mapping`), then the engine loads ``version`` (default: HEAD) from the newest keyframe at
   or before it plus the deltas after it, straight into those parameters, and checks the newest
   state digest on the way. From then on the engine serves a known version of the run.
+* after the bootstrap and after each commit the engine stages the next version in the background
+  as soon as it is published (``prefetch``, on by default): vLLM keeps generating meanwhile, and
+  the update that asks for it finds it staged.
 * ``start_weight_update()`` drops anything staged.
 * ``update_weights({"update_info": {"version": N}})`` (or ``"latest"``): fetches version N's
   manifest and segments and stages its delta against the served weights, nothing written. A
@@ -26,6 +29,7 @@ its digest) back through ``collective_rpc``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -39,10 +43,13 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from deltarl.errors import BaseMismatch, ConfigError, IntegrityError, RunError, short_pair
+from deltarl.errors import BaseMismatch, ConfigError, IntegrityError, ObjectNotFound, RunError, short_pair
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+
+#: how long one long-poll of the background prefetch waits for the next manifest
+PREFETCH_POLL_S = 5.0
 
 
 @dataclass
@@ -65,6 +72,8 @@ class DeltaRLInitInfo(WeightTransferInitInfo):
     verify: bool = True
     #: extra keyword options of the origin store (``endpoint_url=`` for S3, ...)
     store_options: dict[str, Any] = field(default_factory=dict)
+    #: stage the next version in the background as soon as it is published (off the pause)
+    prefetch: bool = True
 
 
 @dataclass
@@ -87,7 +96,8 @@ class Served:
     pause_s: float = 0.0
     digest_s: float = 0.0
     changed: int = 0
-    staged: int | None = None
+    #: whether the update was staged in the background before it was asked for
+    prefetched: bool = False
 
 
 def _refuse_repacked_layers(model: Any) -> None:
@@ -124,7 +134,10 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         self.placements: list[Any] = []
         self.served: Served | None = None
         self._staged: tuple[Any, Any, str, float, float] | None = None  # (staged, manifest, id, fetch_s, decode_s)
+        # the background staging of the next version: (version, base id, published, future)
+        self._ahead: tuple[int, str, threading.Event, concurrent.futures.Future[Any]] | None = None
         self.init_info: DeltaRLInitInfo | None = None
+        self._prefetched = False
 
     # --- the event loop the fetcher runs on -------------------------------------------------------
     def _call(self, coro: Coroutine[Any, Any, R]) -> R:
@@ -152,6 +165,7 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="deltarl-vllm", daemon=True)
             self._thread.start()
+        self._close_source()
         self.init_info = init_info
         self._store = open_store(init_info.store, must_exist=True, **init_info.store_options)
 
@@ -182,46 +196,79 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         caught = self._call(bootstrap())
         self.served = Served(caught.manifest.version, caught.version_id, fetch_s=time.perf_counter() - t0)
         trim()  # the probes' and the keyframe read's buffers back to the OS
+        self._prefetch()
         log.info("deltarl: serving %s version %d (%s) from keyframe %d + %d deltas",
                  init_info.run, caught.manifest.version, caught.version_id[:12], caught.keyframe_version, caught.deltas)
 
     def start_weight_update(self) -> None:
         self._staged = None
 
-    def receive_weights(self, update_info: DeltaRLUpdateInfo) -> None:
+    async def _stage(self, served: Served, version: int, wait_s: float) -> tuple[Any, Any, str, float, float]:
+        """Fetch (verified) and stage ``version`` against ``served``: (staged, manifest, id, fetch_s, decode_s)."""
         from deltarl.codec import stage_delta
 
+        t0 = time.perf_counter()
+        manifest, vid = await self._source.manifest(version, wait_s=wait_s)
+        if manifest.parent != served.version_id:
+            named, has = short_pair(manifest.parent or "", served.version_id)
+            raise BaseMismatch(f"{manifest.key}: parent {named} is not the served version's id {has}")
+        segments = await self._source.segments(manifest)
+        t1 = time.perf_counter()
+        staged = await asyncio.to_thread(stage_delta, self.views, segments, base=served.version_id)
+        return staged, manifest, vid, t1 - t0, time.perf_counter() - t1
+
+    def _prefetch(self) -> None:
+        """Stage the version after the served one in the background, while vLLM generates (reads only:
+        the old values; the commit still checks every position). Long-polls until it is published."""
+        self._cancel_prefetch()
+        served, info = self.served, self.init_info
+        if served is None or info is None or not info.prefetch or self._loop is None:
+            return
+
+        published = threading.Event()
+
+        async def ahead() -> tuple[Any, Any, str, float, float]:
+            while True:
+                try:
+                    await self._source.manifest(served.version + 1, wait_s=PREFETCH_POLL_S)
+                except ObjectNotFound:  # not published yet: poll again (relays hold the request)
+                    continue
+                published.set()
+                return await self._stage(served, served.version + 1, 0.0)
+
+        fut = asyncio.run_coroutine_threadsafe(ahead(), self._loop)
+        self._ahead = (served.version + 1, served.version_id, published, fut)
+
+    def _cancel_prefetch(self) -> None:
+        if self._ahead is not None:
+            self._ahead[3].cancel()
+            self._ahead = None
+
+    def receive_weights(self, update_info: DeltaRLUpdateInfo) -> None:
         if self.served is None:
             raise RunError("deltarl: init_weight_transfer_engine has not run: no version is served")
         served = self.served
         self._staged = None
-
-        async def fetch() -> tuple[Any, str, list[bytes]]:
-            want = update_info.version
-            if want == "latest":
-                head = await self._source.head()
-                want = served.version if head is None else head.version
-            if not isinstance(want, int):
-                raise ConfigError(f"update_info version must be an int or 'latest', not {want!r}")
-            if want == served.version:
-                return None, served.version_id, []
-            if want != served.version + 1:
-                raise BaseMismatch(f"version {want} does not apply to the served version {served.version}: "
-                                   f"stage version {served.version + 1} next (one version an update)")
-            manifest, vid = await self._source.manifest(want, wait_s=update_info.wait_s)
-            if manifest.parent != served.version_id:
-                named, has = short_pair(manifest.parent or "", served.version_id)
-                raise BaseMismatch(f"{manifest.key}: parent {named} is not the served version's id {has}")
-            return manifest, vid, await self._source.segments(manifest)
-
-        t0 = time.perf_counter()
-        manifest, vid, segments = self._call(fetch())
-        if manifest is None:
+        self._prefetched = False
+        want = update_info.version
+        if want == "latest":
+            head = self._call(self._source.head())
+            want = served.version if head is None else head.version
+        if not isinstance(want, int):
+            raise ConfigError(f"update_info version must be an int or 'latest', not {want!r}")
+        if want == served.version:
             return  # already served: nothing to stage
-        t1 = time.perf_counter()
-        staged = stage_delta(self.views, segments, base=served.version_id)
-        del segments
-        self._staged = (staged, manifest, vid, t1 - t0, time.perf_counter() - t1)
+        if want != served.version + 1:
+            raise BaseMismatch(f"version {want} does not apply to the served version {served.version}: "
+                               f"stage version {served.version + 1} next (one version an update)")
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[:2] == (want, served.version_id) and ahead[2].is_set():
+            self._staged = ahead[3].result()  # published: staged in the background, or about to be
+            self._prefetched = True
+            return
+        if ahead is not None:
+            ahead[3].cancel()  # not published yet: ask directly (waiting wait_s, ObjectNotFound after)
+        self._staged = self._call(self._stage(served, want, update_info.wait_s))
 
     def finish_weight_update(self) -> None:
         if self._staged is None:
@@ -241,7 +288,9 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
                 shown_got, shown_rec = short_pair(got, manifest.state_digest.value)
                 raise IntegrityError(f"{manifest.key}: served weights hash to {shown_got}, the manifest records "
                                      f"{shown_rec}; version {manifest.version} rolled back")
-        self.served = Served(manifest.version, vid, fetch_s, decode_s, pause, digest_s, staged.changed_elements)
+        self.served = Served(manifest.version, vid, fetch_s, decode_s, pause, digest_s, staged.changed_elements,
+                             self._prefetched)
+        self._prefetch()
 
     def digest(self, algo: str | None = None) -> str:
         """The state digest of the served weights by checkpoint name (hashed in place, no copy)."""
@@ -249,20 +298,22 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
 
         return state_digest(self.views, algo or DIGEST_ALGO)
 
+    def _close_source(self) -> None:
+        """Stop any prefetch and close the fetcher and the origin store (a re-attach, or shutdown)."""
+        self._cancel_prefetch()
+        fetcher, store, self._fetcher, self._store, self._source = self._fetcher, self._store, None, None, None
+        if fetcher is not None and self._loop is not None:
+            asyncio.run_coroutine_threadsafe(fetcher.close(), self._loop).result(timeout=30)
+        if store is not None:
+            store.close()
+
     def shutdown(self) -> None:
         if self._loop is None:
             return
-        loop, self._loop = self._loop, None
-
-        async def close() -> None:
-            if self._fetcher is not None:
-                await self._fetcher.close()
-
         try:
-            asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=30)
+            self._close_source()
         finally:
+            loop, self._loop = self._loop, None
             loop.call_soon_threadsafe(loop.stop)
             if self._thread is not None:
                 self._thread.join(timeout=30)
-            if self._store is not None:
-                self._store.close()

@@ -23,10 +23,13 @@ def test_updates_equal_a_fresh_engine_on_replay(vllm_run: Run, served: Any) -> N
     from deltarl.integrations.vllm import status, update
 
     assert status(served, digest=True)[0]["digest"] == _digest(vllm_run.states[0])
+    prefetched = []
     for v in range(1, VERSIONS + 1):
         got = update(served, v)
         assert got["version"] == v
         assert got["changed"] > 0
+        prefetched.append(got["prefetched"])
+    assert any(prefetched)  # staged in the background, after the previous commit, before it was asked for
     st = status(served, digest=True)[0]
     assert st["version"] == VERSIONS
     assert st["digest"] == _digest(vllm_run.states[VERSIONS])  # bit for bit the trainer's state
