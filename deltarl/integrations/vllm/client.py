@@ -64,3 +64,30 @@ def status(llm: Any, *, digest: bool = False) -> list[dict[str, Any]]:
     """Each worker's served version, version id and last update's timings (``digest``: the state
     digest of its served weights too, to compare with a manifest's)."""
     return list(llm.collective_rpc("deltarl_status", kwargs={"digest": digest}))
+
+
+class LLMSyncClient:
+    """vLLM's trainer-side ``VLLMWeightSyncClient`` protocol over an offline ``vllm.LLM`` in this
+    process (vLLM ships HTTP and Ray clients; this is the in-process one)."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
+        self.llm.reset_prefix_cache()
+
+    def start_weight_update(self) -> None:
+        self.llm.collective_rpc("start_weight_update")
+
+    def update_weights(self, update_info: Any) -> None:
+        self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        try:
+            self.llm.collective_rpc("finish_weight_update")
+        except BaseException:
+            self.llm.collective_rpc("finish_weight_update")  # nothing staged: closes vLLM's session
+            raise
+        finally:
+            self.llm.reset_prefix_cache()

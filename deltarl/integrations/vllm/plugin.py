@@ -79,6 +79,10 @@ def register() -> None:
     registry: dict[str, Any] = WeightTransferEngineFactory._registry
     if BACKEND not in registry:
         WeightTransferEngineFactory.register_engine(BACKEND, "deltarl.integrations.vllm.engine", "DeltaRLEngine")
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    if BACKEND not in WeightTransferTrainerFactory._registry:  # the trainer side, for processes that load plugins
+        WeightTransferTrainerFactory.register_engine(BACKEND, "deltarl.integrations.vllm.trainer", "DeltaRLTrainerEngine")
     try:
         from vllm.platforms import current_platform
 
