@@ -140,7 +140,7 @@ def bench_vllm(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks import vllm_update
 
     ns = argparse.Namespace(shape="tiny" if args.quick else "0.6b", versions=3, fraction=args.fraction, workdir=None,
-                            dense_once=True, device="cuda", gpu_memory_utilization=0.3)
+                            device="cuda", gpu_memory_utilization=0.3)
     r = vllm_update.run(ns)
     m = r["median"]
     return {"shape": r["shape"], "pause_s": m["pause_s"], "scatter_s": m["scatter_s"], "vllm_sparse_s": m["vllm_sparse_s"],

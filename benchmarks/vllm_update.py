@@ -124,35 +124,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     attach_s = time.perf_counter() - t0
     mem1 = llm.collective_rpc(vllm_runs.worker_memory)[0]
     rows = []
-    for v in range(1, args.versions + 1):
+    for v in range(1, args.versions + 1):  # deltarl alone first: its memory is measured before the others run
         t0 = time.perf_counter()
         st = update(llm, v)
         wall = time.perf_counter() - t0
         mem = llm.collective_rpc(vllm_runs.worker_memory)[0]
-        sparse = llm.collective_rpc(vllm_runs.worker_vllm_sparse, args=(str(tmp / f"changes-{v}.pt"),))[0]
-        dense = llm.collective_rpc(vllm_runs.worker_dense_reload)[0] if v == args.versions or not args.dense_once else None
         rows.append({"version": v, "changed": changed[v], "fetch_s": st["fetch_s"], "decode_s": st["decode_s"],
-                     "pause_s": st["pause_s"], "update_wall_s": wall, "scatter_s": scatter[v], "vllm_sparse_s": sparse,
-                     "dense_reload_s": dense, "worker_rss_after": mem["VmRSS"]})
+                     "pause_s": st["pause_s"], "update_wall_s": wall, "scatter_s": scatter[v],
+                     "worker_rss_after": mem["VmRSS"], "worker_peak_rss_after": mem["VmHWM"]})
         print(f"v{v}: fetch {st['fetch_s'] * 1e3:.0f} ms, decode {st['decode_s'] * 1e3:.0f} ms, pause {st['pause_s'] * 1e3:.1f} ms, "
-              f"scatter {scatter[v] * 1e3:.1f} ms, vLLM sparse {sparse * 1e3:.0f} ms"
-              + (f", dense {dense * 1e3:.0f} ms" if dense is not None else ""), flush=True)
+              f"scatter {scatter[v] * 1e3:.1f} ms", flush=True)
     final = status(llm, digest=True)[0]
+    mem_deltarl = llm.collective_rpc(vllm_runs.worker_memory)[0]
+    for row in rows:  # vLLM's own paths on the same engine, the same changes (they rewrite values already there)
+        v = row["version"]
+        row["vllm_sparse_s"] = llm.collective_rpc(vllm_runs.worker_vllm_sparse, args=(str(tmp / f"changes-{v}.pt"),))[0]
+        print(f"v{v}: vLLM sparse {row['vllm_sparse_s'] * 1e3:.0f} ms", flush=True)
+    dense = llm.collective_rpc(vllm_runs.worker_dense_reload)[0]
+    print(f"dense load_weights {dense * 1e3:.0f} ms", flush=True)
     mem2 = llm.collective_rpc(vllm_runs.worker_memory)[0]
     llm.llm_engine.engine_core.shutdown()
-    med = {k: statistics.median(r[k] for r in rows if r[k] is not None)
-           for k in ("fetch_s", "decode_s", "pause_s", "scatter_s", "vllm_sparse_s", "dense_reload_s")}
+    med = {k: statistics.median(r[k] for r in rows) for k in ("fetch_s", "decode_s", "pause_s", "scatter_s", "vllm_sparse_s")}
+    med["dense_reload_s"] = dense
     res = {
         "shape": args.shape, "model_bytes": model_bytes, "fraction": args.fraction, "versions": rows,
         "engine_load_s": load_s, "attach_s": attach_s, "median": med,
         "pause_over_scatter": med["pause_s"] / med["scatter_s"], "pause_over_vllm_sparse": med["pause_s"] / med["vllm_sparse_s"],
-        "worker_rss_vllm": mem0["VmRSS"], "worker_rss_attached": mem1["VmRSS"], "worker_rss_end": mem2["VmRSS"],
-        "worker_peak_rss_end": mem2["VmHWM"], "worker_peak_rss_vllm": mem0["VmHWM"],
+        "worker_rss_vllm": mem0["VmRSS"], "worker_rss_attached": mem1["VmRSS"], "worker_rss_deltarl": mem_deltarl["VmRSS"],
+        "worker_peak_rss_vllm": mem0["VmHWM"], "worker_peak_rss_deltarl": mem_deltarl["VmHWM"],
+        "worker_rss_end": mem2["VmRSS"], "worker_peak_rss_end": mem2["VmHWM"],
+        # deltarl's own: resident beyond vLLM's after its attach and updates, before vLLM's paths run
         "extra_copies_steady": (max(r["worker_rss_after"] for r in rows) - mem0["VmRSS"]) / model_bytes,
-        "extra_copies_peak": (mem2["VmHWM"] - mem0["VmHWM"]) / model_bytes if mem2["VmHWM"] > mem0["VmHWM"] else 0.0,
+        "extra_copies_peak": max(0, mem_deltarl["VmHWM"] - max(mem0["VmHWM"], mem0["VmRSS"])) / model_bytes,
+        # vLLM's sparse path and the dense reload (with its own clone of the state) on top
+        "extra_copies_peak_all_paths": max(0, mem2["VmHWM"] - mem0["VmHWM"]) / model_bytes,
         "rpc_bytes_per_update": _rpc_bytes(args.versions), "final_version": final["version"],
-        "note": "2 shared cores; pause = the worker's finish_weight_update commit; the peak includes the dense-reload "
-                "comparison's own clone of the state (deltarl's attach probes hold one checkpoint tensor at a time)",
+        "note": "2 shared cores; pause = the worker's finish_weight_update commit (prefetch off, so fetch/decode "
+                "are timed alone); memory from the worker's /proc/self/status (VmRSS, VmHWM)",
     }
     return res
 
@@ -163,7 +171,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--fraction", type=float, default=0.01)
     ap.add_argument("--workdir", default=None, help="where the checkpoint and the store go (default: the temp dir)")
-    ap.add_argument("--dense-once", action="store_true", default=True, help="time the dense reload at the last version only")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     res = run(args)
@@ -175,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
                        ("vLLM load_checkpoint_weight_patches", "vllm_sparse_s"), ("dense load_weights", "dense_reload_s")):
         print(f"{label:34s} {m[key] * 1e3:10.1f}")
     print(f"pause / plain scatter: {res['pause_over_scatter']:.2f}x   pause / vLLM sparse: {res['pause_over_vllm_sparse']:.3f}x")
-    print(f"worker memory beyond vLLM's own: {res['extra_copies_steady']:.3f} BF16 copies (steady), peak {res['extra_copies_peak']:.3f}")
+    print(f"worker memory beyond vLLM's own: {res['extra_copies_steady']:.3f} BF16 copies (steady), peak {res['extra_copies_peak']:.3f} "
+          f"(with vLLM's sparse path and the dense reload: {res['extra_copies_peak_all_paths']:.3f})")
     print(f"RPC per update: {res['rpc_bytes_per_update']} B")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2) + "\n")
