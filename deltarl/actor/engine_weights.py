@@ -61,19 +61,23 @@ class EngineWeights(Weights):
         if origin is None:
             raise ConfigError("the vllm backend needs a store URL or a relay for its workers to read the run from")
         deadline = time.monotonic() + timeout_s
-        while not stop.is_set():
-            try:
-                st = self.engine.attach(origin, self.config.run, relays=[r for r in relays if r != origin],
-                                        streams=self.config.streams, verify=self.config.verify_digest)
-            except Exception as err:  # vLLM re-raises a worker's error as its own RuntimeError
-                if time.monotonic() > deadline:
-                    raise RunError(f"run {self.config.run!r}: the vLLM engine could not attach: {err}") from err
-                stop.wait(1.0)
-                continue
-            self._served = (int(st["version"]), str(st["version_id"]))
-            log.info("vLLM engine serves version %d (%s)", *self._served)
-            return True
-        return False
+        while not stop.is_set():  # wait for the run's first version here; the engine's errors are final
+            self._head_read = 0.0
+            if self._head() is not None:
+                break
+            if time.monotonic() > deadline:
+                raise RunError(f"run {self.config.run!r}: no version to bootstrap from after {timeout_s}s")
+            stop.wait(0.5)
+        if stop.is_set():
+            return False
+        try:
+            st = self.engine.attach(origin, self.config.run, relays=[r for r in relays if r != origin],
+                                    streams=self.config.streams, verify=self.config.verify_digest)
+        except Exception as err:  # vLLM re-raises a worker's error as its own RuntimeError
+            raise RunError(f"run {self.config.run!r}: the vLLM engine could not attach: {err}") from err
+        self._served = (int(st["version"]), str(st["version_id"]))
+        log.info("vLLM engine serves version %d (%s)", *self._served)
+        return True
 
     def _head(self) -> int | None:
         now = time.monotonic()
