@@ -136,3 +136,34 @@ def test_a_relay_restart_is_survived(vllm_run: Run, served: Any, tmp_path: Path)
         assert status(served, digest=True)[0]["digest"] == _digest(nxt)
     finally:
         second.close()
+
+
+def test_a_digest_mismatch_at_the_commit_rolls_back(vllm_run: Run, served: Any) -> None:
+    """A version whose bytes all verify but whose recorded state digest is not what it builds (its
+    writer encoded against a state that was not the base it named): the commit is undone."""
+    import torch
+
+    from deltarl.integrations.vllm import attach, status, update
+    from deltarl.pipeline.publisher import Publisher
+    from deltarl.storage.open import open_store
+    from deltarl.testing.vllm_runs import evolve
+
+    store = open_store(vllm_run.store_url)
+    s0 = vllm_run.states[0]
+    s1 = evolve(s0, 0.01, seed=300)
+    with Publisher(store, "forged", digest_interval=1000) as pub:
+        pub.publish(s0, 0)
+        pub.publish(s1, 1)  # no digest recorded: a resume below can hand in any "previous" state
+    wrong = {n: t.clone() for n, t in s1.items()}
+    name = sorted(wrong)[0]
+    wrong[name].view(-1).view(torch.int16)[:64] += 1  # the writer's idea of version 1, off in 64 elements
+    with Publisher(store, "forged", previous_state=wrong, digest_interval=1, digest_on_resume=True) as pub:
+        pub.publish(evolve(wrong, 0.01, seed=301), 2)  # version 2 records the digest of what it meant
+    store.close()
+    boot = attach(served, vllm_run.store_url, "forged", version=1)
+    before = status(served, digest=True)[0]
+    assert (boot["version"], before["digest"]) == (1, _digest(s1))
+    with pytest.raises(Exception, match="rolled back"):
+        update(served, 2)
+    after = status(served, digest=True)[0]
+    assert (after["version"], after["digest"]) == (1, before["digest"])  # bit-identical to version 1
