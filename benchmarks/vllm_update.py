@@ -68,6 +68,17 @@ def _rpc_bytes(version: int) -> int:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """One measured run (see the module docstring); its checkpoint and store are removed after."""
+    import shutil
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-", dir=getattr(args, "workdir", None)))
+    try:
+        return _run(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from deltarl.integrations.vllm import request_amx
 
     request_amx()  # before vLLM starts (deltarl.integrations.vllm.plugin)
@@ -83,7 +94,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from deltarl.storage.open import open_store
     from deltarl.testing import vllm_runs
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-", dir=args.workdir))
     cfg = Qwen3Config(**SHAPES[args.shape], max_position_embeddings=4096)
     t0 = time.perf_counter()
     state = vllm_runs.write_checkpoint(tmp / "ckpt", ModelSpec(seed=1), config=cfg)
