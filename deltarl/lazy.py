@@ -23,14 +23,14 @@ SURFACE: dict[str, str] = {
                "pipeline.writer:VersionInfo pipeline.replay:replay pipeline.reader:RunReader storage.open:open_store "
                "storage.store:ObjectStore integrations.trl:DeltaRLCallback errors:DeltaRLError",
     "deltarl.actor": "config:ActorConfig fetcher:FetchStats,Fetcher follower:Follower loop:ActorLoop "
-                     "subscriber:Subscriber updates:CommitInfo weights:Weights metrics:WeightsMetrics",
+                     "subscriber:Subscriber updates:CommitInfo weights:Weights metrics:WeightsMetrics source:FetcherSource",
     "deltarl.coordinator": "audit:AuditReport,audit_run config:CoordinatorConfig,SchedulerConfig,ServiceConfig "
                            "persistence:CoordinatorStore,recover scheduler:Scheduler server:Coordinator,create_app "
                            "views:check_invariants,fleet_status",
     "deltarl.demo": "runner:DemoOptions,run_demo preset:check_checkpoint",
     "deltarl.integrations": "gather:gather_bf16 trl:DeltaRLCallback",
     "deltarl.model": "build:ModelSpec,build_model,export_bf16,load_bf16_into record:RunModelInfo,read_model_json,"
-                     "write_model_json tasks:TaskSpec,build_task tokenizer:TokenizerSpec,load_tokenizer build:live_parameters record:model_json_key tasks:Task tokenizer:Tokenizer,encode_prompt",
+                     "write_model_json tasks:TaskSpec,build_task tokenizer:TokenizerSpec,load_tokenizer build:live_parameters record:model_json_key tasks:Task tokenizer:Tokenizer,encode_prompt hf_byte:save_hf_byte_tokenizer",
     "deltarl.protocol": "client:CoordinatorClient,SyncCoordinatorClient records:AdmittedRecord,LeaseRecord,PromptItem,"
                         "RolloutResult,Sample,StepSpec records:Ack,ActorRecord,HeartbeatRequest,LeaseGrant,LeaseRequest,LeaseResponse,MAX_STEP,Record,RegisterRequest,Registered,StepManifest,StepOpened,StepResults,decode,encode,sha256_of",
     "deltarl.testing": "faults:CrashAt fleet:Fleet,simulate ranks:leave_process_group,spawn_ranks "

@@ -40,6 +40,8 @@ class ActorConfig(BaseModel):
     backend: Literal["hf", "vllm"] = Field(default="hf", description="generation backend: transformers or vLLM")
     device: str = Field(default="cpu", description="torch device of the hf backend")
     tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="vllm backend: GPUs per model replica")
+    vllm_options: dict[str, Any] = Field(default_factory=dict, description="vllm backend: more vllm.LLM keyword "
+                                         "arguments (max_model_len, gpu_memory_utilization, enforce_eager, ...)")
     throttle: float = Field(default=1.0, ge=1.0, le=1000.0, description="emulate hardware this many times slower")
     max_prompts: int | None = Field(default=None, ge=1, le=10**6, description="cap on prompts per lease (None: the coordinator decides)")
     max_batch: int = Field(default=256, ge=1, le=1 << 16, description="sequences per forward batch of the hf backend")

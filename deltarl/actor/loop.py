@@ -142,6 +142,9 @@ class ActorLoop:
             self._write_state()
             if self.weights is not None:
                 self.weights.close()
+            shutdown = getattr(self.backend, "close", None)  # vLLM: its engine processes
+            if callable(shutdown):
+                shutdown()
             held = None if self.weights is None else self.weights.held
             self.events.emit("exit", version=None if held is None else held[0],
                              admitted=self.results_admitted, rejected=self.results_rejected)
@@ -185,7 +188,12 @@ class ActorLoop:
             import torch
 
             torch.set_num_threads(cfg.torch_threads)
-        self.weights = Weights(cfg, store)  # relays first, the origin (if any) last: model.json too
+        if cfg.backend == "vllm":  # the weights live in vLLM's workers, which read the run themselves
+            from deltarl.actor.engine_weights import EngineWeights
+
+            self.weights = EngineWeights(cfg, store)
+        else:
+            self.weights = Weights(cfg, store)  # relays first, the origin (if any) last: model.json too
         info = self.weights.wait_model_json(timeout_s=cfg.bootstrap_timeout_s, stop=self._stop)
         if info is None:
             return
@@ -194,10 +202,13 @@ class ActorLoop:
         self.task = build_task(TaskSpec(**info.task)) if info.task else None
         t0 = time.perf_counter()
         self.backend = self._build_backend()
-        if cfg.backend == "vllm":
-            self.weights.backend = self.backend
         self.metrics.follow_fetcher(self.weights.fetch_stats)
-        if not self.weights.bootstrap(self.backend.state_dict_for_update(), timeout_s=cfg.bootstrap_timeout_s, stop=self._stop):
+        if cfg.backend == "vllm":
+            self.weights.engine = self.backend
+            live: Any = None
+        else:
+            live = self.backend.state_dict_for_update()
+        if not self.weights.bootstrap(live, timeout_s=cfg.bootstrap_timeout_s, stop=self._stop):
             return
         self.metrics.bootstrapped(self.weights.version)
         self.events.emit("bootstrap", version=self.weights.version, version_id=self.weights.version_id,
@@ -208,12 +219,12 @@ class ActorLoop:
         """The generation backend with the run's model (its weights are overwritten by the bootstrap)."""
         cfg = self.config
         if cfg.backend == "vllm":
-            from deltarl.actor.backends.vllm_ext import VLLMBackend
+            from deltarl.actor.backends.vllm import VLLMEngineBackend
 
             if self.model_info.model.is_tiny:
                 raise RunError("the vllm backend serves a local Hugging Face checkpoint: model.name must be its path")
-            return VLLMBackend(self.model_info.model.name, tensor_parallel_size=cfg.tensor_parallel_size,
-                               seed=cfg.seed, throttle=cfg.throttle)
+            return VLLMEngineBackend(self.model_info.model.name, tensor_parallel_size=cfg.tensor_parallel_size,
+                                     seed=cfg.seed, throttle=cfg.throttle, **cfg.vllm_options)
         return self._hf_backend()
 
     def _hf_backend(self) -> GenerationBackend:
@@ -357,11 +368,13 @@ class ActorLoop:
 
     # --- exit --------------------------------------------------------------------------------------
 
-    def _served_state(self) -> dict[str, Any]:
-        """The weights generation uses, by exported name (vLLM: gathered from its workers)."""
+    def _served_digest(self) -> str:
+        """The state digest of the weights generation uses (vLLM: hashed in its workers)."""
+        from deltarl.codec import state_digest
+
         assert self.backend is not None
-        gather = getattr(self.backend, "hf_state", None)
-        return gather() if callable(gather) else self.backend.state_dict_for_update()
+        served = getattr(self.backend, "served_digest", None)
+        return str(served()) if callable(served) else state_digest(self.backend.state_dict_for_update())
 
     def _write_state(self) -> None:
         """Write ``{version, version_id, state_digest}`` of the live weights to ``config.state_out``."""
@@ -369,11 +382,9 @@ class ActorLoop:
         held = None if self.weights is None else self.weights.held
         if not path or self.backend is None or held is None:
             return
-        from deltarl.codec import state_digest
-
         try:
             record = {"actor": self.name, "actor_id": self.actor_id, "version": held[0], "version_id": held[1],
-                      "state_digest": state_digest(self._served_state())}
+                      "state_digest": self._served_digest()}
             with open(path + ".tmp", "w") as fh:
                 json.dump(record, fh, sort_keys=True)
             import os

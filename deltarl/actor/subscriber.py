@@ -104,8 +104,8 @@ class Subscriber:
         on_staged: Callable[[], None] | None = None,
     ) -> None:
         self.state = state
-        #: A generation backend whose served weights are not ``state`` itself (vLLM: ``state`` is its
-        #: host shadow): deltas are committed through ``backend.commit``, full states pushed with
+        #: A generation backend whose served weights are not ``state`` itself (``state`` is a copy it
+        #: keeps in step): deltas are committed through ``backend.commit``, full states pushed with
         #: ``backend.load_state``. None: ``state`` is the live weights and is written directly.
         self.backend = backend
         self.layout = RunLayout(run)

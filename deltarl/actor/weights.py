@@ -36,8 +36,8 @@ class Weights:
 
     def __init__(self, config: ActorConfig, store: ObjectStore | None, *, backend: Any | None = None) -> None:
         """``store``: the origin, the fallback after the config's relays (None: relays only).
-        ``backend``: one whose served weights are not the state given to :meth:`bootstrap` (vLLM's
-        host shadow); commits then go through ``backend.commit`` / ``backend.load_state``. It may be
+        ``backend``: one whose served weights are not the state given to :meth:`bootstrap` (a
+        host copy it keeps in step); commits then go through ``backend.commit`` / ``backend.load_state``. It may be
         set as an attribute until :meth:`bootstrap`."""
         self.config = config
         self.store = store

@@ -21,9 +21,9 @@ _BASE = "0" * 64
 
 
 def warm_codec(dtypes: Iterable[str]) -> None:
-    """Encode, check and stage tiny deltas of each raw width the run's ``dtypes`` use (16 bits for
-    bfloat16/float16, 32 for float32), at 0.02%, 1% and wholly changed (the ``sparse``, ``ctx`` and
-    ``dense`` codecs ``auto`` picks from); nothing is kept. Only those widths and codecs: on a fresh install numba
+    """Encode, check, stage, commit and roll back tiny deltas of each raw width the run's ``dtypes`` use (16 bits
+    for bfloat16/float16, 32 for float32), at 0.02%, 1% and wholly changed (the ``sparse``, ``ctx`` and ``dense``
+    codecs ``auto`` picks from); nothing is kept. Only those widths and codecs: on a fresh install numba
     compiles each signature on first use, and one the run never uses would cost seconds."""
     from deltarl.codec.apply import stage_delta
     from deltarl.codec.encode import iter_encode_delta
@@ -38,7 +38,9 @@ def warm_codec(dtypes: Iterable[str]) -> None:
             new = {"w": old["w"].copy()}
             new["w"][::every] = np.nextafter(new["w"][::every], np.inf)
             segments = list(iter_encode_delta(old, new, base=_BASE, segment_bytes=_SEGMENT_BYTES, check_finite=True))
-            stage_delta(old, segments, base=_BASE)
+            staged = stage_delta(old, segments, base=_BASE)
+            staged.commit()  # the commit and rollback kernels too: else the first real pause loads them
+            staged.rollback()
 
 
 def warm_codec_quietly(dtypes: Iterable[str]) -> None:

@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, metavar="PATH",
                         help="a local Hugging Face checkpoint directory (any causal LM, with its tokenizer) instead of "
                              "the tiny model; nothing is downloaded")
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf",
+                        help="the actors' generation backend (vllm: vLLM's engine with the deltarl weight-transfer "
+                             "backend; needs --model and vLLM installed, e.g. .venv-vllm)")
     parser.add_argument("--lr", type=float, default=None, metavar="LR",
                         help="GRPO learning rate (default 1.5e-5 for the tiny model, 1e-6 for --model)")
     parser.add_argument("--warmup-steps", type=int, default=None, metavar="N",
@@ -53,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup_steps is not None and args.warmup_steps < 0:
         print("deltarl demo: need --warmup-steps >= 0")
         return 2
+    if args.backend == "vllm" and args.model is None:
+        print("deltarl demo: --backend vllm serves a local checkpoint: give --model PATH")
+        return 2
     if args.model is not None:
         from deltarl.demo.preset import check_checkpoint
         from deltarl.errors import ConfigError
@@ -67,6 +73,6 @@ def run(args: argparse.Namespace) -> int:
     options = DemoOptions(steps=args.steps, actors=args.actors, store=args.store, out=args.out, run=args.run,
                           prompts_per_step=args.prompts, group_size=args.group_size,
                           live=False if args.no_live else None, metrics=SinkConfig.model_validate(sink_overrides(args)),
-                          model=args.model, lr=args.lr, warmup_steps=args.warmup_steps)
+                          model=args.model, lr=args.lr, warmup_steps=args.warmup_steps, backend=args.backend)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops every child like Ctrl-C does
     return run_demo(options)

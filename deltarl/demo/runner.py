@@ -55,6 +55,7 @@ class DemoOptions:
     model: str | None = None  # a local HF checkpoint directory instead of the tiny model
     lr: float | None = None  # GRPO lr (None: the preset's, 1e-6 for a checkpoint)
     warmup_steps: int | None = None  # supervised warm-up steps (None: the preset's, 0 for a checkpoint)
+    backend: str = "hf"  # the actors' generation backend: hf, or vllm (needs ``model``)
 
 
 @dataclass
@@ -147,7 +148,17 @@ class Demo:
             self._stop_children()
 
     def _env(self) -> dict[str, str]:
-        return {defaults.COORDINATOR_TOKEN_ENV: self.token, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env = {defaults.COORDINATOR_TOKEN_ENV: self.token, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        if self.o.backend == "vllm":  # vLLM's CPU build: a 1 GiB KV cache, not a share of the host
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+        return env
+
+    def _backend_args(self) -> list[str]:
+        """The actors' backend flags: vLLM small and eager enough for a shared CPU machine."""
+        if self.o.backend != "vllm":
+            return []
+        return ["--backend", "vllm", "--vllm-option", "enforce_eager=true",
+                "--vllm-option", "gpu_memory_utilization=0.05", "--vllm-option", "max_num_seqs=64"]
 
     def _start_services(self) -> tuple[str, str]:
         from deltarl.coordinator.config import CoordinatorConfig, SchedulerConfig, ServiceConfig
@@ -178,7 +189,7 @@ class Demo:
             events, state_out = self.work / f"{name}.events.jsonl", self.work / f"{name}.state.json"
             child = Child(name, ["-v", "actor", "--coordinator", coordinator, "--store", self.store_url, "--run", self.run_name,
                                  "--relay", relay, "--throttle", str(throttle), "--seed", str(i + 1), "--name", name,
-                                 "--events", str(events), "--state-out", str(state_out)],
+                                 "--events", str(events), "--state-out", str(state_out), *self._backend_args()],
                           self.work / f"{name}.log", self._env())
             self.children.append(child)
             self.actors.append(ActorRun(name, throttle, child, events, state_out))

@@ -1,0 +1,203 @@
+"""deltarl's weight-transfer engine inside vLLM (CPU build): what one version costs the engine.
+
+A random-init checkpoint with Qwen3-0.6B (or 1.7B) shapes is written locally; ``--versions``
+versions, each changing ``--fraction`` of every tensor's BF16 elements by a few ulps, are
+published to a local store. One vLLM engine (``weight_transfer_config={"backend": "deltarl"}``)
+attaches to the run at version 0, then per version, in the same engine and the same run:
+
+* **deltarl**: ``update_weights`` (fetch + decode in the worker, off the pause), then
+  ``finish_weight_update`` (the pause: the checked in-place scatter), as the worker times them;
+* **plain scatter**: ``index_copy_`` of the same positions and values into a BF16 state in this
+  process (the floor any in-place path pays; same device, same changes);
+* **vLLM sparse**: vLLM's own ``load_checkpoint_weight_patches`` of the same changes, on the same
+  engine's model (they write the values deltarl just wrote: the same work, no change);
+* **dense reload**: ``model.load_weights`` of the whole state.
+
+Also: the worker's resident memory beyond vLLM's own (after loading, before deltarl attaches) in
+BF16 model copies, and the bytes of vLLM's RPC messages an update sends (msgpack, as vLLM encodes).
+
+    python -m benchmarks.vllm_update [--shape 0.6b|1.7b] [--versions 3] [--fraction 0.01]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results" / "vllm_update.json"
+
+SHAPES = {  # Qwen3 dense configs (config.json of the released checkpoints), weights random; tiny: a smoke run
+    "tiny": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 4096, "tie_word_embeddings": True},
+    "0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True},
+    "1.7b": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
+             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True},
+}
+
+
+def _scatter_s(state: dict[str, Any], changes: dict[str, tuple[Any, Any]], repeats: int = 5, *, sync: bool = False) -> float:
+    """Median seconds of a plain ``index_copy_`` of ``changes`` into ``state``."""
+    import torch
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for name, (idx, vals) in changes.items():
+            state[name].view(-1).index_copy_(0, idx, vals)
+        if sync:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _rpc_bytes(version: int) -> int:
+    """Bytes of the three control messages one update sends (vLLM's msgpack encoder)."""
+    from vllm.v1.serial_utils import MsgpackEncoder
+
+    enc = MsgpackEncoder()
+    msgs = [("start_weight_update", (), {}), ("update_weights", (), {"update_info": {"version": version, "wait_s": 0.0}}),
+            ("finish_weight_update", (), {})]
+    return sum(sum(len(b) for b in enc.encode(m)) for m in msgs)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """One measured run (see the module docstring); its checkpoint and store are removed after."""
+    import shutil
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-", dir=getattr(args, "workdir", None)))
+    try:
+        return _run(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from deltarl.integrations.vllm import request_amx
+
+    request_amx()  # before vLLM starts (deltarl.integrations.vllm.plugin)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # the measuring callables below run in the worker
+    import torch
+    from transformers import Qwen3Config
+
+    from deltarl.codec import trim
+    from deltarl.integrations.vllm import ENGINE_KWARGS, attach, status, update
+    from deltarl.model.build import ModelSpec
+    from deltarl.pipeline.publisher import Publisher
+    from deltarl.storage.open import open_store
+    from deltarl.testing import vllm_runs
+
+    cfg = Qwen3Config(**SHAPES[args.shape], max_position_embeddings=4096)
+    t0 = time.perf_counter()
+    state = vllm_runs.write_checkpoint(tmp / "ckpt", ModelSpec(seed=1), config=cfg)
+    model_bytes = sum(t.numel() * t.element_size() for t in state.values())
+    print(f"checkpoint: {model_bytes / 1e9:.2f} GB BF16 in {time.perf_counter() - t0:.0f} s", flush=True)
+    store = open_store(str(tmp / "store"))
+    changes: list[dict[str, Any]] = [{}]
+    scatter: list[float] = [0.0]
+    with Publisher(store, "bench", keyframe_interval=1000, digest_interval=1000) as pub:
+        pub.publish(state, 0)
+        for v in range(1, args.versions + 1):
+            new = vllm_runs.evolve(state, args.fraction, seed=v)
+            ch = vllm_runs.changes_between(state, new)
+            pub.publish(new, v, owned=True)
+            state = new
+            torch.save({n: (tuple(state[n].shape), idx, vals) for n, (idx, vals) in ch.items()}, tmp / f"changes-{v}.pt")
+            changes.append(ch)
+    store.close()
+    device = getattr(args, "device", "cpu")  # the engine's device: the scatter runs there too
+    if device != "cpu":
+        state = {n: t.to(device) for n, t in state.items()}
+        changes = [{n: (i.to(device), x.to(device)) for n, (i, x) in ch.items()} for ch in changes]
+    for v in range(1, args.versions + 1):  # the plain scatter, in this process, before vLLM competes for the cores
+        scatter.append(_scatter_s(state, changes[v], sync=device != "cpu"))
+    changed = [sum(int(i.numel()) for i, _ in ch.values()) for ch in changes]
+    del state, changes
+    trim()
+
+    from vllm import LLM
+
+    t0 = time.perf_counter()
+    llm = LLM(model=str(tmp / "ckpt"), dtype="bfloat16", enforce_eager=True, max_model_len=256, seed=0,
+              gpu_memory_utilization=getattr(args, "gpu_memory_utilization", 0.05), max_num_seqs=4, **ENGINE_KWARGS)
+    load_s = time.perf_counter() - t0
+    mem0 = llm.collective_rpc(vllm_runs.worker_memory)[0]
+    t0 = time.perf_counter()
+    attach(llm, str(tmp / "store"), "bench", version=0, verify=False, prefetch=False)  # timings undisturbed
+    attach_s = time.perf_counter() - t0
+    mem1 = llm.collective_rpc(vllm_runs.worker_memory)[0]
+    rows = []
+    for v in range(1, args.versions + 1):  # deltarl alone first: its memory is measured before the others run
+        t0 = time.perf_counter()
+        st = update(llm, v)
+        wall = time.perf_counter() - t0
+        mem = llm.collective_rpc(vllm_runs.worker_memory)[0]
+        rows.append({"version": v, "changed": changed[v], "fetch_s": st["fetch_s"], "decode_s": st["decode_s"],
+                     "pause_s": st["pause_s"], "update_wall_s": wall, "scatter_s": scatter[v],
+                     "worker_rss_after": mem["VmRSS"], "worker_peak_rss_after": mem["VmHWM"]})
+        print(f"v{v}: fetch {st['fetch_s'] * 1e3:.0f} ms, decode {st['decode_s'] * 1e3:.0f} ms, pause {st['pause_s'] * 1e3:.1f} ms, "
+              f"scatter {scatter[v] * 1e3:.1f} ms", flush=True)
+    final = status(llm, digest=True)[0]
+    mem_deltarl = llm.collective_rpc(vllm_runs.worker_memory)[0]
+    for row in rows:  # vLLM's own paths on the same engine, the same changes (they rewrite values already there)
+        v = row["version"]
+        row["vllm_sparse_s"] = llm.collective_rpc(vllm_runs.worker_vllm_sparse, args=(str(tmp / f"changes-{v}.pt"),))[0]
+        print(f"v{v}: vLLM sparse {row['vllm_sparse_s'] * 1e3:.0f} ms", flush=True)
+    dense = llm.collective_rpc(vllm_runs.worker_dense_reload)[0]
+    print(f"dense load_weights {dense * 1e3:.0f} ms", flush=True)
+    mem2 = llm.collective_rpc(vllm_runs.worker_memory)[0]
+    llm.llm_engine.engine_core.shutdown()
+    med = {k: statistics.median(r[k] for r in rows) for k in ("fetch_s", "decode_s", "pause_s", "scatter_s", "vllm_sparse_s")}
+    med["dense_reload_s"] = dense
+    res = {
+        "shape": args.shape, "model_bytes": model_bytes, "fraction": args.fraction, "versions": rows,
+        "engine_load_s": load_s, "attach_s": attach_s, "median": med,
+        "pause_over_scatter": med["pause_s"] / med["scatter_s"], "pause_over_vllm_sparse": med["pause_s"] / med["vllm_sparse_s"],
+        "worker_rss_vllm": mem0["VmRSS"], "worker_rss_attached": mem1["VmRSS"], "worker_rss_deltarl": mem_deltarl["VmRSS"],
+        "worker_peak_rss_vllm": mem0["VmHWM"], "worker_peak_rss_deltarl": mem_deltarl["VmHWM"],
+        "worker_rss_end": mem2["VmRSS"], "worker_peak_rss_end": mem2["VmHWM"],
+        # deltarl's own: resident beyond vLLM's after its attach and updates, before vLLM's paths run
+        "extra_copies_steady": (max(r["worker_rss_after"] for r in rows) - mem0["VmRSS"]) / model_bytes,
+        "extra_copies_peak": max(0, mem_deltarl["VmHWM"] - max(mem0["VmHWM"], mem0["VmRSS"])) / model_bytes,
+        # vLLM's sparse path and the dense reload (with its own clone of the state) on top
+        "extra_copies_peak_all_paths": max(0, mem2["VmHWM"] - mem0["VmHWM"]) / model_bytes,
+        "rpc_bytes_per_update": _rpc_bytes(args.versions), "final_version": final["version"],
+        "note": "2 shared cores; pause = the worker's finish_weight_update commit (prefetch off, so fetch/decode "
+                "are timed alone); memory from the worker's /proc/self/status (VmRSS, VmHWM)",
+    }
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="0.6b")
+    ap.add_argument("--versions", type=int, default=3)
+    ap.add_argument("--fraction", type=float, default=0.01)
+    ap.add_argument("--workdir", default=None, help="where the checkpoint and the store go (default: the temp dir)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    res = run(args)
+    m = res["median"]
+    print(f"\nvLLM CPU, Qwen3-{args.shape} shapes ({res['model_bytes'] / 1e9:.2f} GB BF16), {args.fraction:.1%} changed, medians of {args.versions} versions")
+    print(f"{'what':34s} {'ms':>10s}")
+    for label, key in (("fetch (worker, off the pause)", "fetch_s"), ("decode + stage (off the pause)", "decode_s"),
+                       ("deltarl pause (commit)", "pause_s"), ("plain torch index_copy_", "scatter_s"),
+                       ("vLLM load_checkpoint_weight_patches", "vllm_sparse_s"), ("dense load_weights", "dense_reload_s")):
+        print(f"{label:34s} {m[key] * 1e3:10.1f}")
+    print(f"pause / plain scatter: {res['pause_over_scatter']:.2f}x   pause / vLLM sparse: {res['pause_over_vllm_sparse']:.3f}x")
+    print(f"worker memory beyond vLLM's own: {res['extra_copies_steady']:.3f} BF16 copies (steady), peak {res['extra_copies_peak']:.3f} "
+          f"(with vLLM's sparse path and the dense reload: {res['extra_copies_peak_all_paths']:.3f})")
+    print(f"RPC per update: {res['rpc_bytes_per_update']} B")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The vLLM backend (``deltarl[vllm]``): generation with vLLM, weights updated by the ``deltarl``
+weight-transfer engine inside vLLM's workers.
+
+The engine (``deltarl.integrations.vllm``, registered with vLLM by deltarl's plugin) reads the
+run in each worker, decodes against the live parameters and commits in place; this process only
+sends vLLM's weight-transfer calls (a few dozen bytes each) and reads back the served version.
+The actor names the engine by vLLM's protocol (backend ``deltarl``, the worker extension's class
+path): it imports nothing of the integration. The served weights never exist in this process, so
+:meth:`state_dict_for_update`, :meth:`commit` and :meth:`load_state` are not offered;
+:class:`~deltarl.actor.engine_weights.EngineWeights` drives the updates instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from deltarl.actor.backends.base import FinishReason, Generation, ThroughputMeter
+from deltarl.errors import TensorMismatch
+
+if TYPE_CHECKING:
+    import torch
+
+#: ``vllm.LLM`` keywords that select the deltarl engine (the same as ``deltarl.integrations.vllm.ENGINE_KWARGS``)
+ENGINE_KWARGS: dict[str, Any] = {
+    "weight_transfer_config": {"backend": "deltarl"},
+    "worker_extension_cls": "deltarl.integrations.vllm.worker.DeltaRLWorkerExtension",
+}
+
+
+class VLLMEngineBackend:
+    """A ``vllm.LLM`` serving a run through the ``deltarl`` weight-transfer engine."""
+
+    def __init__(self, model_path: str, *, seed: int = 0, throttle: float = 1.0, **llm_kwargs: Any) -> None:
+        """``model_path``: the run's local HF checkpoint (its config and tokenizer; the weights are
+        replaced by the run's at :meth:`attach`). ``llm_kwargs`` go to ``vllm.LLM``."""
+        if throttle < 1.0:
+            raise ValueError("throttle must be >= 1 (1 = native speed)")
+        from vllm import LLM  # deltarl's vLLM plugin asks for AMX state in each of its processes
+
+        self.throttle = throttle
+        opts = {"dtype": "bfloat16", "seed": seed, "logprobs_mode": "processed_logprobs", **llm_kwargs}
+        self.llm = LLM(model=model_path, **ENGINE_KWARGS, **opts)
+        self._meter = ThroughputMeter()
+
+    # --- the engine ---------------------------------------------------------------------------------
+    def attach(self, store: str, run: str, **init: Any) -> dict[str, Any]:
+        """Load the run's ``version`` (default HEAD) into the workers; the first worker's status."""
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {"store": store, "run": run, **init}})
+        self.llm.reset_prefix_cache()
+        return self.status()
+
+    def update(self, version: int | str = "latest", *, wait_s: float = 0.0) -> dict[str, Any]:
+        """Stage ``version`` in every worker (fetch, verify, decode), then commit it in place; a
+        refused version raises and leaves the weights as they were. The first worker's status."""
+        self.llm.collective_rpc("start_weight_update")
+        self.llm.collective_rpc("update_weights", kwargs={"update_info": {"version": version, "wait_s": wait_s}})
+        try:
+            self.llm.collective_rpc("finish_weight_update")
+        except BaseException:
+            self.llm.collective_rpc("finish_weight_update")  # nothing staged: closes vLLM's session
+            raise
+        finally:
+            self.llm.reset_prefix_cache()  # KV computed under the old weights
+        return self.status()
+
+    def status(self, *, digest: bool = False) -> dict[str, Any]:
+        return dict(self.llm.collective_rpc("deltarl_status", kwargs={"digest": digest})[0])
+
+    def served_digest(self) -> str:
+        """The state digest of the weights the workers serve (hashed there, in place)."""
+        return str(self.status(digest=True)["digest"])
+
+    def close(self) -> None:
+        self.llm.llm_engine.engine_core.shutdown()
+
+    # --- GenerationBackend ----------------------------------------------------------------------------
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self._meter.value
+
+    def state_dict_for_update(self) -> dict[str, torch.Tensor]:
+        raise TensorMismatch("the vLLM backend's weights live in vLLM's workers: updates go through the deltarl engine")
+
+    def commit(self, staged: Any) -> None:
+        raise TensorMismatch("the vLLM backend commits through the deltarl engine (update), not a host-staged update")
+
+    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        raise TensorMismatch("the vLLM backend loads a run's state through the deltarl engine (attach)")
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float, n: int = 1
+    ) -> list[Generation]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0, detokenize=False)
+        t0 = time.perf_counter()
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        gens: list[Generation] = []
+        for out in outs:
+            for c in out.outputs:
+                ids = [int(t) for t in c.token_ids]
+                lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)] if c.logprobs else []
+                reason: FinishReason = "stop" if c.finish_reason == "stop" else "length"
+                gens.append(Generation(ids, lps, reason))
+        elapsed = time.perf_counter() - t0
+        if self.throttle > 1.0:
+            time.sleep(elapsed * (self.throttle - 1.0))
+        self._meter.record(sum(len(g.completion_token_ids) for g in gens), time.perf_counter() - t0)
+        return gens

@@ -1,0 +1,18 @@
+"""deltarl inside vLLM: the ``deltarl`` weight-transfer backend.
+
+Installing ``deltarl[vllm]`` registers it (entry point ``vllm.general_plugins``, :mod:`.plugin`);
+start vLLM with ``weight_transfer_config={"backend": "deltarl"}`` (and, to read the served
+version back, ``worker_extension_cls=WORKER_EXTENSION``: :data:`ENGINE_KWARGS` holds both). Each
+worker then reads the run itself, decodes every version against its live parameters and commits
+it in place (:mod:`.engine`), with checkpoint names mapped through the model's own
+``load_weights`` (:mod:`.mapping`). :func:`attach`, :func:`update` and :func:`status` drive it
+from the process holding the ``vllm.LLM``. Nothing here imports vLLM until vLLM loads the engine.
+"""
+
+from __future__ import annotations
+
+from deltarl.integrations.vllm.client import ENGINE_KWARGS, LLMSyncClient, attach, status, update
+from deltarl.integrations.vllm.plugin import BACKEND, request_amx
+from deltarl.integrations.vllm.worker import WORKER_EXTENSION
+
+__all__ = ["BACKEND", "ENGINE_KWARGS", "WORKER_EXTENSION", "LLMSyncClient", "attach", "request_amx", "status", "update"]

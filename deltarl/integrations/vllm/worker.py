@@ -1,0 +1,38 @@
+"""``DeltaRLWorkerExtension``: read-back methods on vLLM's workers (``worker_extension_cls``).
+
+vLLM's weight-transfer calls return nothing; these let the driver ask each worker what it serves
+through ``llm.collective_rpc("deltarl_status")``: a small dict, never tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from deltarl.errors import ConfigError
+
+WORKER_EXTENSION = f"{__name__}.DeltaRLWorkerExtension"
+
+
+class DeltaRLWorkerExtension:
+    """Mixed into vLLM's worker class; ``self`` is the worker (``self.weight_transfer_engine``)."""
+
+    weight_transfer_engine: Any
+
+    def _deltarl_engine(self) -> Any:
+        from deltarl.integrations.vllm.engine import DeltaRLEngine
+
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, DeltaRLEngine):
+            raise ConfigError("this vLLM engine was not started with weight_transfer_config={'backend': 'deltarl'}")
+        return engine
+
+    def deltarl_status(self, digest: bool = False) -> dict[str, Any]:
+        """The served version, its id and the last update's timings; with ``digest``, the state
+        digest of the served weights (hashed in place)."""
+        engine = self._deltarl_engine()
+        out: dict[str, Any] = {} if engine.served is None else dataclasses.asdict(engine.served)
+        out["tensors"] = len(engine.views)
+        if digest and engine.views:
+            out["digest"] = engine.digest()
+        return out

@@ -1,0 +1,109 @@
+"""Runs for the vLLM engine's tests and benchmark: a local checkpoint built from a config, and
+versions that change a fraction of its BF16 elements (never a download)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from deltarl.model.build import ModelSpec
+
+
+def write_checkpoint(path: str | Path, spec: ModelSpec, *, config: Any = None) -> dict[str, torch.Tensor]:
+    """Save ``spec``'s model in BF16 (or a transformers ``config``'s, random init) and the offline
+    byte tokenizer under ``path``; return its BF16 export (the run's version 0)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from deltarl.model.build import build_model, export_bf16
+    from deltarl.model.hf_byte import save_hf_byte_tokenizer
+
+    path = Path(path)
+    model: Any
+    if config is None:
+        model = build_model(spec, dtype=torch.bfloat16)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    save_hf_byte_tokenizer(path)
+    return export_bf16(model)
+
+
+def evolve(state: dict[str, torch.Tensor], fraction: float, seed: int) -> dict[str, torch.Tensor]:
+    """A copy of ``state`` with about ``fraction`` of each tensor's elements moved by a few BF16
+    ulps (the shape of an RL step at post-training learning rates)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, t in state.items():
+        new = t.clone()
+        bits = new.view(-1).view(torch.int16)
+        k = max(1, int(bits.numel() * fraction))
+        idx = torch.randint(0, bits.numel(), (k,), generator=gen)
+        step = torch.randint(1, 4, (k,), generator=gen, dtype=torch.int16) * (torch.randint(0, 2, (k,), generator=gen, dtype=torch.int16) * 2 - 1)
+        bits[idx] = bits[idx] + step
+        out[name] = new
+    return out
+
+
+def changes_between(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per tensor: the flat int64 positions whose bits differ, and the new values there."""
+    import torch
+
+    out = {}
+    for name, t in new.items():
+        a, b = old[name].view(-1).view(torch.int16), t.view(-1).view(torch.int16)
+        idx = torch.nonzero(a != b).view(-1)
+        out[name] = (idx, t.view(-1)[idx].clone())
+    return out
+
+
+# --- run inside a vLLM worker by the benchmark (llm.collective_rpc(fn, args=...); needs
+# VLLM_ALLOW_INSECURE_SERIALIZATION=1): measurements only, on the worker's own model ---------------
+
+def worker_memory(worker: Any) -> dict[str, int]:
+    """The worker process's resident and peak resident bytes."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def worker_vllm_sparse(worker: Any, path: str) -> float:
+    """Seconds vLLM's own sparse path (``load_checkpoint_weight_patches``) takes to apply the
+    changes saved at ``path`` (``{name: (shape, positions, values)}``) to the worker's model."""
+    import time
+
+    import torch
+    from vllm.model_executor.model_loader.checkpoint_weight_patch import (
+        CheckpointWeightPatch,
+        load_checkpoint_weight_patches,
+    )
+
+    changes = torch.load(path)
+    patches = [CheckpointWeightPatch(name, tuple(shape), vals.dtype, vals, idx) for name, (shape, idx, vals) in changes.items()]
+    t0 = time.perf_counter()
+    load_checkpoint_weight_patches(worker.model_runner.model, patches)
+    return time.perf_counter() - t0
+
+
+def worker_dense_reload(worker: Any) -> float:
+    """Seconds a dense ``load_weights`` of the served state takes (read from the engine's views first)."""
+    import time
+
+    engine = worker.weight_transfer_engine
+    state = [(name, t.clone()) for name, t in engine.views.items()]
+    t0 = time.perf_counter()
+    worker.model_runner.model.load_weights(state)
+    took = time.perf_counter() - t0
+    del state
+    return took
