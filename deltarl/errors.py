@@ -32,6 +32,15 @@ class NonFiniteTensor(DeltaRLError, ValueError):
     """A floating tensor holds NaN or Inf: publishing it would poison every actor."""
 
 
+class NonFiniteChunk(NonFiniteTensor):
+    """One chunk's changed values hold NaN or Inf; the encoder re-raises it as a
+    :class:`NonFiniteTensor` that names the tensor and the range."""
+
+    def __init__(self, bad: int, changed: int) -> None:
+        super().__init__(f"{bad} of {changed} changed elements are NaN/Inf")
+        self.bad, self.changed = bad, changed
+
+
 class NonFiniteStep(DeltaRLError, ArithmeticError):
     """A training step's loss or gradient is NaN or Inf; the weights were left unchanged."""
 

@@ -16,7 +16,7 @@ from deltarl.codec.finite import nonfinite_bits
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.segment import ChunkInfo, pack_segment
 from deltarl.codec.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, spec_of, tensor_table
-from deltarl.errors import NonFiniteTensor, TensorMismatch
+from deltarl.errors import NonFiniteChunk, NonFiniteTensor, TensorMismatch
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +38,6 @@ def chunk_elements(segment_bytes: int) -> int:
     return int(min(MAX_CHUNK_ELEMENTS, max(MIN_CHUNK_ELEMENTS, segment_bytes // 4)))
 
 
-class _NonFiniteChunk(Exception):
-    """A chunk's changed values hold NaN or Inf (the caller names the tensor)."""
-
-    def __init__(self, bad: int, changed: int) -> None:
-        super().__init__(f"{bad} of {changed} changed elements are NaN/Inf")
-        self.bad, self.changed = bad, changed
-
-
 def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, finite: bool = False) -> tuple[str, int, bytes]:
     """Encode one chunk's changes: (codec used, changed count, payload).
 
@@ -53,7 +45,7 @@ def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, fi
     nothing more). Below ``SPARSE_MAX_FRACTION`` changed it uses ``sparse``, whose decode reads the
     base only at the changes; above, ``ctx`` (smaller at RL densities, but its decode scans the
     chunk), and from half of the chunk changed also ``dense``, keeping the smaller (``rice`` and
-    ``aurora`` are only used when asked for by name). ``finite``: refuse (``_NonFiniteChunk``) if a
+    ``aurora`` are only used when asked for by name). ``finite``: refuse (``NonFiniteChunk``) if a
     changed value is NaN or Inf, before encoding it.
     """
     ch = registry.detect(old, new, dtype, codec == "ctx" or (codec == "auto" and _looks_dense(old, new)))
@@ -61,7 +53,7 @@ def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, fi
     if changed == 0:
         return "none", 0, b""
     if finite and (bad := nonfinite_bits(new[ch.pos], dtype)):
-        raise _NonFiniteChunk(bad, changed)
+        raise NonFiniteChunk(bad, changed)
     if codec != "auto":
         return codec, changed, registry.ENCODERS[codec](old, new, dtype, ch)
     if changed < SPARSE_MAX_FRACTION * old.size:
@@ -144,7 +136,7 @@ def _encode_named(spec: TensorSpec, start: int, old: np.ndarray, new: np.ndarray
                   ) -> tuple[str, int, bytes]:
     try:
         return encode_chunk(old, new, spec.dtype, codec, finite=finite)
-    except _NonFiniteChunk as err:
+    except NonFiniteChunk as err:
         raise NonFiniteTensor(
             f"tensor {spec.name!r} holds {err.bad} NaN/Inf values among the {err.changed} elements changed in "
             f"[{start}, {start + old.size}); refusing to publish it (pass allow_nonfinite=True to publish anyway)"
