@@ -29,6 +29,41 @@ ENGINE_KWARGS: dict[str, Any] = {
 }
 
 
+def engine_attach(llm: Any, store: str, run: str, **init: Any) -> dict[str, Any]:
+    """vLLM's ``init_weight_transfer_engine`` for a run: the workers load its version (default HEAD);
+    the prefix cache is reset after. The first worker's status."""
+    llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {"store": store, "run": run, **init}})
+    llm.reset_prefix_cache()
+    return engine_status(llm)[0]
+
+
+def engine_finish(llm: Any) -> None:
+    """vLLM's ``finish_weight_update``: the in-place commit; the prefix cache (KV computed under the
+    old weights) is reset after, and a failed commit still closes vLLM's update session."""
+    try:
+        llm.collective_rpc("finish_weight_update")
+    except BaseException:
+        llm.collective_rpc("finish_weight_update")  # nothing staged now: closes vLLM's update session
+        raise
+    finally:
+        llm.reset_prefix_cache()
+
+
+def engine_update(llm: Any, version: int | str = "latest", *, wait_s: float = 0.0) -> dict[str, Any]:
+    """Stage ``version`` in every worker (fetch, verify, decode), then commit it in place; a refused
+    version raises and leaves the weights as they were. The first worker's status."""
+    llm.collective_rpc("start_weight_update")
+    llm.collective_rpc("update_weights", kwargs={"update_info": {"version": version, "wait_s": wait_s}})
+    engine_finish(llm)
+    return engine_status(llm)[0]
+
+
+def engine_status(llm: Any, *, digest: bool = False) -> list[dict[str, Any]]:
+    """Each worker's served version, version id and last update's timings (``digest``: the state
+    digest of its served weights too)."""
+    return [dict(s) for s in llm.collective_rpc("deltarl_status", kwargs={"digest": digest})]
+
+
 class VLLMEngineBackend:
     """A ``vllm.LLM`` serving a run through the ``deltarl`` weight-transfer engine."""
 
@@ -47,26 +82,14 @@ class VLLMEngineBackend:
     # --- the engine ---------------------------------------------------------------------------------
     def attach(self, store: str, run: str, **init: Any) -> dict[str, Any]:
         """Load the run's ``version`` (default HEAD) into the workers; the first worker's status."""
-        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {"store": store, "run": run, **init}})
-        self.llm.reset_prefix_cache()
-        return self.status()
+        return engine_attach(self.llm, store, run, **init)
 
     def update(self, version: int | str = "latest", *, wait_s: float = 0.0) -> dict[str, Any]:
-        """Stage ``version`` in every worker (fetch, verify, decode), then commit it in place; a
-        refused version raises and leaves the weights as they were. The first worker's status."""
-        self.llm.collective_rpc("start_weight_update")
-        self.llm.collective_rpc("update_weights", kwargs={"update_info": {"version": version, "wait_s": wait_s}})
-        try:
-            self.llm.collective_rpc("finish_weight_update")
-        except BaseException:
-            self.llm.collective_rpc("finish_weight_update")  # nothing staged: closes vLLM's session
-            raise
-        finally:
-            self.llm.reset_prefix_cache()  # KV computed under the old weights
-        return self.status()
+        """:func:`engine_update` on this engine."""
+        return engine_update(self.llm, version, wait_s=wait_s)
 
     def status(self, *, digest: bool = False) -> dict[str, Any]:
-        return dict(self.llm.collective_rpc("deltarl_status", kwargs={"digest": digest})[0])
+        return engine_status(self.llm, digest=digest)[0]
 
     def served_digest(self) -> str:
         """The state digest of the weights the workers serve (hashed there, in place)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from deltarl.actor.backends.vllm import engine_attach, engine_finish, engine_status, engine_update
 from deltarl.integrations.vllm.plugin import BACKEND
 from deltarl.integrations.vllm.worker import WORKER_EXTENSION
 
@@ -35,9 +36,7 @@ def attach(llm: Any, store: str, run: str, **init: Any) -> dict[str, Any]:
         >>> attach(llm, "s3://runs", "qwen3-grpo", relays=["http://relay:8470"])  # doctest: +SKIP
         {'version': 12, 'version_id': '…', …}
     """
-    llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {"store": store, "run": run, **init}})
-    llm.reset_prefix_cache()
-    return status(llm)[0]
+    return engine_attach(llm, store, run, **init)
 
 
 def update(llm: Any, version: int | str = "latest", *, wait_s: float = 0.0) -> dict[str, Any]:
@@ -48,22 +47,13 @@ def update(llm: Any, version: int | str = "latest", *, wait_s: float = 0.0) -> d
     Returns:
         The first worker's :func:`status` (the version served and the update's timings).
     """
-    llm.collective_rpc("start_weight_update")
-    llm.collective_rpc("update_weights", kwargs={"update_info": {"version": version, "wait_s": wait_s}})
-    try:
-        llm.collective_rpc("finish_weight_update")
-    except BaseException:
-        llm.collective_rpc("finish_weight_update")  # nothing staged now: closes vLLM's update session
-        raise
-    finally:
-        llm.reset_prefix_cache()
-    return status(llm)[0]
+    return engine_update(llm, version, wait_s=wait_s)
 
 
 def status(llm: Any, *, digest: bool = False) -> list[dict[str, Any]]:
     """Each worker's served version, version id and last update's timings (``digest``: the state
     digest of its served weights too, to compare with a manifest's)."""
-    return list(llm.collective_rpc("deltarl_status", kwargs={"digest": digest}))
+    return engine_status(llm, digest=digest)
 
 
 class LLMSyncClient:
@@ -84,10 +74,4 @@ class LLMSyncClient:
         self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        try:
-            self.llm.collective_rpc("finish_weight_update")
-        except BaseException:
-            self.llm.collective_rpc("finish_weight_update")  # nothing staged: closes vLLM's session
-            raise
-        finally:
-            self.llm.reset_prefix_cache()
+        engine_finish(self.llm)
