@@ -23,7 +23,8 @@ SURFACE: dict[str, str] = {
                "pipeline.writer:VersionInfo pipeline.replay:replay pipeline.reader:RunReader storage.open:open_store "
                "storage.store:ObjectStore integrations.trl:DeltaRLCallback errors:DeltaRLError",
     "deltarl.actor": "config:ActorConfig fetcher:FetchStats,Fetcher follower:Follower loop:ActorLoop "
-                     "subscriber:Subscriber updates:CommitInfo weights:Weights metrics:WeightsMetrics source:FetcherSource",
+                     "subscriber:Subscriber updates:CommitInfo weights:Weights metrics:WeightsMetrics source:FetcherSource "
+                     "backends.vllm:engine_attach,engine_finish,engine_status,engine_update",
     "deltarl.coordinator": "audit:AuditReport,audit_run config:CoordinatorConfig,SchedulerConfig,ServiceConfig "
                            "persistence:CoordinatorStore,recover scheduler:Scheduler server:Coordinator,create_app "
                            "views:check_invariants,fleet_status",
