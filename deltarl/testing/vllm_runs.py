@@ -46,8 +46,13 @@ def evolve(state: dict[str, torch.Tensor], fraction: float, seed: int) -> dict[s
         bits = new.view(-1).view(torch.int16)
         k = max(1, int(bits.numel() * fraction))
         idx = torch.randint(0, bits.numel(), (k,), generator=gen)
-        step = torch.randint(1, 4, (k,), generator=gen, dtype=torch.int16) * (torch.randint(0, 2, (k,), generator=gen, dtype=torch.int16) * 2 - 1)
-        bits[idx] = bits[idx] + step
+        step = torch.randint(1, 4, (k,), generator=gen, dtype=torch.int32) * (torch.randint(0, 2, (k,), generator=gen, dtype=torch.int32) * 2 - 1)
+        moved = bits[idx].to(torch.int32) + step
+        # a step must not wrap the int16 bits (0x0000 - 1 is a NaN) nor leave the finite values
+        keep = (moved >= -(1 << 15)) & (moved < (1 << 15))
+        moved16 = moved.clamp(-(1 << 15), (1 << 15) - 1).to(torch.int16)
+        keep &= torch.isfinite(moved16.view(torch.bfloat16))
+        bits[idx[keep]] = moved16[keep]
         out[name] = new
     return out
 
