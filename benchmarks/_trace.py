@@ -30,6 +30,20 @@ from deltarl.codec import BF16
 Shape = tuple[int, ...]
 
 
+def _attention(p: str, hidden: int, heads: int, kv_heads: int, head_dim: int) -> list[tuple[str, Shape]]:
+    """One decoder layer's attention and RMSNorm tensors (Qwen3 and Qwen3-MoE name them alike)."""
+    return [
+        (p + "input_layernorm.weight", (hidden,)),
+        (p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
+        (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
+        (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
+        (p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
+        (p + "self_attn.q_norm.weight", (head_dim,)),
+        (p + "self_attn.k_norm.weight", (head_dim,)),
+        (p + "post_attention_layernorm.weight", (hidden,)),
+    ]
+
+
 def qwen3_like_shapes(
     layers: int = 4,
     hidden: int = 1024,
@@ -44,14 +58,7 @@ def qwen3_like_shapes(
     for i in range(layers):
         p = f"model.layers.{i}."
         out += [
-            (p + "input_layernorm.weight", (hidden,)),
-            (p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
-            (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
-            (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
-            (p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
-            (p + "self_attn.q_norm.weight", (head_dim,)),
-            (p + "self_attn.k_norm.weight", (head_dim,)),
-            (p + "post_attention_layernorm.weight", (hidden,)),
+            *_attention(p, hidden, heads, kv_heads, head_dim),
             (p + "mlp.gate_proj.weight", (intermediate, hidden)),
             (p + "mlp.up_proj.weight", (intermediate, hidden)),
             (p + "mlp.down_proj.weight", (hidden, intermediate)),
@@ -77,14 +84,7 @@ def qwen3_moe_shapes(
     for i in range(layers):
         p = f"model.layers.{i}."
         out += [
-            (p + "input_layernorm.weight", (hidden,)),
-            (p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
-            (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
-            (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
-            (p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
-            (p + "self_attn.q_norm.weight", (head_dim,)),
-            (p + "self_attn.k_norm.weight", (head_dim,)),
-            (p + "post_attention_layernorm.weight", (hidden,)),
+            *_attention(p, hidden, heads, kv_heads, head_dim),
             (p + "mlp.gate.weight", (experts, hidden)),
         ]
         for e in range(experts):

@@ -31,14 +31,11 @@ import numpy as np
 
 from benchmarks._scale_state import MODELS, load_state, qwen3_specs, rss_bytes, views
 from deltarl.actor.fetcher import Fetcher
-from deltarl.actor.subscriber import Subscriber
 from deltarl.codec import state_digest
 from deltarl.errors import ObjectNotFound, TransferError
 from deltarl.pipeline.manifest import ObjectRef
 
-from .modes import Actor, full_index_key
-
-WATCH_S = 0.005
+from .modes import Actor, DeltaActor, full_index_key
 
 
 def _cpu() -> float:
@@ -52,46 +49,14 @@ def _bits(flat: Any) -> np.ndarray:
     return flat.view(torch.int16).numpy().view(np.uint16)
 
 
-class SubActor(Actor):
+class SubActor(DeltaActor):
     """deltarl: a Subscriber over the region's fetcher (a joiner bootstraps first)."""
-
-    def __init__(self, name: str, state: dict[str, Any], run: str, fetcher: Fetcher, vid0: str | None, *, poll_wait_s: float) -> None:
-        super().__init__(name)
-        self.state = state
-        self.sub = Subscriber(state, run, fetcher, version=0 if vid0 else None, version_id=vid0, poll_wait_s=poll_wait_s,
-                              poll_interval_s=0.01, verify_digest=False)  # fmt: skip
-        self._watch: asyncio.Task[None] | None = None
 
     async def bootstrap(self) -> int:
         info = await self.sub.bootstrap()
         self.version = info.version
         self.staged_at[info.version] = time.monotonic()
         return info.version
-
-    async def start(self) -> None:
-        self.sub.start()
-        self._watch = asyncio.ensure_future(self._watcher())
-
-    async def _watcher(self) -> None:
-        while True:
-            v = self.sub.staged_version
-            if v is not None and v not in self.staged_at:
-                self._mark_staged(v)
-            await asyncio.sleep(WATCH_S)
-
-    async def close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
-        await self.sub.close()
-
-    def staged(self) -> int | None:
-        return self.sub.staged_version
-
-    def commit(self) -> None:
-        info = self.sub.commit()
-        self.version = info.version
-        self.pauses.append(info.pause_s)
 
 
 class FlatFullActor(Actor):
@@ -180,14 +145,7 @@ async def main(cfg: dict[str, Any]) -> None:
     await actor.start()
     lag, gen_s, prev_end = cfg["lag"], cfg["gen_s"], time.monotonic()
     for k in range(first, cfg["windows"]):
-        need = max(0, k - lag)
-        if actor.staged() is not None:
-            actor.commit()
-        while actor.version < need:
-            if actor.staged() is None:
-                await actor.wait_changed()
-                continue
-            actor.commit()
+        await actor.advance_to(max(0, k - lag))
         start = time.monotonic()
         end = start + gen_s * cfg.get("slowdown", 1.0)
         emit(start=k, t=start, version=actor.version)

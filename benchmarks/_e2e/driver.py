@@ -79,14 +79,7 @@ async def drive(
     async def actor_loop(actor: Actor) -> None:
         prev_end = time.monotonic()
         for k in range(windows):
-            need = max(0, k - lag)
-            if actor.staged() is not None:
-                actor.commit()
-            while actor.version < need:
-                if actor.staged() is None:
-                    await actor.wait_changed()
-                    continue
-                actor.commit()
+            await actor.advance_to(max(0, k - lag))
             start = time.monotonic()
             end = start + gen_s
             tl.windows.append(Window(actor.name, k, start, end, start - prev_end, actor.version))

@@ -72,6 +72,16 @@ class Actor:
         self.staged_at.setdefault(version, time.monotonic())
         self._changed.set()
 
+    async def advance_to(self, need: int) -> None:
+        """At a window's start: commit what is staged, then wait and commit until at least ``need``."""
+        if self.staged() is not None:
+            self.commit()
+        while self.version < need:
+            if self.staged() is None:
+                await self.wait_changed()
+                continue
+            self.commit()
+
 
 # --- ideal ------------------------------------------------------------------------------------------
 
@@ -220,10 +230,11 @@ class DeltaPublisher:
 class DeltaActor(Actor):
     """A Subscriber over the region's fetcher; a watcher records when each version is staged."""
 
-    def __init__(self, name: str, state: State, run: str, fetcher: Fetcher, vid0: str, *, poll_wait_s: float) -> None:
+    def __init__(self, name: str, state: dict[str, Any], run: str, fetcher: Fetcher, vid0: str | None, *, poll_wait_s: float) -> None:
+        """``vid0``: the id of version 0 the state holds; ``None`` for an empty state that bootstraps."""
         super().__init__(name)
         self.state = state
-        self.sub = Subscriber(state, run, fetcher, version=0, version_id=vid0, poll_wait_s=poll_wait_s,
+        self.sub = Subscriber(state, run, fetcher, version=0 if vid0 else None, version_id=vid0, poll_wait_s=poll_wait_s,
                               poll_interval_s=0.01, verify_digest=False)  # fmt: skip
         self._watch: asyncio.Task[None] | None = None
 
