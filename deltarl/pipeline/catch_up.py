@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deltarl.errors import (
@@ -79,7 +79,9 @@ class VersionSource(Protocol):
 class CaughtUp:
     """A state rebuilt by :func:`catch_up`."""
 
-    state: dict[str, Any]
+    #: kept out of the repr: formatting a full model's tensors costs seconds (asyncio formats a
+    #: finished task's result when ``asyncio.run`` restores its SIGINT handler)
+    state: dict[str, Any] = field(repr=False)
     manifest: Manifest
     version_id: str
     #: the keyframe it started from (older than the newest one when that one was unusable)

@@ -71,15 +71,22 @@ class StoreSource:
 def run_blocking(make: Callable[[], Awaitable[T]]) -> T:
     """Run the coroutine ``make()`` to completion from synchronous code: on a fresh event loop in
     this thread, or on a thread of its own when this thread already runs one."""
+    box: dict[str, Any] = {}
+
+    async def boxed() -> None:
+        # the task's result stays None: asyncio formats a finished main task (result included)
+        # when it restores its SIGINT handler, and a model's tensors take seconds to format
+        box["value"] = await make()
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(make())  # type: ignore[arg-type]
-    box: dict[str, Any] = {}
+        asyncio.run(boxed())
+        return box["value"]
 
     def run() -> None:
         try:
-            box["value"] = asyncio.run(make())  # type: ignore[arg-type]
+            asyncio.run(boxed())
         except BaseException as err:
             box["error"] = err
 
