@@ -202,14 +202,16 @@ def recover(
     run: str,
     config: SchedulerConfig | None = None,
     clock: Callable[[], float] = time.time,
+    new_id: Callable[[str], str] | None = None,
 ) -> Recovered:
     """Rebuild the coordinator's state from the store: actors, open steps, their leases and results.
 
     Steps that have a manifest are closed and are not loaded. Complete steps without a manifest
-    (a crash between the last admission and the manifest) are listed in ``to_close``.
+    (a crash between the last admission and the manifest) are listed in ``to_close``. ``new_id``
+    makes the rebuilt scheduler's new ids (see :class:`Scheduler`); tests pass a deterministic one.
     """
     cstore = CoordinatorStore(store, run)
-    sched = Scheduler(config, clock=clock)
+    sched = Scheduler(config, clock=clock, new_id=new_id)
     out = Recovered(scheduler=sched)
     for actor in cstore.actors():
         sched.add_actor(actor)

@@ -3,9 +3,16 @@
 The driver persists as the service does (actor and lease records before they are returned, an
 admitted record before the admission completes, a manifest when a step completes); the ``crash``
 rule throws the scheduler away and rebuilds it with ``recover`` from a real MemoryStore.
+
+Ids come from one counter per machine (zero-padded, so their sorted order is their creation order),
+never from the scheduler's random epoch: what the rules draw (``sampled_from`` over actors and
+grants) must depend only on what hypothesis drew, or a replay draws from another list and fails
+with ``FlakyStrategyDefinition``.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -28,7 +35,9 @@ class RecoveryMachine(RuleBasedStateMachine):
         self.clock = Clock()
         self.store = MemoryStore()
         self.cs = CoordinatorStore(self.store, RUN)
-        self.sched = recover(self.store, RUN, CFG, clock=self.clock).scheduler
+        ids = itertools.count()
+        self.new_id = lambda prefix: f"{prefix}-{next(ids):06d}"
+        self.sched = recover(self.store, RUN, CFG, clock=self.clock, new_id=self.new_id).scheduler
         self.grants: list[LeaseGrant] = []
         self.admitted: set[tuple[int, str]] = set()
         self.next_step = 0
@@ -93,7 +102,7 @@ class RecoveryMachine(RuleBasedStateMachine):
 
     @rule()
     def crash(self) -> None:
-        rec = recover(self.store, RUN, CFG, clock=self.clock)
+        rec = recover(self.store, RUN, CFG, clock=self.clock, new_id=self.new_id)
         self.sched = rec.scheduler
         for step in rec.to_close:  # the restarted service closes what was left complete
             self.cs.put_manifest(build_manifest(rec.specs[step], self.cs.results(step), closed_at=self.clock.t))
