@@ -31,7 +31,8 @@ import numpy as np
 
 from benchmarks._peers import PEERS, round_trip
 from benchmarks._scale_state import reset_peak, rss_bytes
-from deltarl.codec import BF16, delta_stats, encode_delta, stage_delta, state_digest, trim
+from deltarl.codec import BF16, delta_stats, encode_delta, stage_delta, state_digest
+from deltarl.codec.heap import trim
 from deltarl.codec.kernels import worker_threads
 
 from ._trace import AdamTrace, moe_lr_scale, qwen3_like_shapes, qwen3_moe_shapes

@@ -159,7 +159,8 @@ def phase_publish(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from deltarl.codec import BF16, encode_delta
-    from deltarl.pipeline import Publisher, RunReader
+    from deltarl.pipeline.publisher import Publisher
+    from deltarl.pipeline.reader import RunReader
     from deltarl.storage import LocalStore
 
     _threads(os.cpu_count() or 1)

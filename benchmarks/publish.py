@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any
 
 from deltarl.codec import encode_delta
-from deltarl.pipeline import Publisher
 from deltarl.pipeline.manifest import ObjectRef
-from deltarl.storage import LocalStore, ObjectStore
-from deltarl.storage.store import ObjectInfo
+from deltarl.pipeline.publisher import Publisher
+from deltarl.storage import LocalStore
+from deltarl.storage.store import ObjectInfo, ObjectStore
 
 from ._trace import AdamTrace, qwen3_like_shapes
 

@@ -45,7 +45,7 @@ def run(steps: int, hidden: int, layers: int, batch: int, seq: int) -> dict[str,
     from deltarl.integrations.trl import DeltaRLCallback
     from deltarl.model.build import ModelSpec, build_model, export_bf16
     from deltarl.pipeline.publisher import Publisher
-    from deltarl.storage import open_store
+    from deltarl.storage.open import open_store
 
     spec = ModelSpec(hidden_size=hidden, intermediate_size=3 * hidden, num_layers=layers, num_heads=8, num_kv_heads=4,
                      max_positions=max(256, seq))

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from deltarl.integrations.vllm import request_amx
+    from deltarl.integrations.vllm.plugin import request_amx
 
     request_amx()  # before vLLM starts (deltarl.integrations.vllm.plugin)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import torch
     from transformers import Qwen3Config
 
-    from deltarl.codec import trim
+    from deltarl.codec.heap import trim
     from deltarl.integrations.vllm import ENGINE_KWARGS, attach, status, update
     from deltarl.model.build import ModelSpec
     from deltarl.pipeline.publisher import Publisher

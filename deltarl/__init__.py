@@ -30,28 +30,27 @@ from deltarl.lazy import lazy_exports
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from deltarl.errors import DeltaRLError
-    from deltarl.integrations.trl import DeltaRLCallback
-    from deltarl.pipeline.publish_config import PublishConfig
-    from deltarl.pipeline.publisher import Publisher
-    from deltarl.pipeline.reader import RunReader
-    from deltarl.pipeline.replay import replay
-    from deltarl.pipeline.sharded import ShardedPublisher
-    from deltarl.pipeline.writer import VersionInfo
-    from deltarl.storage.open import open_store
-    from deltarl.storage.store import ObjectStore
+    from deltarl.errors import DeltaRLError as DeltaRLError
+    from deltarl.integrations.trl import DeltaRLCallback as DeltaRLCallback
+    from deltarl.pipeline.publish_config import PublishConfig as PublishConfig
+    from deltarl.pipeline.publisher import Publisher as Publisher
+    from deltarl.pipeline.reader import RunReader as RunReader
+    from deltarl.pipeline.replay import replay as replay
+    from deltarl.pipeline.sharded import ShardedPublisher as ShardedPublisher
+    from deltarl.pipeline.writer import VersionInfo as VersionInfo
+    from deltarl.storage.open import open_store as open_store
+    from deltarl.storage.store import ObjectStore as ObjectStore
 
-__getattr__, __dir__, _names = lazy_exports(__name__)
-__all__ = [
-    "DeltaRLCallback",
-    "DeltaRLError",
-    "ObjectStore",
-    "PublishConfig",
-    "Publisher",
-    "RunReader",
-    "ShardedPublisher",
-    "VersionInfo",
-    "__version__",
-    "open_store",
-    "replay",
-]
+__getattr__, __dir__, _names = lazy_exports(__name__, {
+    "pipeline.publisher": ("Publisher",),
+    "pipeline.sharded": ("ShardedPublisher",),
+    "pipeline.publish_config": ("PublishConfig",),
+    "pipeline.writer": ("VersionInfo",),
+    "pipeline.replay": ("replay",),
+    "pipeline.reader": ("RunReader",),
+    "storage.open": ("open_store",),
+    "storage.store": ("ObjectStore",),
+    "integrations.trl": ("DeltaRLCallback",),
+    "errors": ("DeltaRLError",),
+})
+__all__ = [*_names, "__version__"]

@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "exposition": set(),
     "lazy": set(),
     "storage": BASE,
-    "codec": {"errors"},  # the delta format knows nothing of stores, runs or configuration
+    "codec": {"errors", "lazy"},  # the delta format knows nothing of stores, runs or configuration
     "pipeline": BASE | {"storage", "codec"},
     "model": BASE | {"storage", "codec", "pipeline"},
     "protocol": BASE | {"storage", "codec", "pipeline", "model"},

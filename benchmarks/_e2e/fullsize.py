@@ -153,7 +153,7 @@ async def run_real(mode: str, st: Setting, trace: Path, root: Path, *, steps: in
     """One mode (``full`` or ``deltarl``) on a fresh network: relays, links and actors started for it."""
     from deltarl.codec import state_digest
     from deltarl.codec.jit_warmup import warm_codec
-    from deltarl.pipeline import Publisher
+    from deltarl.pipeline.publisher import Publisher
     from deltarl.storage import LocalStore
 
     warm_codec(["bfloat16"])  # numba's compiled kernels loaded before any measurement (once per process)

@@ -4,7 +4,7 @@
 * **full**: the trainer writes the full BF16 state every step as raw shards plus an index (written
   last) to the origin store; actors long-poll the index through their relay, fetch the shards on
   several streams into a staging copy while generating, and copy it in at the batch boundary.
-* **deltarl**: the real :class:`~deltarl.storage.Publisher` (extract, encode, upload, manifest,
+* **deltarl**: the real :class:`~deltarl.Publisher` (extract, encode, upload, manifest,
   HEAD) and the real :class:`~deltarl.actor.subscriber.Subscriber` (long-poll, multi-stream fetch,
   decode into a stager as segments arrive, commit in place at the boundary).
 
@@ -28,9 +28,9 @@ from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.subscriber import Subscriber
 from deltarl.codec import BF16
 from deltarl.errors import ObjectNotFound, TransferError
-from deltarl.pipeline import Publisher
 from deltarl.pipeline.manifest import ObjectRef
-from deltarl.storage import ObjectStore
+from deltarl.pipeline.publisher import Publisher
+from deltarl.storage.store import ObjectStore
 
 State = dict[str, BF16]
 WATCH_S = 0.005

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from deltarl.relay import RelayConfig, RelayServer, create_app
+from deltarl.relay import RelayConfig, RelayServer
+from deltarl.relay.server import create_app
 from deltarl.storage import LocalStore
 from deltarl.testing.wan import EmulatedLink
 

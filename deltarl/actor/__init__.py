@@ -6,8 +6,14 @@
 * :mod:`~deltarl.actor.loop` - ``ActorLoop``: lease, generate, report; ``ActorConfig`` in :mod:`~deltarl.actor.config`
 * :mod:`~deltarl.actor.backends` - Hugging Face and vLLM generation backends
 """
+
 from __future__ import annotations
 
 from deltarl.lazy import lazy_exports
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "config": ("ActorConfig",),
+    "loop": ("ActorLoop",),
+    "fetcher": ("Fetcher",),
+    "follower": ("Follower",),
+})

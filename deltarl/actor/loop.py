@@ -370,7 +370,7 @@ class ActorLoop:
 
     def _served_digest(self) -> str:
         """The state digest of the weights generation uses (vLLM: hashed in its workers)."""
-        from deltarl.codec import state_digest
+        from deltarl.codec.tensors import state_digest
 
         assert self.backend is not None
         served = getattr(self.backend, "served_digest", None)

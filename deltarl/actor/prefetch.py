@@ -5,7 +5,7 @@ it would make an actor start fetching only once the whole upload is over. Instea
 manifest is awaited, :meth:`VersionStaging.speculate` long-polls the version's segments by key
 (``e<epoch>-seg-r000-00000.bin``, ``…-00001.bin``, … up to ``window`` at a time once the first has landed,
 only the first before) as the trainer uploads them,
-and decodes each into the :class:`~deltarl.codec.Stager` as it lands: relays cut them through
+and decodes each into the :class:`~deltarl.codec.apply.Stager` as it lands: relays cut them through
 hop by hop, so the actor receives a segment while it is still crossing the WAN.
 
 Nothing fetched this way is trusted yet: :meth:`VersionStaging.complete` checks every speculative
@@ -58,7 +58,7 @@ class VersionStaging:
     """Decode one version's segments into a Stager, speculatively or from a manifest."""
 
     def __init__(self, state: Mapping[str, Any], base: str) -> None:
-        from deltarl.codec import Stager
+        from deltarl.codec.apply import Stager
 
         self._state = state
         self._base = base
@@ -149,7 +149,7 @@ class VersionStaging:
 
     async def complete(self, fetcher: Fetcher, manifest: Manifest) -> Any:
         """Verify speculative segments against ``manifest``, fetch the rest, return the StagedUpdate."""
-        from deltarl.codec import Stager
+        from deltarl.codec.apply import Stager
 
         await asyncio.gather(*self._pending, return_exceptions=True)
         for key, sha, fut in self._spec_decodes:

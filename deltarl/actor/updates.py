@@ -140,7 +140,7 @@ class DigestCheck:
 
 
 def timed_digest(state: Mapping[str, Any], algo: str) -> tuple[str, float]:
-    from deltarl.codec import state_digest
+    from deltarl.codec.tensors import state_digest
 
     t0 = time.monotonic()
     return state_digest(state, algo), time.monotonic() - t0

@@ -37,7 +37,7 @@ def non_negative_int(text: str) -> int:
 def open_existing_store(url: str) -> ObjectStore:
     """Open a store for a command that only reads it: a local path that does not exist is an error
     (``StoreNotFound``, "no store at …"), never created."""
-    from deltarl.storage import open_store
+    from deltarl.storage.open import open_store
 
     return open_store(url, must_exist=True)
 

@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from deltarl.errors import DeltaRLError
-    from deltarl.pipeline import gc
+    from deltarl.pipeline.gc import gc
 
     store = open_existing_store(args.store)
     try:

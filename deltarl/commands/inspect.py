@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from deltarl.errors import DeltaRLError
-    from deltarl.pipeline import inspect_run
+    from deltarl.pipeline.inspection import inspect_run
 
     store = open_existing_store(args.store)
     try:

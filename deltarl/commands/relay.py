@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from deltarl.errors import DeltaRLError
-    from deltarl.relay import RelayConfig, RelayServer
+    from deltarl.relay.config import RelayConfig
+    from deltarl.relay.runner import RelayServer
 
     log = logging.getLogger("deltarl.relay")
     try:

@@ -25,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
     if not have_torch("replay"):
         return 2
     from deltarl.errors import ConfigError, DeltaRLError
-    from deltarl.pipeline import RunReader, replay
+    from deltarl.pipeline.reader import RunReader
+    from deltarl.pipeline.replay import replay
     from deltarl.pipeline.state_file import write_state_file
 
     out = os.path.abspath(os.path.expanduser(args.out))

@@ -11,8 +11,13 @@
 
 The wire records and the client are :mod:`deltarl.protocol`; the simulated fleet is :mod:`deltarl.testing.fleet`.
 """
+
 from __future__ import annotations
 
 from deltarl.lazy import lazy_exports
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "config": ("CoordinatorConfig",),
+    "server": ("Coordinator",),
+    "scheduler": ("Scheduler",),
+})

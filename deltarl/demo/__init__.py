@@ -1,6 +1,6 @@
-"""``deltarl demo``: the whole loop as a multi-process deployment on one machine (runner, live view, report)."""
-from __future__ import annotations
+"""``deltarl demo``: the whole loop as a multi-process deployment on one machine (runner, live view, report).
 
-from deltarl.lazy import lazy_exports
+The demo is the CLI's ``deltarl demo``, not a Python API: nothing is exported here.
+"""
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE
+__all__: list[str] = []

@@ -45,7 +45,7 @@ class AuroraCounting:
 
     def _count(self, state_dict: Mapping[str, Any]) -> int | None:
         """Bytes of the aurora-encoded delta from the last published state to ``state_dict``."""
-        from deltarl.codec import iter_encode_delta
+        from deltarl.codec.encode import iter_encode_delta
 
         if self._prev is None:
             return None

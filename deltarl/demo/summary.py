@@ -76,7 +76,7 @@ class Summary:
         self.wall_s = outcome.wall_s
 
     def show(self) -> bool:
-        from deltarl.codec import state_digest
+        from deltarl.codec.tensors import state_digest
         from deltarl.coordinator.audit import audit_run
         from deltarl.demo.regime import scale_estimate
         from deltarl.demo.report import write_report

@@ -8,8 +8,13 @@
 
 Nothing here imports torch at import time.
 """
+
 from __future__ import annotations
 
 from deltarl.lazy import lazy_exports
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "build": ("ModelSpec", "export_bf16"),
+    "record": ("RunModelInfo", "write_model_json"),
+    "tokenizer": ("TokenizerSpec",),
+})

@@ -1,89 +1,18 @@
 """deltarl.pipeline: the version pipeline on an object store.
 
-The run namespace (layout, manifests and records), the writer claim, the :class:`Publisher` (and
-:class:`ShardedPublisher`, one per rank), the :class:`RunReader`, ``replay``, ``gc`` and
-``inspect_run``. The delta format itself is :mod:`deltarl.codec`.
+The run namespace (layout, manifests and records), the writer claim, the ``Publisher`` (and
+``ShardedPublisher``, one per rank), the ``RunReader``, ``replay`` (those five are ``deltarl.*``),
+``gc`` and ``inspect_run``. Exported here: :class:`RunLayout` (where a run's objects live) and
+:func:`inspect_run`. The delta format itself is :mod:`deltarl.codec`.
 
 Importing this package imports neither torch nor numba.
 """
 
-from deltarl.pipeline.catch_up import catch_up
-from deltarl.pipeline.claim import WriterClaim, WriterLease
-from deltarl.pipeline.gc import PENDING_GRACE_S, GcReport, gc
-from deltarl.pipeline.inspection import RunSummary, VersionRow, human_bytes, inspect_run, spans
-from deltarl.pipeline.keyframe import empty_state, part_views
-from deltarl.pipeline.layout import (
-    VERSION_DIGITS,
-    RunLayout,
-    is_immutable,
-    key_epoch,
-    manifest_key_for,
-    validate_run_name,
-)
-from deltarl.pipeline.manifest import (
-    DeltaStatsRecord,
-    HeadRecord,
-    Manifest,
-    ObjectRef,
-    RunInfo,
-    TensorEntry,
-    canonical_json,
-    version_id,
-)
-from deltarl.pipeline.pieces import (
-    MAX_PIECE_SIZE,
-    MIN_PIECE_SIZE,
-    PieceVerifier,
-    hash_piece,
-    pieces_of_blocks,
-)
-from deltarl.pipeline.publish_config import PublishConfig
-from deltarl.pipeline.publisher import Publisher, VersionInfo
-from deltarl.pipeline.reader import RunReader
-from deltarl.pipeline.replay import replay, roll_forward, squash
-from deltarl.pipeline.sharded import ShardedPublisher
-from deltarl.pipeline.state_file import write_state_file
+from __future__ import annotations
 
-__all__ = [
-    "MAX_PIECE_SIZE",
-    "MIN_PIECE_SIZE",
-    "PENDING_GRACE_S",
-    "VERSION_DIGITS",
-    "DeltaStatsRecord",
-    "GcReport",
-    "HeadRecord",
-    "Manifest",
-    "ObjectRef",
-    "PieceVerifier",
-    "PublishConfig",
-    "Publisher",
-    "RunInfo",
-    "RunLayout",
-    "RunReader",
-    "RunSummary",
-    "ShardedPublisher",
-    "TensorEntry",
-    "VersionInfo",
-    "VersionRow",
-    "WriterClaim",
-    "WriterLease",
-    "canonical_json",
-    "catch_up",
-    "empty_state",
-    "gc",
-    "hash_piece",
-    "human_bytes",
-    "inspect_run",
-    "is_immutable",
-    "key_epoch",
-    "manifest_key_for",
-    "part_views",
-    "pieces_of_blocks",
-    "replay",
-    "roll_forward",
-    "spans",
-    "squash",
-    "validate_run_name",
-    "version_id",
-    "write_state_file",
-]
+from deltarl.lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "layout": ("RunLayout",),
+    "inspection": ("inspect_run",),
+})

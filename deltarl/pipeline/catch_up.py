@@ -171,7 +171,7 @@ def _digest_at(chain: Chain) -> int | None:
 
 async def check_digest(state: dict[str, Any], manifest: Manifest) -> None:
     """IntegrityError unless ``state`` hashes to the digest ``manifest`` records."""
-    from deltarl.codec import state_digest
+    from deltarl.codec.tensors import state_digest
 
     recorded = manifest.state_digest
     assert recorded is not None
@@ -195,7 +195,7 @@ async def apply_chain(
     """Apply the deltas of ``chain[1:]`` in place onto ``state``, which holds ``chain[0]``: each
     version staged (checked) then committed, all or nothing, the next version's segments fetched
     while one is applied; the digest of ``chain[check_at]`` checked once it is applied."""
-    from deltarl.codec import stage_delta
+    from deltarl.codec.apply import stage_delta
 
     fetching = {} if fetching is None else fetching
 

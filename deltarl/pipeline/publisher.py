@@ -123,7 +123,7 @@ class Publisher:
             return
         head_version = self._writer.next_version - 1
         if previous_state is not None:
-            from deltarl.codec import check_compatible, state_digest
+            from deltarl.codec.tensors import check_compatible, state_digest
 
             check_compatible(previous_state, table_of(self._writer.reader.info()))
             manifest, _ = self._writer.reader.manifest(head_version)
@@ -209,7 +209,7 @@ class Publisher:
                                    base_finite=self._prev_finite and self.next_version > 0), None
 
     def _publish(self, state: Mapping[str, Any], step: int, owned: bool, allow_nonfinite: bool = False) -> VersionInfo:
-        from deltarl.codec import state_digest, tensor_table
+        from deltarl.codec.tensors import state_digest, tensor_table
 
         writer = self._writer
         writer.check_open()
@@ -289,8 +289,8 @@ class Publisher:
                       ) -> tuple[float, int]:
         """Encode the delta against the base segment by segment, each uploaded as it fills;
         returns the encode seconds and the changed elements."""
-        from deltarl.codec import iter_encode_delta, read_segment_header
-        from deltarl.codec.encode import SEGMENT_CHANGES
+        from deltarl.codec.encode import SEGMENT_CHANGES, iter_encode_delta
+        from deltarl.codec.segment import read_segment_header
 
         assert self._prev is not None
         assert self._writer.head_id is not None

@@ -43,7 +43,7 @@ def table_of(info: RunInfo) -> list[TensorEntry]:
 
 def entries_of(state: Any) -> tuple[TensorEntry, ...]:
     """The run.json tensor table of a state."""
-    from deltarl.codec import tensor_table
+    from deltarl.codec.tensors import tensor_table
 
     return tuple(tensor_table(state))
 
@@ -170,7 +170,7 @@ class RunReader:
         fresh ones), ``workers`` parts at a time, each piece checked as it lands: no whole-object
         bytes, no second copy.
         """
-        from deltarl.codec import check_compatible
+        from deltarl.codec.tensors import check_compatible
         from deltarl.pipeline.keyframe import empty_state, read_part_into
 
         if manifest.keyframe is None:

@@ -190,7 +190,7 @@ def squash(
     A laggard actor holding ``from_version`` fetches these segments instead of every delta in
     between; applying them yields ``to_version`` bit for bit.
     """
-    from deltarl.codec import encode_delta
+    from deltarl.codec.encode import encode_delta
 
     if from_version >= to_version:
         raise ValueError(f"squash needs from_version < to_version, got {from_version} >= {to_version}")

@@ -6,9 +6,8 @@ they use live here, below all three roles, so no role imports another.
 * :mod:`~deltarl.protocol.records` - versioned wire/stored records (StepSpec, PromptItem, LeaseRecord,
   RolloutResult, Sample, AdmittedRecord, StepManifest, Ack, request/response bodies)
 * :mod:`~deltarl.protocol.client` - ``CoordinatorClient`` (async) and ``SyncCoordinatorClient``
+
+The records and clients are imported from their modules by the roles that speak them: nothing is exported here.
 """
-from __future__ import annotations
 
-from deltarl.lazy import lazy_exports
-
-__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE
+__all__: list[str] = []

@@ -3,19 +3,11 @@
 See :mod:`deltarl.relay.server` for the HTTP API and ``infra/README.md`` for deployment.
 """
 
-from deltarl.relay.config import RelayConfig, RelayProcessConfig
-from deltarl.relay.nginx import NginxRelayConfig, nginx_config
-from deltarl.relay.runner import BackgroundRelay, RelayServer
-from deltarl.relay.server import create_app
-from deltarl.storage.http_client import RelayClient
+from __future__ import annotations
 
-__all__ = [
-    "BackgroundRelay",
-    "NginxRelayConfig",
-    "RelayClient",
-    "RelayConfig",
-    "RelayProcessConfig",
-    "RelayServer",
-    "create_app",
-    "nginx_config",
-]
+from deltarl.lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "runner": ("RelayServer",),
+    "config": ("RelayConfig",),
+})

@@ -8,8 +8,12 @@
 * :mod:`~deltarl.testing.store_tests` - ``StoreTests``: the ObjectStore conformance suite every
   backend subclasses (needs pytest)
 """
+
 from __future__ import annotations
 
 from deltarl.lazy import lazy_exports
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "store_tests": ("StoreTests",),
+    "wan": ("EmulatedLink",),
+})

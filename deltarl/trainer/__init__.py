@@ -9,8 +9,13 @@
 
 Models, tokenizers and tasks are :mod:`deltarl.model`.
 """
+
 from __future__ import annotations
 
 from deltarl.lazy import lazy_exports
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "config": ("TrainerConfig",),
+    "loop": ("TrainerLoop",),
+    "grpo": ("GRPOTrainer",),
+})

@@ -5,7 +5,7 @@ Wiring is by parameters, so the demo runs it in-process and ``deltarl trainer`` 
 * ``coordinator`` has ``open_step(spec: StepSpec)`` and ``wait_results(step, *, timeout)`` returning
   the step's admitted ``RolloutResult`` s once the step is complete (:class:`StepCoordinator`);
 * ``publisher`` has ``publish(state_dict, step) -> VersionInfo``, ``publish_async`` and ``wait``
-  (``deltarl.pipeline.Publisher``).
+  (``deltarl.Publisher``).
 
 Publishing runs in the background (``publish_async``): :meth:`TrainerLoop.run` hands step ``s``'s
 export over and goes on with step ``s + 1`` (its prompts, the previous step's report and
@@ -56,7 +56,7 @@ class StepCoordinator(Protocol):
 
 
 class VersionPublisher(Protocol):
-    """What the loop needs of ``deltarl.storage.Publisher``."""
+    """What the loop needs of ``deltarl.Publisher``."""
 
     @property
     def next_version(self) -> int:

@@ -1,9 +1,15 @@
-"""The user-facing surface: ``deltarl``'s entry points and each package's curated ``__all__``."""
+"""The user-facing surface: ``deltarl``'s entry points and each package's curated ``__all__``.
+
+One mechanism serves every package (:func:`deltarl.lazy.lazy_exports`, listed in the package's
+``__init__``), the names are few, and each earns its place: another part of deltarl, a benchmark or
+an example imports it, or the docs show it.
+"""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +18,10 @@ import pytest
 
 import deltarl
 
-PACKAGES = ["actor", "codec", "commands", "coordinator", "demo", "integrations", "model", "pipeline", "protocol", "relay", "storage", "testing", "trainer"]
+ROOT = Path(deltarl.__file__).parent
+REPO = ROOT.parent
+PACKAGES = sorted(p.parent.relative_to(ROOT).as_posix().replace("/", ".") for p in ROOT.glob("**/__init__.py") if p.parent != ROOT)
+MAX_EXPORTED = 60
 
 
 def test_import_deltarl_is_light() -> None:
@@ -25,7 +34,6 @@ def test_entry_points_resolve_and_are_documented() -> None:
     for name in deltarl.__all__:
         obj = getattr(deltarl, name)
         assert obj is not None, name
-    assert sorted(set(deltarl.__all__) - {"__version__"}) == sorted(__import__("deltarl.lazy").lazy.surface("deltarl"))
     for name in ("open_store", "Publisher", "ShardedPublisher", "replay", "RunReader"):
         doc = getattr(deltarl, name).__doc__ or ""
         assert "Example:" in doc, name
@@ -37,41 +45,97 @@ def test_entry_points_resolve_and_are_documented() -> None:
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_package_exports_what_it_lists(package: str) -> None:
     module = importlib.import_module(f"deltarl.{package}")
-    assert isinstance(module.__all__, list)
-    assert len(set(module.__all__)) == len(module.__all__), f"deltarl.{package}: a name listed twice"
-    for name in module.__all__:
+    names = getattr(module, "__all__", [])
+    assert isinstance(names, list)
+    assert len(set(names)) == len(names), f"deltarl.{package}: a name listed twice"
+    for name in names:
         assert getattr(module, name) is not None, f"deltarl.{package}.{name}"
+        sub = ROOT / package.replace(".", "/") / name
+        assert not sub.with_suffix(".py").exists(), f"deltarl.{package}.{name} is also a module"
+        assert not sub.is_dir(), f"deltarl.{package}.{name} is also a package"
 
 
-def _cross_package_imports() -> dict[str, dict[str, str]]:
-    """``{package: {name: importing module}}`` of every ``from deltarl.<package>[.module] import name``
-    written in another part of deltarl (``cli.py``, which only wires, aside)."""
-    root = Path(deltarl.__file__).parent
-    packages = {p.parent.name for p in root.glob("*/__init__.py")}
+def _package_imports() -> dict[str, dict[str, str]]:
+    """``{package: {name: importing module}}`` of every ``from deltarl.<package> import name`` (the
+    package itself, not one of its modules; a submodule by name aside) written in deltarl."""
     out: dict[str, dict[str, str]] = {}
-    for path in root.rglob("*.py"):
-        rel = path.relative_to(root)
-        if rel.parts == ("cli.py",) or len(rel.parts) == 1:
-            continue
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("deltarl.")):
                 continue
-            parts = node.module.split(".")  # type: ignore[union-attr]
-            target = parts[1]
-            if target not in packages or target == rel.parts[0]:
+            package = node.module.removeprefix("deltarl.")  # type: ignore[union-attr]
+            folder = ROOT / package.replace(".", "/")
+            if not (folder / "__init__.py").exists():
                 continue
             for alias in node.names:
-                if len(parts) == 2 and (root / target / f"{alias.name}.py").exists():
-                    continue  # a module of the package, imported by name
-                out.setdefault(target, {}).setdefault(alias.name, str(rel))
+                if not ((folder / f"{alias.name}.py").exists() or (folder / alias.name).is_dir()):
+                    out.setdefault(package, {}).setdefault(alias.name, str(rel))
     return out
 
 
-def test_each_package_lists_what_other_packages_import() -> None:
-    missing = [
+def test_deltarl_imports_names_from_their_modules() -> None:
+    # through a package, a name is typed Any (the package resolves it lazily) and becomes surface
+    through = [
         f"deltarl.{package}.{name} (imported by deltarl/{where})"
-        for package, names in sorted(_cross_package_imports().items())
+        for package, names in sorted(_package_imports().items())
         for name, where in sorted(names.items())
-        if name not in getattr(importlib.import_module(f"deltarl.{package}"), "__all__", [])
     ]
-    assert not missing, "add to the package's __all__ (deltarl.lazy.SURFACE for lazy packages): " + ", ".join(missing)
+    assert not through, "import it from the module that defines it: " + ", ".join(through)
+
+
+def _surfaces() -> dict[str, list[str]]:
+    """``{package: its __all__}``, ``deltarl`` itself included (without ``__version__``)."""
+    out = {"deltarl": [n for n in deltarl.__all__ if n != "__version__"]}
+    for package in PACKAGES:
+        out[f"deltarl.{package}"] = list(getattr(importlib.import_module(f"deltarl.{package}"), "__all__", []))
+    return out
+
+
+def test_few_names_are_exported() -> None:
+    counts = {package: len(names) for package, names in _surfaces().items() if names}
+    assert sum(counts.values()) <= MAX_EXPORTED, counts
+
+
+def test_every_package_exports_through_one_mechanism() -> None:
+    assert not hasattr(importlib.import_module("deltarl.lazy"), "SURFACE")
+    for init in [ROOT / "__init__.py", *(ROOT / p.replace(".", "/") / "__init__.py" for p in PACKAGES)]:
+        tree = ast.parse(init.read_text())
+        rel = init.relative_to(REPO)
+        for node in tree.body:  # module level only: a TYPE_CHECKING block may name types for checkers
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                assert module in ("__future__", "typing", "deltarl.lazy"), f"{rel} imports {module} (export lazily)"
+            if isinstance(node, ast.FunctionDef):
+                raise AssertionError(f"{rel} defines {node.name} (use deltarl.lazy.lazy_exports)")
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "lazy_exports"]
+        module = importlib.import_module(str(rel.parent).replace("/", "."))
+        assert calls or not getattr(module, "__all__", []), f"{rel} exports names without lazy_exports"
+
+
+def _users() -> dict[str, set[str]]:
+    """``{name: the places outside deltarl's own package that import it from deltarl}``: other
+    packages of deltarl, benchmarks and examples (tests do not count: a test is no user)."""
+    out: dict[str, set[str]] = {}
+    files = [*ROOT.rglob("*.py"), *(REPO / "benchmarks").rglob("*.py"), *(REPO / "examples").rglob("*.py")]
+    for path in files:
+        rel = path.relative_to(REPO)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("deltarl"):
+                for alias in node.names:
+                    out.setdefault(alias.name, set()).add(f"{rel}:{node.module}")
+    return out
+
+
+def test_every_exported_name_is_used_or_documented() -> None:
+    users = _users()
+    docs = "\n".join(p.read_text() for p in [REPO / "README.md", *(REPO / "docs").glob("*.md")])
+    unused = []
+    for package, names in _surfaces().items():
+        own = "deltarl/" + package.removeprefix("deltarl").strip(".").replace(".", "/")
+        for name in names:
+            outside = {u for u in users.get(name, ()) if not u.startswith(own.rstrip("/") + "/") or package == "deltarl"}
+            outside = {u for u in outside if u.split(":")[1].startswith(package)}
+            if not outside and not re.search(rf"\b{re.escape(name)}\b", docs):
+                unused.append(f"{package}.{name}")
+    assert not unused, "exported but neither used outside its package nor shown in the docs: " + ", ".join(unused)

@@ -11,8 +11,8 @@ from the process holding the ``vllm.LLM``. Nothing here imports vLLM until vLLM 
 
 from __future__ import annotations
 
-from deltarl.integrations.vllm.client import ENGINE_KWARGS, LLMSyncClient, attach, status, update
-from deltarl.integrations.vllm.plugin import BACKEND, request_amx
-from deltarl.integrations.vllm.worker import WORKER_EXTENSION
+from deltarl.lazy import lazy_exports
 
-__all__ = ["BACKEND", "ENGINE_KWARGS", "WORKER_EXTENSION", "LLMSyncClient", "attach", "request_amx", "status", "update"]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "client": ("ENGINE_KWARGS", "LLMSyncClient", "attach", "update", "status"),
+})

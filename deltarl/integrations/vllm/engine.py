@@ -152,7 +152,8 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
     def init_transfer_engine(self, init_info: DeltaRLInitInfo) -> None:
         from deltarl.actor.fetcher import Fetcher
         from deltarl.actor.source import FetcherSource
-        from deltarl.codec import trim, warm_codec_quietly
+        from deltarl.codec.heap import trim
+        from deltarl.codec.jit_warmup import warm_codec_quietly
         from deltarl.integrations.vllm.mapping import derive_views
         from deltarl.pipeline.catch_up import catch_up
         from deltarl.storage.open import open_store
@@ -205,7 +206,7 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
 
     async def _stage(self, served: Served, version: int, wait_s: float) -> tuple[Any, Any, str, float, float]:
         """Fetch (verified) and stage ``version`` against ``served``: (staged, manifest, id, fetch_s, decode_s)."""
-        from deltarl.codec import stage_delta
+        from deltarl.codec.apply import stage_delta
 
         t0 = time.perf_counter()
         manifest, vid = await self._source.manifest(version, wait_s=wait_s)
@@ -294,7 +295,7 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
 
     def digest(self, algo: str | None = None) -> str:
         """The state digest of the served weights by checkpoint name (hashed in place, no copy)."""
-        from deltarl.codec import DIGEST_ALGO, state_digest
+        from deltarl.codec.tensors import DIGEST_ALGO, state_digest
 
         return state_digest(self.views, algo or DIGEST_ALGO)
 

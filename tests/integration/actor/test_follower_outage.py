@@ -45,7 +45,7 @@ async def test_a_relay_outage_costs_few_requests_and_one_warning(tmp_path, caplo
     origin = LocalStore(str(tmp_path / "store"))
     trainer = TinyTrainer(0)
     exports: list[dict[str, Any]] = []
-    from deltarl.pipeline import Publisher
+    from deltarl.pipeline.publisher import Publisher
 
     def publish(pub: Publisher, step: int) -> None:
         if step:

@@ -58,7 +58,8 @@ def test_replay_and_follow_write_the_same_file_honouring_the_umask(store_dir: Pa
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from deltarl.pipeline import RunReader, replay
+    from deltarl.pipeline.reader import RunReader
+    from deltarl.pipeline.replay import replay
     from tests.fixtures.runs import states_equal
 
     outs = {}

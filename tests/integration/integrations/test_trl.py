@@ -15,8 +15,9 @@ from deltarl.model.build import ModelSpec, build_model, export_bf16  # noqa: E40
 from deltarl.model.hf_byte import save_hf_byte_tokenizer  # noqa: E402
 from deltarl.model.record import RunModelInfo, read_model_json  # noqa: E402
 from deltarl.model.tokenizer import ByteTokenizer, TokenizerSpec  # noqa: E402
-from deltarl.pipeline import RunReader, replay  # noqa: E402
-from deltarl.storage import open_store  # noqa: E402
+from deltarl.pipeline.reader import RunReader  # noqa: E402
+from deltarl.pipeline.replay import replay  # noqa: E402
+from deltarl.storage.open import open_store  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,

@@ -15,7 +15,8 @@ pytest.importorskip("torch")
 
 from deltarl.model.record import read_model_json
 from deltarl.model.tokenizer import TokenizerSpec
-from deltarl.pipeline import RunReader, replay
+from deltarl.pipeline.reader import RunReader
+from deltarl.pipeline.replay import replay
 from deltarl.storage import LocalStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]

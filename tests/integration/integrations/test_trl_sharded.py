@@ -72,7 +72,8 @@ def _worker(rank: int, world: int, tmp: str) -> None:
 
 def test_fsdp2_callback_publishes_shards_in_the_background(tmp_path: Path) -> None:
     from deltarl.model.record import read_model_json
-    from deltarl.pipeline import RunReader, replay
+    from deltarl.pipeline.reader import RunReader
+    from deltarl.pipeline.replay import replay
     from deltarl.storage import LocalStore
     from deltarl.testing.ranks import spawn_ranks
 

@@ -12,10 +12,12 @@ import pytest
 
 from deltarl.actor.follower import Follower
 from deltarl.errors import ChainBroken, RunReplaced
-from deltarl.pipeline import RunLayout, replay
+from deltarl.pipeline import RunLayout
 from deltarl.pipeline.canonical import canonical_json
 from deltarl.pipeline.manifest import Manifest
-from deltarl.storage import LocalStore, MemoryStore, open_store
+from deltarl.pipeline.replay import replay
+from deltarl.storage import LocalStore, MemoryStore
+from deltarl.storage.open import open_store
 from tests.fixtures.runs import TinyTrainer, publish_run, states_equal
 
 pytestmark = pytest.mark.torch
@@ -91,7 +93,7 @@ async def test_a_follower_stops_on_a_run_recreated_with_other_tensors(tmp_path) 
         for key in origin.list("r/"):
             origin.delete(key)
         trainer = TinyTrainer(3, shapes={"only": ((8, 8), "bfloat16")})
-        from deltarl.pipeline import Publisher
+        from deltarl.pipeline.publisher import Publisher
 
         with Publisher(origin, "r") as pub:
             for step in range(3):

@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from deltarl.errors import WriterConflict
-from deltarl.pipeline import Publisher, RunLayout, RunReader, gc, replay
+from deltarl.pipeline import RunLayout
+from deltarl.pipeline.gc import gc
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.reader import RunReader
+from deltarl.pipeline.replay import replay
 from deltarl.storage import LocalStore
 from deltarl.testing.faults import CRASH_ENV
 from tests.fixtures.runs import TinyTrainer, states_equal

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from deltarl.errors import ObjectNotFound, WriterConflict
-from deltarl.pipeline import Publisher, RunLayout, gc, inspect_run, replay
+from deltarl.pipeline import RunLayout, inspect_run
+from deltarl.pipeline.gc import gc
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.replay import replay
 from tests.fixtures.runs import TinyTrainer, publish_run, states_equal
 
 pytestmark = pytest.mark.torch

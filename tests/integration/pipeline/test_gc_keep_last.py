@@ -9,8 +9,11 @@ import dataclasses
 import pytest
 
 from deltarl.errors import RunError
-from deltarl.pipeline import Publisher, RunLayout, gc, replay
+from deltarl.pipeline import RunLayout
+from deltarl.pipeline.gc import gc
 from deltarl.pipeline.manifest import HeadRecord
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.replay import replay
 from tests.fixtures.runs import publish_run, states_equal
 
 pytestmark = pytest.mark.torch

@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from deltarl.cli import main
-from deltarl.pipeline import Publisher, RunLayout, gc, replay
+from deltarl.pipeline import RunLayout
+from deltarl.pipeline.gc import gc
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.replay import replay
 from deltarl.storage import LocalStore
 from deltarl.storage.local import TMP_DIR
 from tests.fixtures.runs import states_equal

@@ -8,8 +8,10 @@ import dataclasses
 import pytest
 
 from deltarl.errors import RunError
-from deltarl.pipeline import Publisher, RunLayout, gc
+from deltarl.pipeline import RunLayout
+from deltarl.pipeline.gc import gc
 from deltarl.pipeline.manifest import HeadRecord
+from deltarl.pipeline.publisher import Publisher
 from tests.fixtures.runs import TinyTrainer
 
 pytestmark = pytest.mark.torch

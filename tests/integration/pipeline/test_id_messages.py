@@ -8,9 +8,11 @@ import dataclasses
 import pytest
 
 from deltarl.errors import IntegrityError, RunError, short_pair
-from deltarl.pipeline import Manifest, Publisher, RunLayout, RunReader
-from deltarl.pipeline.manifest import HeadRecord
+from deltarl.pipeline import RunLayout
+from deltarl.pipeline.manifest import HeadRecord, Manifest
 from deltarl.pipeline.pieces import PieceVerifier, hash_piece
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.reader import RunReader
 from tests.fixtures.runs import publish_run
 
 pytestmark = pytest.mark.torch

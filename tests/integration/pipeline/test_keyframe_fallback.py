@@ -8,7 +8,8 @@ import logging
 import pytest
 
 from deltarl.errors import IntegrityError
-from deltarl.pipeline import RunLayout, replay, squash
+from deltarl.pipeline import RunLayout
+from deltarl.pipeline.replay import replay, squash
 from tests.fixtures.runs import publish_run, states_equal
 
 pytestmark = pytest.mark.torch

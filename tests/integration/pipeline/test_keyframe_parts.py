@@ -9,10 +9,12 @@ import json
 import pytest
 
 from deltarl.errors import FormatError, IntegrityError
-from deltarl.pipeline import RunLayout, RunReader, replay
+from deltarl.pipeline import RunLayout
 from deltarl.pipeline.keyframe import empty_state
 from deltarl.pipeline.manifest import canonical_json
 from deltarl.pipeline.pieces import MIN_PIECE_SIZE
+from deltarl.pipeline.reader import RunReader
+from deltarl.pipeline.replay import replay
 from tests.fixtures.runs import WIDE_SHAPES, publish_run, states_equal
 
 pytestmark = pytest.mark.torch

@@ -12,7 +12,9 @@ import pytest
 
 from deltarl.codec.finite import check_finite
 from deltarl.errors import DeltaRLError, NonFiniteTensor
-from deltarl.pipeline import Publisher, RunReader, replay
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.reader import RunReader
+from deltarl.pipeline.replay import replay
 from deltarl.storage import MemoryStore
 from tests.fixtures.runs import TinyTrainer, states_equal
 

@@ -8,7 +8,9 @@ import threading
 import pytest
 
 from deltarl.errors import PublishFailed, StoreError, TransientStoreError
-from deltarl.pipeline import Publisher, RunReader, replay
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.reader import RunReader
+from deltarl.pipeline.replay import replay
 from deltarl.storage import LocalStore, MemoryStore
 from tests.fixtures.runs import TinyTrainer, states_equal
 

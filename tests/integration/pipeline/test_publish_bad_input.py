@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from deltarl.errors import TensorMismatch
-from deltarl.pipeline import Publisher, RunLayout, replay
+from deltarl.pipeline import RunLayout
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.replay import replay
 from tests.fixtures.runs import TinyTrainer, states_equal
 
 torch = pytest.importorskip("torch")

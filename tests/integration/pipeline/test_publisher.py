@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 
 from deltarl.errors import ObjectNotFound, RunError, StoreError, WriterConflict
-from deltarl.pipeline import Publisher, RunLayout, RunReader, replay
+from deltarl.pipeline import RunLayout
 from deltarl.pipeline.manifest import HeadRecord
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.reader import RunReader
+from deltarl.pipeline.replay import replay
 from deltarl.storage import MemoryStore
 from tests.fixtures.runs import TinyTrainer, publish_run, states_equal
 

@@ -9,8 +9,10 @@ import torch
 
 from deltarl.codec import apply_delta, read_segment_header
 from deltarl.errors import FormatError, IntegrityError, ObjectNotFound, RunError
-from deltarl.pipeline import RunLayout, RunReader, replay, squash
+from deltarl.pipeline import RunLayout
 from deltarl.pipeline.manifest import Manifest, canonical_json
+from deltarl.pipeline.reader import RunReader
+from deltarl.pipeline.replay import replay, squash
 from tests.fixtures.runs import publish_run, states_equal
 
 pytestmark = pytest.mark.torch

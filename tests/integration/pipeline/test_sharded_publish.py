@@ -122,7 +122,7 @@ def _spawn(world: int, tmp: Path, mode: str, first_step: int, steps: int) -> lis
 def _check_replays(tmp: Path, versions: range) -> None:
     import torch
 
-    from deltarl.pipeline import replay
+    from deltarl.pipeline.replay import replay
     from deltarl.storage import LocalStore
 
     store = LocalStore(tmp / "store")
@@ -140,7 +140,7 @@ def test_fsdp2_versions_replay_bit_exact() -> None:
         tmp = Path(d)
         assert _spawn(world, tmp, "plain", 0, 5) == [0] * world
         _check_replays(tmp, range(5))  # keyframes at 0 and 3 (in parts), deltas, digests at 0, 2, 3, 4
-        from deltarl.pipeline import RunReader
+        from deltarl.pipeline.reader import RunReader
         from deltarl.storage import LocalStore
 
         reader = RunReader(LocalStore(tmp / "store"), "r")
@@ -152,7 +152,8 @@ def test_fsdp2_versions_replay_bit_exact() -> None:
 
 
 def test_killed_rank_leaves_no_half_version_and_resume_at_other_world_size() -> None:
-    from deltarl.pipeline import RunReader, gc
+    from deltarl.pipeline.gc import gc
+    from deltarl.pipeline.reader import RunReader
     from deltarl.storage import LocalStore
 
     with tempfile.TemporaryDirectory() as d:
@@ -245,7 +246,7 @@ def _spawn_and_replay(worker: Any, world: int, name: str) -> None:
     version rank 0 saved in ``fulls.pt``, bit-exact."""
     import torch
 
-    from deltarl.pipeline import replay
+    from deltarl.pipeline.replay import replay
     from deltarl.testing.ranks import spawn_ranks
 
     with tempfile.TemporaryDirectory() as d:

@@ -19,7 +19,8 @@ STEPS = 4
 
 
 def test_torchrun_three_ranks_publish_in_the_background_and_replay_bit_exact(tmp_path: Path) -> None:
-    from deltarl.pipeline import RunReader, replay
+    from deltarl.pipeline.reader import RunReader
+    from deltarl.pipeline.replay import replay
     from deltarl.storage import LocalStore
 
     script = Path(__file__).with_name("torchrun_publish.py")

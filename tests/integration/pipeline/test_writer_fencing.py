@@ -7,7 +7,11 @@ from __future__ import annotations
 import pytest
 
 from deltarl.errors import WriterConflict
-from deltarl.pipeline import Publisher, RunLayout, RunReader, gc, replay
+from deltarl.pipeline import RunLayout
+from deltarl.pipeline.gc import gc
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.reader import RunReader
+from deltarl.pipeline.replay import replay
 from tests.fixtures.runs import TinyTrainer, states_equal
 
 pytestmark = pytest.mark.torch

@@ -18,7 +18,7 @@ def main(out: str, steps: int) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from deltarl.model.build import ModelSpec, build_model
-    from deltarl.pipeline import ShardedPublisher
+    from deltarl.pipeline.sharded import ShardedPublisher
     from deltarl.storage import LocalStore
     from deltarl.testing.ranks import leave_process_group, traceback_to
 

@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("torch")
 
 from deltarl.actor.follower import Follower
-from deltarl.pipeline import replay
 from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.replay import replay
 from deltarl.relay.nginx import IMMUTABLE
 from deltarl.storage import MemoryStore
 from deltarl.storage.http import HTTPStore

@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 
 from deltarl.errors import PreconditionFailed, StoreError, TransientStoreError
-from deltarl.relay import RelayClient
 from deltarl.storage import LocalStore, MemoryStore
 from deltarl.storage.aio import StoreSource
+from deltarl.storage.http_client import RelayClient
 from tests.fixtures.relays import RelayChain, StartRelay
 from tests.fixtures.runs import manifest_naming
 

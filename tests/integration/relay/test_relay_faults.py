@@ -16,7 +16,8 @@ import aiohttp
 import pytest
 
 from deltarl.errors import IntegrityError
-from deltarl.storage import LocalStore, MemoryStore, open_store
+from deltarl.storage import LocalStore, MemoryStore
+from deltarl.storage.open import open_store
 from tests.fixtures.relays import StartRelay
 from tests.fixtures.runs import manifest_naming
 

@@ -7,11 +7,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from deltarl.relay import BackgroundRelay
-from deltarl.storage import MemoryStore, ObjectStore
+from deltarl.relay.runner import BackgroundRelay
+from deltarl.storage import MemoryStore
 from deltarl.storage.http import HTTPStore
 from deltarl.storage.keys import etag_of
 from deltarl.storage.retry import RetryPolicy
+from deltarl.storage.store import ObjectStore
 from deltarl.testing.store_tests import StoreTests
 
 

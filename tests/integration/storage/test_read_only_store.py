@@ -21,7 +21,8 @@ import urllib3
 
 from deltarl.cli import main
 from deltarl.errors import StoreError
-from deltarl.pipeline import RunLayout, replay
+from deltarl.pipeline import RunLayout
+from deltarl.pipeline.replay import replay
 from deltarl.storage import LocalStore
 from deltarl.storage.local import TMP_DIR
 from tests.fixtures.runs import publish_run, states_equal

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from deltarl.errors import ObjectExists, PreconditionFailed
-from deltarl.storage import LocalStore, ObjectStore
+from deltarl.storage import LocalStore
+from deltarl.storage.store import ObjectStore
 
 WRITERS = 8
 INCREMENTS = 10

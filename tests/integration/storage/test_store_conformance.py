@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from deltarl.storage import LocalStore, MemoryStore, ObjectStore
+from deltarl.storage import LocalStore, MemoryStore
 from deltarl.storage.keys import etag_of
+from deltarl.storage.store import ObjectStore
 from deltarl.testing.store_tests import StoreTests
 from tests.fixtures.servers import S3Location
 

@@ -13,8 +13,9 @@ import pytest
 
 from deltarl.errors import ConditionalWriteUnsupported, ConfigError, ObjectNotFound
 from deltarl.pipeline.publisher import Publisher
-from deltarl.storage import ObjectStore, open_store
 from deltarl.storage.fsspec_store import FsspecStore
+from deltarl.storage.open import open_store
+from deltarl.storage.store import ObjectStore
 from deltarl.testing.store_tests import StoreTests
 from tests.fixtures.runs import TinyTrainer, publish_run, states_equal
 
@@ -105,7 +106,7 @@ def test_s3fs_computes_no_checksum_of_its_own(request: pytest.FixtureRequest, st
 @pytest.mark.torch
 def test_read_a_run_and_refuse_or_allow_publishing(store: FsspecStore) -> None:
     pytest.importorskip("torch")
-    from deltarl.pipeline import replay
+    from deltarl.pipeline.replay import replay
     from deltarl.storage import MemoryStore
 
     if store.conditional_writes:  # publish straight through fsspec

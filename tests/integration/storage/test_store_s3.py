@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from deltarl.errors import ObjectExists, PreconditionFailed, TransientStoreError
-from deltarl.storage import RetryPolicy, open_store
+from deltarl.storage.open import open_store
+from deltarl.storage.retry import RetryPolicy
 from deltarl.storage.s3 import S3Store
 from tests.fixtures.servers import S3Location
 

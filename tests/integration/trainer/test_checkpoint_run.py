@@ -20,7 +20,8 @@ transformers = pytest.importorskip("transformers")
 from deltarl.codec import state_digest  # noqa: E402
 from deltarl.model.record import read_model_json  # noqa: E402
 from deltarl.model.tokenizer import HFTokenizer  # noqa: E402
-from deltarl.pipeline import Publisher, replay  # noqa: E402
+from deltarl.pipeline.publisher import Publisher  # noqa: E402
+from deltarl.pipeline.replay import replay  # noqa: E402
 from deltarl.storage import MemoryStore  # noqa: E402
 from deltarl.trainer.config import TrainerConfig  # noqa: E402
 from deltarl.trainer.loop import TrainerLoop  # noqa: E402

@@ -81,7 +81,7 @@ def shut(llm: Any) -> None:
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """The checkpoint, and a run of :data:`VERSIONS` versions (~1% of elements changed each) in a local store."""
-    from deltarl.integrations.vllm import request_amx
+    from deltarl.integrations.vllm.plugin import request_amx
 
     request_amx()  # before vLLM starts anything in this process (see deltarl.integrations.vllm.plugin)
     from deltarl.model.build import ModelSpec

@@ -42,7 +42,7 @@ async def test_vllm_actor_follows_versions_and_ends_on_the_trainers_bits(
     from deltarl.actor.config import ActorConfig
     from deltarl.actor.loop import ActorLoop
     from deltarl.codec import state_digest
-    from deltarl.integrations.vllm import request_amx
+    from deltarl.integrations.vllm.plugin import request_amx
     from deltarl.model.build import ModelSpec
     from deltarl.testing.vllm_runs import write_checkpoint
 

@@ -19,7 +19,7 @@ COMMON = {"vocab_size": 259, "hidden_size": 256, "intermediate_size": 256, "num_
 
 
 def _run(root: Path, config: Any) -> tuple[Path, list[dict[str, Any]]]:
-    from deltarl.integrations.vllm import request_amx
+    from deltarl.integrations.vllm.plugin import request_amx
     from deltarl.model.build import ModelSpec
     from deltarl.pipeline.publisher import Publisher
     from deltarl.storage.open import open_store

@@ -96,7 +96,8 @@ def test_a_relay_restart_is_survived(vllm_run: Run, served: Any, tmp_path: Path)
     from deltarl.integrations.vllm import attach, status, update
     from deltarl.pipeline.publisher import Publisher
     from deltarl.pipeline.replay import replay
-    from deltarl.relay import BackgroundRelay, RelayConfig
+    from deltarl.relay import RelayConfig
+    from deltarl.relay.runner import BackgroundRelay
     from deltarl.storage.open import open_store
     from deltarl.testing.vllm_runs import evolve
 

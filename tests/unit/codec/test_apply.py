@@ -7,16 +7,15 @@ import pytest
 
 from deltarl.codec import (
     BF16,
-    Stager,
     apply_delta,
-    check_compatible,
     delta_stats,
     encode_delta,
     iter_encode_delta,
     stage_delta,
     state_digest,
-    tensor_table,
 )
+from deltarl.codec.apply import Stager
+from deltarl.codec.tensors import check_compatible, tensor_table
 from deltarl.errors import BaseMismatch, FormatError, StagingError, TensorMismatch
 
 

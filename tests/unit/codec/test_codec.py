@@ -7,16 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltarl.codec import (
-    BF16,
-    Stager,
-    bitio,
-    chunk,
-    encode_delta,
-    registry,
-    stage_delta,
-    state_digest,
-)
+from deltarl.codec import BF16, bitio, chunk, encode_delta, registry, stage_delta, state_digest
+from deltarl.codec.apply import Stager
 from deltarl.codec.encode import CODECS, encode_chunk
 
 DTYPES = ["bfloat16", "float16", "float32"]

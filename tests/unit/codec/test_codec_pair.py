@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltarl.codec import BF16, Stager, ctx, encode_delta, stage_delta, state_digest
+from deltarl.codec import BF16, ctx, encode_delta, stage_delta, state_digest
+from deltarl.codec.apply import Stager
 from deltarl.codec.encode import encode_chunk
 from deltarl.errors import BaseMismatch, FormatError, TensorMismatch
 

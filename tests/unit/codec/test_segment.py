@@ -11,16 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltarl.codec import (
-    BF16,
-    ChunkInfo,
-    Stager,
-    delta_stats,
-    encode_delta,
-    read_segment_header,
-    state_digest,
-)
-from deltarl.codec.segment import MAX_HEADER_BYTES, pack_segment
+from deltarl.codec import BF16, delta_stats, encode_delta, read_segment_header, state_digest
+from deltarl.codec.apply import Stager
+from deltarl.codec.segment import MAX_HEADER_BYTES, ChunkInfo, pack_segment
 from deltarl.codec.tensors import TensorSpec
 from deltarl.errors import (
     BaseMismatch,

@@ -84,7 +84,7 @@ def test_a_torch_import_deep_in_a_command_is_one_line_too(tmp_path) -> None:
 def test_inspect_piped_prints_whole_columns(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     torch = pytest.importorskip("torch")
     from deltarl.pipeline.publisher import Publisher
-    from deltarl.storage import open_store
+    from deltarl.storage.open import open_store
 
     store = open_store(str(tmp_path))
     state = {"layer.with.a.rather.long.name.weight": torch.zeros(4096, dtype=torch.bfloat16)}

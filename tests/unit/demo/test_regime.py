@@ -13,7 +13,8 @@ from deltarl.demo.preset import CHECKPOINT_LR, check_checkpoint, demo_trainer_co
 from deltarl.demo.regime import AuroraCounting, scale_estimate  # noqa: E402
 from deltarl.demo.view import StepRow, regime_line  # noqa: E402
 from deltarl.errors import ConfigError  # noqa: E402
-from deltarl.pipeline import Publisher, replay  # noqa: E402
+from deltarl.pipeline.publisher import Publisher  # noqa: E402
+from deltarl.pipeline.replay import replay  # noqa: E402
 from deltarl.storage import MemoryStore  # noqa: E402
 from deltarl.trainer.config import SPARSE_GRPO, SPARSE_MODEL, SPARSE_WARMUP  # noqa: E402
 

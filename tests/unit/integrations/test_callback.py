@@ -14,8 +14,8 @@ from transformers import TrainerControl, TrainerState  # noqa: E402
 from deltarl.errors import IntegrationError  # noqa: E402
 from deltarl.integrations.trl import DeltaRLCallback  # noqa: E402
 from deltarl.model.build import ModelSpec, build_model  # noqa: E402
-from deltarl.pipeline import RunReader  # noqa: E402
-from deltarl.storage import open_store  # noqa: E402
+from deltarl.pipeline.reader import RunReader  # noqa: E402
+from deltarl.storage.open import open_store  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from deltarl.codec import apply_delta, encode_delta, read_segment_header, tensor_table
+from deltarl.codec import apply_delta, encode_delta, read_segment_header
 from deltarl.codec.encode import iter_encode_rows
-from deltarl.codec.tensors import state_digest
+from deltarl.codec.tensors import state_digest, tensor_table
 from deltarl.errors import IntegrityError, TensorMismatch
 from deltarl.pipeline import shard_rows as sr
 from deltarl.pipeline.shard_digest import combine_digest, shard_hashes

@@ -8,8 +8,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deltarl.storage import LocalStore, MemoryStore, ObjectStore
+from deltarl.storage import LocalStore, MemoryStore
 from deltarl.storage.keys import etag_of
+from deltarl.storage.store import ObjectStore
 
 KEYS = st.sampled_from(["a", "b", "d/x", "d/y", "e/f/g"])
 VALUES = st.sampled_from([b"", b"0", b"1", b"hello world"])

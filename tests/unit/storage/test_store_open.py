@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from deltarl.errors import ConfigError
-from deltarl.storage import LocalStore, MemoryStore, open_store
+from deltarl.storage import LocalStore, MemoryStore
+from deltarl.storage.open import open_store
 
 
 def test_plain_path_and_file_url(tmp_path: Path) -> None:

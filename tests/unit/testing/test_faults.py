@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from deltarl.pipeline import Publisher
+from deltarl.pipeline.publisher import Publisher
 from deltarl.storage import MemoryStore
 from deltarl.testing.faults import CRASH_ENV, CrashAt
 from tests.fixtures.runs import TinyTrainer
