@@ -25,6 +25,14 @@ COORDINATOR_HOST = "127.0.0.1"
 #: Default coordinator URL of the trainer and the actors.
 COORDINATOR_URL = f"http://{COORDINATOR_HOST}:{COORDINATOR_PORT}"
 
+# --- timeouts -----------------------------------------------------------------------------------
+
+#: Seconds a relay client (``HTTPStore``, ``RelayClient`` and the async sources over them) waits
+#: for the next bytes of a relay's answer before it counts the connection as failed: as long as a
+#: relay holds a long-poll by default (``RelayConfig.max_wait_s``) and forwards a large write
+#: upstream. The actor's fetcher passes its own, shorter one to fail over sooner.
+RELAY_READ_TIMEOUT_S = 120.0
+
 # --- environment variables ----------------------------------------------------------------------
 
 #: Bearer token valid for both actors and the trainer at the coordinator.

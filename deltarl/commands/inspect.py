@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
               "(no manifest): the stored chain is broken there, and no version after the gap replays from a "
               "keyframe before it", file=sys.stderr)  # fmt: skip
     if args.json:
-        versions = [dict(r.__dict__, changed_fraction=r.changed_fraction, ratio=r.ratio) for r in summary.rows]
+        versions = [r.to_obj() for r in summary.rows]
         print(json.dumps({"run": args.run, "head": None if summary.head is None else summary.head.version,
                           "versions": versions, "missing": list(summary.missing)}, indent=1))
         return 0
@@ -57,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
             str(r.step),
             r.kind,
             str(r.segments),
-            f"{100 * r.changed_fraction:.3f}%",
-            human_bytes(r.encoded_bytes),
-            f"{100 * r.ratio:.3f}%",
+            f"{100 * r.stats.changed_fraction:.3f}%",
+            human_bytes(r.stats.encoded_bytes),
+            f"{100 * r.stats.ratio:.3f}%",
             "" if r.keyframe_bytes is None else human_bytes(r.keyframe_bytes),
             "" if r.state_digest is None else r.state_digest[:12],
             r.version_id[:12],

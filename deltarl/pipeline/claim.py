@@ -207,11 +207,6 @@ class WriterLease:
             ) from err
         self._valid_until = start + self.lease_s
 
-    def ensure(self, margin_s: float) -> None:
-        """Renew unless at least ``margin_s`` of the lease is left (by this process's monotonic clock)."""
-        if time.monotonic() > self._valid_until - margin_s:
-            self.renew()
-
     def release(self) -> None:
         """Mark the claim expired so another writer may take it at once. Best effort."""
         if self._etag is None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from deltarl.errors import ObjectNotFound
-from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo
+from deltarl.pipeline.manifest import DeltaStatsRecord, HeadRecord, Manifest, RunInfo
 from deltarl.pipeline.reader import RunReader
 from deltarl.storage.store import ObjectStore
 
@@ -22,26 +23,13 @@ class VersionRow:
     kind: str
     parent: str | None
     segments: int
-    changed_elements: int
-    total_elements: int
-    encoded_bytes: int
-    full_bytes: int
+    stats: DeltaStatsRecord  # changed and encoded sizes, with ``changed_fraction`` and ``ratio``
     keyframe_bytes: int | None
     state_digest: str | None
     created_at: str
 
-    @property
-    def changed_fraction(self) -> float:
-        return self.changed_elements / self.total_elements if self.total_elements else 0.0
-
-    @property
-    def ratio(self) -> float:
-        """Encoded delta bytes as a fraction of the full state's bytes."""
-        return self.encoded_bytes / self.full_bytes if self.full_bytes else 0.0
-
     @classmethod
     def of(cls, manifest: Manifest, vid: str) -> VersionRow:
-        s = manifest.stats
         return cls(
             version=manifest.version,
             version_id=vid,
@@ -49,14 +37,19 @@ class VersionRow:
             kind=manifest.kind,
             parent=manifest.parent,
             segments=len(manifest.segments),
-            changed_elements=s.changed_elements,
-            total_elements=s.total_elements,
-            encoded_bytes=s.encoded_bytes,
-            full_bytes=s.full_bytes,
+            stats=manifest.stats,
             keyframe_bytes=None if manifest.keyframe is None else manifest.keyframe.size,
             state_digest=None if manifest.state_digest is None else manifest.state_digest.value,
             created_at=manifest.created_at,
         )
+
+    def to_obj(self) -> dict[str, Any]:
+        """The row as ``deltarl inspect --json`` prints it: the stats' fields in place, then
+        ``changed_fraction`` and ``ratio`` (encoded bytes of the full state's)."""
+        out: dict[str, Any] = {}
+        for key, value in self.__dict__.items():
+            out.update(self.stats.to_obj() if key == "stats" else {key: value})
+        return {**out, "changed_fraction": self.stats.changed_fraction, "ratio": self.stats.ratio}
 
 
 @dataclass(frozen=True)

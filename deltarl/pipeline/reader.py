@@ -41,13 +41,6 @@ def table_of(info: RunInfo) -> list[TensorEntry]:
     return list(info.tensors)
 
 
-def entries_of(state: Any) -> tuple[TensorEntry, ...]:
-    """The run.json tensor table of a state."""
-    from deltarl.codec.tensors import tensor_table
-
-    return tuple(tensor_table(state))
-
-
 class RunReader:
     """Verified reads of one run. Manifests are cached (they are immutable). Thread-safe.
 

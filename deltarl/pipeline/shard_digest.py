@@ -122,8 +122,3 @@ def combine_digest(table: Sequence[TensorSpec], shares: Iterable[ShardHashes]) -
         missing = sorted(set(range(nblocks)) - set(hashes))[:3]
         raise IntegrityError(f"stream blocks {missing} not covered by any shard")
     return state_root(table_bytes(list(table)), b"".join(hashes[j] for j in range(nblocks)))
-
-
-def full_rows(state: Mapping[str, Any], table: Sequence[TensorSpec]) -> dict[str, tuple[TensorSpec, int]]:
-    """``rows`` for a process that holds whole tensors (every tensor from element 0)."""
-    return {spec.name: (spec, 0) for spec in table if spec.name in state}

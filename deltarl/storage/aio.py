@@ -27,6 +27,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
+from deltarl.defaults import RELAY_READ_TIMEOUT_S
 from deltarl.errors import ObjectNotFound, TransientStoreError
 from deltarl.storage.http_client import RelayClient
 from deltarl.storage.keys import etag_of
@@ -181,7 +182,7 @@ class StoreSource(AsyncSource):
 class RelaySource(AsyncSource):
     """A relay over HTTP (:class:`RelayClient`): waits are held by the relay, not polled."""
 
-    def __init__(self, url: str, *, connections: int = 8, read_timeout_s: float = 60.0, token: str | None = None) -> None:
+    def __init__(self, url: str, *, connections: int = 8, read_timeout_s: float = RELAY_READ_TIMEOUT_S, token: str | None = None) -> None:
         self.client = RelayClient(url, connections=connections, read_timeout_s=read_timeout_s, token=token)
         self.url = self.client.base_url
 
@@ -230,7 +231,7 @@ def make_async_source(
     source: str | ObjectStore | AsyncSource,
     *,
     connections: int = 8,
-    read_timeout_s: float = 60.0,
+    read_timeout_s: float = RELAY_READ_TIMEOUT_S,
     token: str | None = None,
     poll_interval_s: float = 0.05,
 ) -> AsyncSource:

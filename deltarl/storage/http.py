@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import urllib3
 
+from deltarl.defaults import RELAY_READ_TIMEOUT_S
 from deltarl.errors import InvalidRange, ObjectExists, PreconditionFailed, TransientStoreError
 from deltarl.storage.http_client import network_error, raise_for_status
 from deltarl.storage.keys import check_range_args, strip_etag, validate_key, validate_prefix
@@ -38,7 +39,7 @@ class HTTPStore(ObjectStore):
         token: str | None = None,
         connections: int = 8,
         connect_timeout_s: float = 10.0,
-        read_timeout_s: float = 120.0,
+        read_timeout_s: float = RELAY_READ_TIMEOUT_S,
         retry: RetryPolicy | None = None,
     ) -> None:
         self.url = base_url.rstrip("/")

@@ -21,6 +21,7 @@ import aiohttp
 import urllib3
 from yarl import URL
 
+from deltarl.defaults import RELAY_READ_TIMEOUT_S
 from deltarl.errors import (
     IntegrityError,
     InvalidKey,
@@ -107,7 +108,7 @@ class RelayClient:
         token: str | None = None,
         connections: int = 8,
         connect_timeout_s: float = 10.0,
-        read_timeout_s: float = 60.0,
+        read_timeout_s: float = RELAY_READ_TIMEOUT_S,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token

@@ -194,10 +194,6 @@ class TrainerLoop:
         log.info("run %s: version 0 published (%s)", cfg.run, info.version_id[:16])
         return info
 
-    def step_spec(self, step: int) -> StepSpec:
-        """The prompts of ``step`` and the versions it accepts (newest first)."""
-        return self._spec(step, self._prompts(step))
-
     def _spec(self, step: int, prompts: list[Any]) -> StepSpec:
         from deltarl.protocol.records import StepSpec
 
@@ -215,14 +211,6 @@ class TrainerLoop:
             ids = encode_prompt(self.tokenizer, tp.text, chat_template=cfg.tokenizer.chat_template)
             prompts.append(PromptItem(prompt_id=pid, text=tp.text, token_ids=ids, answer=tp.answer, group_size=cfg.group_size))
         return prompts
-
-    def run_step(self, step: int) -> StepReport:
-        """One step: open, wait, train, publish; returns once its version is committed (its report,
-        also passed to ``on_step``). :meth:`run` overlaps each publish with the next step instead."""
-        self._train_and_publish(step)
-        report = self._settle()
-        assert report is not None
-        return report
 
     def _train_and_publish(self, step: int) -> None:
         """Settle the previous step's publish (when its version id is needed), then open, wait,
