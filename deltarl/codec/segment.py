@@ -151,31 +151,9 @@ class _Reader:
         return s
 
 
-def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
-    """Parse and validate a whole segment's framing, checksums and header; raises FormatError."""
-    mv = memoryview(data).cast("B")
-    if len(mv) < _PREFIX.size + 4:
-        raise FormatError(f"segment of {len(mv)} bytes is too short")
-    magic, version, flags, hlen, hcrc = _PREFIX.unpack_from(mv, 0)
-    if magic != MAGIC:
-        raise FormatError(f"bad segment magic {bytes(magic)!r}")
-    if version != FORMAT_VERSION:
-        raise UnsupportedFormatVersion(f"segment format version {version}; this build reads {FORMAT_VERSION}")
-    if flags != 0:
-        raise FormatError(f"unknown segment flags {flags:#x}")
-    if hlen > MAX_HEADER_BYTES or _PREFIX.size + hlen + 4 > len(mv):
-        raise FormatError(f"segment header length {hlen} is out of bounds")
-    (crc,) = struct.unpack_from("<I", mv, len(mv) - 4)
-    if zlib.crc32(mv[:-4]) != crc:
-        raise IntegrityError("segment crc32 does not match its bytes")
-    body = mv[_PREFIX.size : _PREFIX.size + hlen]
-    if zlib.crc32(body) != hcrc:
-        raise IntegrityError("segment header crc32 does not match")
-    r = _Reader(body)
-    (blen,) = r.take("<H")
-    if not 0 < blen <= MAX_BASE_BYTES:
-        raise FormatError(f"base id length {blen} out of bounds")
-    base = r.text(blen, "base id")
+def _read_tensors(r: _Reader) -> list[TensorSpec]:
+    """The header's tensor table (names prefix-compressed), validated."""
+    body = r.body
     (ntensors,) = r.take("<I")
     tensors: list[TensorSpec] = []
     prev = b""
@@ -201,6 +179,35 @@ def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
         tensors.append(TensorSpec(name, DTYPE_BY_CODE[code], tuple(shape)))
     if len({t.name for t in tensors}) != len(tensors):
         raise FormatError("duplicate tensor name in segment")
+    return tensors
+
+
+def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
+    """Parse and validate a whole segment's framing, checksums and header; raises FormatError."""
+    mv = memoryview(data).cast("B")
+    if len(mv) < _PREFIX.size + 4:
+        raise FormatError(f"segment of {len(mv)} bytes is too short")
+    magic, version, flags, hlen, hcrc = _PREFIX.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise FormatError(f"bad segment magic {bytes(magic)!r}")
+    if version != FORMAT_VERSION:
+        raise UnsupportedFormatVersion(f"segment format version {version}; this build reads {FORMAT_VERSION}")
+    if flags != 0:
+        raise FormatError(f"unknown segment flags {flags:#x}")
+    if hlen > MAX_HEADER_BYTES or _PREFIX.size + hlen + 4 > len(mv):
+        raise FormatError(f"segment header length {hlen} is out of bounds")
+    (crc,) = struct.unpack_from("<I", mv, len(mv) - 4)
+    if zlib.crc32(mv[:-4]) != crc:
+        raise IntegrityError("segment crc32 does not match its bytes")
+    body = mv[_PREFIX.size : _PREFIX.size + hlen]
+    if zlib.crc32(body) != hcrc:
+        raise IntegrityError("segment header crc32 does not match")
+    r = _Reader(body)
+    (blen,) = r.take("<H")
+    if not 0 < blen <= MAX_BASE_BYTES:
+        raise FormatError(f"base id length {blen} out of bounds")
+    base = r.text(blen, "base id")
+    tensors = _read_tensors(r)
     (nchunks,) = r.take("<I")
     if r.off + nchunks * _CHUNK.size > len(body):
         raise FormatError("segment header is truncated")
@@ -213,7 +220,7 @@ def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
             raise FormatError(f"chunk names tensor index {ti} of {len(tensors)}")
         if z1 or z2:
             raise FormatError(f"unknown chunk codec {codec}")
-        name = codec_name(codec)
+        used = codec_name(codec)
         spec = tensors[ti]
         if count == 0 or start + count > spec.numel:
             raise FormatError(
@@ -222,7 +229,7 @@ def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
         if changed > count or (codec == 0) != (changed == 0) or (codec == 0 and nbytes):
             raise FormatError(f"chunk of {spec.name!r}: inconsistent changed={changed} codec={codec}")
         total += nbytes
-        chunks.append(ChunkInfo(spec.name, start, count, changed, name, nbytes))
+        chunks.append(ChunkInfo(spec.name, start, count, changed, used, nbytes))
     listed = {c.tensor for c in chunks}
     for spec in tensors:  # a tensor without a chunk is covered whole, unchanged, by this segment
         if spec.name not in listed and spec.numel:
