@@ -19,8 +19,7 @@ def test_trainer_engine_publishes_and_the_engine_follows(tmp_path: Path) -> None
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
     from deltarl.codec import state_digest
-    from deltarl.integrations.vllm import status
-    from deltarl.integrations.vllm.client import LLMSyncClient
+    from deltarl.integrations.vllm import LLMSyncClient, status
     from deltarl.integrations.vllm.plugin import request_amx
     from deltarl.integrations.vllm.trainer import DeltaRLTrainerInitInfo
     from deltarl.model.build import ModelSpec, export_bf16
