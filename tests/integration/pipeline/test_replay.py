@@ -121,12 +121,12 @@ def test_wrong_run_json(run5):
 def test_verify_checks_the_newest_recorded_digest_once(memory_store, monkeypatch):
     """digest_interval=7: versions 7 and 14 record digests; replaying 16 hashes the state once (at
     14), and a digest forged into the newest version is caught, naming its manifest."""
-    import deltarl.codec as pipeline
+    import deltarl.codec.tensors as tensors
 
     exports = publish_run(memory_store, "r", 17, **KW)
     passes: list[int] = []
-    real = pipeline.state_digest
-    monkeypatch.setattr(pipeline, "state_digest", lambda state, *a, **k: passes.append(1) or real(state, *a, **k))
+    real = tensors.state_digest
+    monkeypatch.setattr(tensors, "state_digest", lambda state, *a, **k: passes.append(1) or real(state, *a, **k))
     assert states_equal(replay(memory_store, "r", 16), exports[16])
     assert len(passes) == 1
     assert states_equal(replay(memory_store, "r", 6), exports[6])  # no digest between keyframe 0 and 6
