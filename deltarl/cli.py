@@ -30,6 +30,7 @@ COMMANDS: tuple[str, ...] = (
     "relay",
     "actor",
     "follow",
+    "serve-sync",
     "replay",
     "audit",
     "inspect",
