@@ -31,6 +31,7 @@ COMMANDS: tuple[str, ...] = (
     "actor",
     "follow",
     "serve-sync",
+    "checkpoint",
     "replay",
     "audit",
     "inspect",
