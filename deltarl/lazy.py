@@ -29,9 +29,10 @@ SURFACE: dict[str, str] = {
                            "persistence:CoordinatorStore,recover scheduler:Scheduler server:Coordinator,create_app "
                            "views:check_invariants,fleet_status",
     "deltarl.demo": "runner:DemoOptions,run_demo preset:check_checkpoint",
-    "deltarl.integrations": "gather:gather_bf16 trl:DeltaRLCallback",
+    "deltarl.integrations": "gather:gather_bf16 trl:DeltaRLCallback vllm.serve_sync:ServeSync,ServeSyncMetrics",
     "deltarl.model": "build:ModelSpec,build_model,export_bf16,load_bf16_into record:RunModelInfo,read_model_json,"
-                     "write_model_json tasks:TaskSpec,build_task tokenizer:TokenizerSpec,load_tokenizer build:live_parameters record:model_json_key tasks:Task tokenizer:Tokenizer,encode_prompt hf_byte:save_hf_byte_tokenizer",
+                     "write_model_json tasks:TaskSpec,build_task tokenizer:TokenizerSpec,load_tokenizer build:live_parameters record:model_json_key tasks:Task tokenizer:Tokenizer,encode_prompt hf_byte:save_hf_byte_tokenizer "
+                     "checkpoint:SERVABLE_TINY,write_checkpoint",
     "deltarl.protocol": "client:CoordinatorClient,SyncCoordinatorClient records:AdmittedRecord,LeaseRecord,PromptItem,"
                         "RolloutResult,Sample,StepSpec records:Ack,ActorRecord,HeartbeatRequest,LeaseGrant,LeaseRequest,LeaseResponse,MAX_STEP,Record,RegisterRequest,Registered,StepManifest,StepOpened,StepResults,decode,encode,sha256_of",
     "deltarl.testing": "faults:CrashAt fleet:Fleet,simulate ranks:leave_process_group,spawn_ranks "

@@ -33,7 +33,7 @@ def server_command(ckpt: Path, port: int) -> list[str]:
     """The ``vllm serve`` command line of docs/integrations.md (the module form: the CPU build's
     ``vllm`` script cannot find its own distribution)."""
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt), "--port", str(port),
-            "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "8", "--seed", "0",
+            "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", "8", "--seed", "0",
             "--weight-transfer-config", '{"backend": "deltarl"}',
             "--worker-extension-cls", "deltarl.integrations.vllm.worker.DeltaRLWorkerExtension"]
 
