@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", default=None, metavar="FILE",
                         help="write each server's final state (version, version id, digest, ...) as JSON")
     parser.add_argument("--poll", type=float, default=0.5, metavar="S", help="how often to read HEAD")
+    parser.add_argument("--max-backoff", type=float, default=30.0, metavar="S",
+                        help="longest wait before retrying a server that does not answer (from 1 s, doubling)")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                         help="serve Prometheus metrics (deltarl_serve_sync_*) on this port (0: any free port)")
     parser.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST", help="address of --metrics-port")
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
             metrics = ServeSyncMetrics()
             server = MetricsServer(metrics.registry, port=args.metrics_port, host=args.metrics_host)
         sync = ServeSync(args.server, args.store, args.run, relays=args.relay, engine_store=args.engine_store,
-                         pause=args.pause, digest=not args.no_digest, poll_s=args.poll, metrics=metrics)
+                         pause=args.pause, digest=not args.no_digest, poll_s=args.poll,
+                         backoff_s=(min(1.0, args.max_backoff), args.max_backoff), metrics=metrics)
         sync.run(stop, until_version=args.until_version)
     except DeltaRLError as err:
         print(f"deltarl serve-sync: {err}", file=sys.stderr)

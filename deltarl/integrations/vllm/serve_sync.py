@@ -163,12 +163,10 @@ class ServeSync:
         self._moved = threading.Condition()
 
     # --- the run's HEAD -----------------------------------------------------------------------------
-    def _watch(self, stop: threading.Event) -> None:
+    def _watch(self, store: Any, stop: threading.Event) -> None:
         from deltarl.errors import DeltaRLError
         from deltarl.pipeline.reader import RunReader
-        from deltarl.storage.open import open_store
 
-        store = open_store(self.store)
         try:
             reader = RunReader(store, self.run_name)
             while not stop.is_set():
@@ -280,7 +278,10 @@ class ServeSync:
     def run(self, stop: threading.Event, *, until_version: int | None = None) -> None:
         """Keep every server on HEAD until ``stop`` is set (or, with ``until_version``, until every
         server serves it)."""
-        threads = [threading.Thread(target=self._watch, args=(stop,), name="serve-sync-head", daemon=True)]
+        from deltarl.storage.open import open_store
+
+        store = open_store(self.store, must_exist=True)  # a typo'd path is an error, not an empty run
+        threads = [threading.Thread(target=self._watch, args=(store, stop), name="serve-sync-head", daemon=True)]
         threads += [threading.Thread(target=self._serve, args=(s, stop), name=f"serve-sync-{i}", daemon=True)
                     for i, s in enumerate(self.servers)]
         for t in threads:

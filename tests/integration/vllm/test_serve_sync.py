@@ -49,20 +49,28 @@ def _get(url: str, timeout: float = 5.0) -> int:
         return int(resp.status)
 
 
-@contextmanager
-def vllm_server(ckpt: Path, log: Path, port: int | None = None) -> Iterator[dict[str, Any]]:
-    """A ``vllm serve`` on ``ckpt``; yields ``{"url", "proc", "port"}`` once it answers ``/health``."""
+def start_server(ckpt: Path, log: Path, port: int | None = None) -> dict[str, Any]:
+    """A ``vllm serve`` on ``ckpt``, started (not yet up): ``{"url", "proc", "port"}``."""
     port = port or _free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     with open(log, "ab") as out:
         proc = subprocess.Popen(server_command(ckpt, port), env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    srv = {"url": f"http://127.0.0.1:{port}", "proc": proc, "port": port}
+    return {"url": f"http://127.0.0.1:{port}", "proc": proc, "port": port}
+
+
+@contextmanager
+def vllm_servers(ckpt: Path, logs: list[Path]) -> Iterator[list[dict[str, Any]]]:
+    """``vllm serve`` processes on ``ckpt``, one per log, started together; yields them once each
+    answers ``/health``, kills them after."""
+    servers = [start_server(ckpt, log) for log in logs]
     try:
-        wait_up(srv, log)
-        yield srv
+        for srv, log in zip(servers, logs, strict=True):
+            wait_up(srv, log)
+        yield servers
     finally:
-        kill(srv)
+        for srv in servers:
+            kill(srv)
 
 
 def wait_up(srv: dict[str, Any], log: Path, timeout_s: float = 240.0) -> None:
@@ -143,11 +151,11 @@ def test_serve_sync_keeps_two_servers_on_head(tmp_path: Path) -> None:
     pub.publish(states[0], 0)
     logs = tmp_path / "logs"
     logs.mkdir()
-    with (vllm_server(tmp_path / "ckpt", logs / "a.log") as a, vllm_server(tmp_path / "ckpt", logs / "b.log") as b,
-          open(logs / "sync.log", "wb") as sync_out):
+    with vllm_servers(tmp_path / "ckpt", [logs / "a.log", logs / "b.log"]) as (a, b), \
+            open(logs / "sync.log", "wb") as sync_out:
         sync = subprocess.Popen(
             [sys.executable, "-m", "deltarl.cli", "serve-sync", "s", "--store", store_url, "--server", a["url"],
-             "--server", b["url"], "--pause", "wait", "--poll", "0.2", "--until-version", str(VERSIONS),
+             "--server", b["url"], "--pause", "wait", "--poll", "0.2", "--max-backoff", "4", "--until-version", str(VERSIONS),
              "--report", str(tmp_path / "report.json"), "--metrics-port", "0"],
             stdout=sync_out, stderr=subprocess.STDOUT)
         try:
@@ -160,10 +168,7 @@ def test_serve_sync_keeps_two_servers_on_head(tmp_path: Path) -> None:
             kill(b)  # one server dies mid-run; the other keeps following
             pub.publish(states[3], 3)
             wait_for(lambda: served(a["url"]) == 3, "server a at 3 while b is down")
-            with open(logs / "b.log", "ab") as out:  # b comes back on the same port, serving nothing yet
-                b["proc"] = subprocess.Popen(server_command(tmp_path / "ckpt", b["port"]), stdout=out,
-                                             stderr=subprocess.STDOUT, start_new_session=True,
-                                             env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"})
+            b["proc"] = start_server(tmp_path / "ckpt", logs / "b.log", b["port"])["proc"]  # back, serving nothing yet
             wait_up(b, logs / "b.log")
             wait_for(lambda: served(b["url"]) == 3, "restarted server b re-attached at HEAD")
             with ThreadPoolExecutor(8) as pool:  # 8 requests in flight on a while version 4 commits
@@ -187,7 +192,7 @@ def test_serve_sync_keeps_two_servers_on_head(tmp_path: Path) -> None:
     assert report[1]["attaches"] == 2  # at the start and after its restart
     ckpt5 = tmp_path / "replay-5"
     _checkpoint_of(store_url, tmp_path / "ckpt", ckpt5)
-    with vllm_server(ckpt5, logs / "fresh.log") as fresh:
+    with vllm_servers(ckpt5, [logs / "fresh.log"]) as (fresh,):
         assert after == [greedy(fresh["url"])] * 2  # tokens and logprobs, exactly, long prompt included
         trl_protocol(fresh["url"], tmp_path, states)
 
