@@ -61,11 +61,15 @@ class ServerState:
     failures: int = 0
     last_error: str | None = None
     last_pause_s: float | None = None
-    next_try: float = 0.0
+    reinit: bool = False  # it refused an update: load HEAD afresh at the next attach
 
 
 class ServerError(IntegrationError):
-    """A server answered a route with an error, or not at all."""
+    """A server answered a route with an error (``status``: its HTTP status), or not at all (None)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def call_route(url: str, route: str, body: dict[str, Any] | None = None, *, method: str = "POST",
@@ -82,7 +86,7 @@ def call_route(url: str, route: str, body: dict[str, Any] | None = None, *, meth
         detail = err.read()[:2000].decode(errors="replace")
         if err.code == 404:
             detail += " (the RLHF routes need VLLM_SERVER_DEV_MODE=1 in the server's environment)"
-        raise ServerError(f"{url}/{route}: HTTP {err.code}: {detail}") from err
+        raise ServerError(f"{url}/{route}: HTTP {err.code}: {detail}", err.code) from err
     except (OSError, urllib.error.URLError) as err:
         raise ServerError(f"{url}/{route}: {err}") from err
     return json.loads(raw) if raw else None
@@ -190,7 +194,8 @@ class ServeSync:
         """Adopt what the server serves, or init it at HEAD if it serves nothing (new or restarted)."""
         st = server_status(srv.url, timeout_s=self.timeout_s)
         srv.up = True
-        if st.get("version") is None:
+        if st.get("version") is None or srv.reinit:
+            srv.reinit = False
             attach(srv.url, self.engine_store, self.run_name, relays=self.relays, timeout_s=self.timeout_s)
             srv.attaches += 1
             if self.metrics is not None:
@@ -242,7 +247,11 @@ class ServeSync:
             return now
         head = self.head
         if head is not None and srv.version is not None and srv.version < head:
-            self._advance(srv)
+            try:
+                self._advance(srv)
+            except ServerError as err:
+                srv.reinit = err.status is not None  # it answered, and refused: attach at HEAD afresh
+                raise
             return now
         if now - last_check >= self.check_s:
             st = server_status(srv.url, timeout_s=self.timeout_s)
@@ -300,7 +309,7 @@ class ServeSync:
 
     def report(self) -> list[dict[str, Any]]:
         """Each server's state: served version, version id, digest, attaches, updates, last error."""
-        return [{k: v for k, v in asdict(s).items() if k != "next_try"} for s in self.servers]
+        return [{k: v for k, v in asdict(s).items() if k != "reinit"} for s in self.servers]
 
 
 class ServeSyncMetrics:
