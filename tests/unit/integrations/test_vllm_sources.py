@@ -119,3 +119,10 @@ def test_a_column_shard_is_published_whole_by_its_first_owner() -> None:
     assert not sources.row_shardable(metas)  # iter_full on every owner, owner 0 publishes it
     got = _published(full, metas, 2)
     assert torch.equal(got["tp"], full["tp"])
+
+
+def test_the_support_window() -> None:
+    from deltarl.integrations.vllm.plugin import check_version
+
+    assert [check_version(v) for v in ("0.32.0", "0.33.0", "0.34.1.dev3+gabc", "0.31.2", "0.35.0", "main")] == \
+        [True, True, True, False, False, False]
