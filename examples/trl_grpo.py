@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", default="./deltarl-runs", help="store URL (a folder, s3://bucket/prefix, ...)")
     parser.add_argument("--run", default="trl-demo", help="run name in the store")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (one version each)")
+    parser.add_argument("--lr", type=float, default=5e-6,
+                        help="learning rate (default 5e-6: the sparse regime, a few %% of elements change per version)")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here (0: any port)")
     args = parser.parse_args(argv)
 
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                                    publisher_options={"keyframe_interval": 2})
         config = GRPOConfig(
             output_dir=str(Path(work) / "out"), use_cpu=True, bf16=False, per_device_train_batch_size=4,
-            num_generations=4, max_completion_length=8, max_steps=args.steps, learning_rate=1e-3, seed=0,
+            num_generations=4, max_completion_length=8, max_steps=args.steps, learning_rate=args.lr, seed=0,
             report_to="none", save_strategy="no", disable_tqdm=True,
         )  # fmt: skip
         dataset = Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(8)]})

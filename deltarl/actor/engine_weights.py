@@ -37,6 +37,7 @@ class EngineWeights(Weights):
         self._served: tuple[int, str] | None = None
         self._head_version: int | None = None
         self._head_read = 0.0
+        self._workers_fetch: dict[str, Any] = {}  # the engine workers' fetch stats, as of the last status
 
     @property
     def version(self) -> int:
@@ -76,8 +77,24 @@ class EngineWeights(Weights):
         except Exception as err:  # vLLM re-raises a worker's error as its own RuntimeError
             raise RunError(f"run {self.config.run!r}: the vLLM engine could not attach: {err}") from err
         self._served = (int(st["version"]), str(st["version_id"]))
+        self._workers_fetch = dict(st.get("fetch") or {})
         log.info("vLLM engine serves version %d (%s)", *self._served)
         return True
+
+    def fetch_stats(self) -> dict[str, Any]:
+        """This process's fetches (HEAD, manifests) plus the engine workers' (the weights), as of the
+        last attach or commit: the weights are fetched in vLLM's workers, not here."""
+        own, workers = super().fetch_stats(), self._workers_fetch
+        out = dict(own or {})
+        for key, value in workers.items():
+            if key == "bytes_by_source":
+                merged = dict(out.get(key) or {})
+                for source, n in value.items():
+                    merged[source] = merged.get(source, 0) + int(n)
+                out[key] = merged
+            elif isinstance(value, int):
+                out[key] = int(out.get(key) or 0) + value
+        return out
 
     def _head(self) -> int | None:
         now = time.monotonic()
@@ -114,6 +131,7 @@ class EngineWeights(Weights):
         assert self._served is not None
         st = self.engine.update(self._served[0] + 1)
         self._served = (int(st["version"]), str(st["version_id"]))
+        self._workers_fetch = dict(st.get("fetch") or {})
         manifest, _ = self._call(FetcherSource(self._fetcher, self.config.run).manifest(self._served[0]))
         published = parse_utc(manifest.created_at)
         staged_s = max(0.0, time.time() - float(st["pause_s"]) - published)

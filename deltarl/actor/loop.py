@@ -134,10 +134,13 @@ class ActorLoop:
                     continue
                 self._serve(client, grant)
         finally:
+            clean = self.stopping  # stop() (SIGTERM, Ctrl-C), not an error
             self._stop.set()
             if heartbeat is not None:
                 heartbeat.join(timeout=10)
             if client is not None:
+                if clean:
+                    self._leave(client)  # counted as left, not died
                 client.close()
             self._write_state()
             if self.weights is not None:
@@ -153,6 +156,14 @@ class ActorLoop:
                 self.metrics_server.close()
             if own_store and store is not None:
                 store.close()
+
+    def _leave(self, client: Any) -> None:
+        if self.actor_id is None:
+            return
+        try:
+            client.leave(self.actor_id)
+        except CoordinatorError as err:  # gone or restarting: it will count us as silent instead
+            log.info("could not tell the coordinator actor %s leaves: %s", self.actor_id, err)
 
     def _register(self, client: Any) -> float | None:
         """Register with the coordinator, retrying while it is unreachable; the heartbeat interval,

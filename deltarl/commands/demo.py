@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the tiny model; nothing is downloaded")
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf",
                         help="the actors' generation backend (vllm: vLLM's engine with the deltarl weight-transfer "
-                             "backend; needs --model and vLLM installed, e.g. .venv-vllm)")
+                             "backend, vLLM installed, e.g. .venv-vllm; without --model it serves a tiny checkpoint "
+                             "written under --out)")
     parser.add_argument("--lr", type=float, default=None, metavar="LR",
                         help="GRPO learning rate (default 1.5e-5 for the tiny model, 1e-6 for --model)")
     parser.add_argument("--warmup-steps", type=int, default=None, metavar="N",
@@ -56,9 +57,8 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup_steps is not None and args.warmup_steps < 0:
         print("deltarl demo: need --warmup-steps >= 0")
         return 2
-    if args.backend == "vllm" and args.model is None:
-        print("deltarl demo: --backend vllm serves a local checkpoint: give --model PATH")
-        return 2
+    if args.backend == "vllm" and args.model is None:  # vLLM serves a checkpoint directory: write a tiny one
+        args.model, args.lr, args.warmup_steps = _servable_tiny(args)
     if args.model is not None:
         from deltarl.demo.preset import check_checkpoint
         from deltarl.errors import ConfigError
@@ -76,3 +76,16 @@ def run(args: argparse.Namespace) -> int:
                           model=args.model, lr=args.lr, warmup_steps=args.warmup_steps, backend=args.backend)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops every child like Ctrl-C does
     return run_demo(options)
+
+
+def _servable_tiny(args: argparse.Namespace) -> tuple[str, float, int]:
+    """``deltarl demo --backend vllm`` without ``--model``: a tiny Qwen3 checkpoint vLLM's CPU build
+    serves (head_dim 64), written once under ``--out``, trained at the tiny preset's lr and warm-up."""
+    from deltarl.model.checkpoint import SERVABLE_TINY, write_checkpoint
+    from deltarl.trainer.config import SPARSE_GRPO, SPARSE_WARMUP
+
+    path = Path(args.out) / "_cache" / "vllm-tiny-qwen3"
+    if not (path / "config.json").exists():
+        write_checkpoint(path, SERVABLE_TINY)
+    lr = SPARSE_GRPO.lr if args.lr is None else args.lr
+    return str(path), lr, SPARSE_WARMUP.steps if args.warmup_steps is None else args.warmup_steps

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from deltarl.commands._store import add_store_argument, have_torch, non_negative_int, open_existing_store
+
+if TYPE_CHECKING:
+    from deltarl.pipeline import RunReader
 
 HELP = "rebuild a version of a run bit for bit (keyframe + deltas, every hash checked) into a safetensors file"
 
@@ -40,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         version = args.version if args.version is not None else reader.head().version
         _, vid = reader.manifest(version)
         state = replay(store, args.run, version, verify=args.verify, progress=not args.no_progress and sys.stderr.isatty())
+        checked = _checked_digest(reader, version) if args.verify else None
     except DeltaRLError as err:
         print(f"deltarl replay: {err}", file=sys.stderr)
         return 1
@@ -47,4 +52,17 @@ def run(args: argparse.Namespace) -> int:
         store.close()
     write_state_file(out, state, {"run": args.run, "version": str(version), "version_id": vid})  # as follow writes it
     print(f"{args.run} version {version} ({vid[:16]}…) -> {args.out}")
+    if checked is not None:
+        at, digest = checked
+        whose = "its own" if at == version else f"version {at}'s (version {version} records none; every delta after is hash-checked)"
+        print(f"verified: state digest {digest} ({whose})")
     return 0
+
+
+def _checked_digest(reader: RunReader, version: int) -> tuple[int, str] | None:
+    """The version whose recorded state digest ``replay(verify=True)`` checked, and that digest: the
+    newest one from the keyframe it started at up to ``version``."""
+    for manifest, _ in reversed(reader.chain(version)):
+        if manifest.state_digest is not None:
+            return manifest.version, f"{manifest.state_digest.algo}:{manifest.state_digest.value}"
+    return None

@@ -106,6 +106,20 @@ class Scheduler:
         """Mark the actor seen now; a dead actor that speaks again rejoins."""
         self._touch(self._actor(actor_id), self.now())
 
+    def leave(self, actor_id: str) -> None:
+        """The actor stopped cleanly: no longer alive, counted as left (not died); its active leases
+        are revoked so their prompts go to others at once."""
+        actor = self._actor(actor_id)
+        if not actor.alive:
+            return
+        actor.alive, actor.left = False, True
+        self.counters["actors_left"] += 1
+        for lid in sorted(actor.leases):
+            lease = self.leases[lid]
+            if lease.status is LeaseStatus.ACTIVE:
+                self._release(lease, LeaseStatus.REVOKED)
+        log.info("actor %s left", actor_id)
+
     def _actor(self, actor_id: str) -> ActorState:
         try:
             return self.actors[actor_id]
@@ -115,7 +129,7 @@ class Scheduler:
     def _touch(self, actor: ActorState, now: float) -> None:
         actor.last_seen = max(actor.last_seen, now)
         if not actor.alive:
-            actor.alive = True
+            actor.alive, actor.left = True, False
             self.counters["actors_rejoined"] += 1
             log.info("actor %s rejoined", actor.record.actor_id)
 

@@ -158,6 +158,10 @@ class Coordinator:
     async def heartbeat(self, req: HeartbeatRequest) -> None:
         self.scheduler.heartbeat(req.actor_id)
 
+    async def leave(self, req: HeartbeatRequest) -> None:
+        """The actor stopped cleanly (SIGTERM, Ctrl-C): counted as left, not died."""
+        self.scheduler.leave(req.actor_id)
+
     async def lease(self, req: LeaseRequest) -> LeaseResponse:
         rec = self.scheduler.request_lease(req.actor_id, req.max_prompts)
         if rec is None:
@@ -388,6 +392,11 @@ async def _heartbeat(c: Coordinator, r: web.Request) -> web.Response:
     return web.json_response({})
 
 
+async def _leave(c: Coordinator, r: web.Request) -> web.Response:
+    await c.leave(await _body(r, HeartbeatRequest))
+    return web.json_response({})
+
+
 async def _open_step(c: Coordinator, r: web.Request) -> web.Response:
     return _json(await c.open_step(await _body(r, StepSpec)))
 
@@ -433,6 +442,7 @@ def create_app(coordinator: Coordinator, *, start: bool = True) -> web.Applicati
     app.router.add_post("/lease", _route("actor-session", _lease))
     app.router.add_post("/result", _route("actor-session", _result))
     app.router.add_post("/heartbeat", _route("actor-session", _heartbeat))
+    app.router.add_post("/leave", _route("actor-session", _leave))
     app.router.add_post("/steps", _route("trainer", _open_step))
     app.router.add_get("/steps/{step}/results", _route("trainer", _step_results))
     app.router.add_get("/status", _route(None, _status))

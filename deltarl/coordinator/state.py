@@ -37,6 +37,7 @@ class ActorState:
     record: ActorRecord
     last_seen: float
     alive: bool = True
+    left: bool = False  # stopped cleanly (POST /leave), not silent
     rate: float = 0.0
     measured: bool = False
     last_admit_at: float = float("-inf")

@@ -48,7 +48,7 @@ def fleet_status(sched: Scheduler) -> dict[str, Any]:
     shares = sched.shares()
     actors = [
         {
-            "actor_id": aid, "region": a.record.region, "backend": a.record.backend, "alive": a.alive,
+            "actor_id": aid, "region": a.record.region, "backend": a.record.backend, "alive": a.alive, "left": a.left,
             "tokens_per_second": round(sched.rate_of(aid), 3), "measured": a.measured,
             "share": shares.get(aid, 0), "leases": sorted(a.leases),
             "leased_prompts": sum(len(sched.leases[i].record.prompt_ids) for i in a.leases),

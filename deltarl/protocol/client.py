@@ -158,6 +158,14 @@ class CoordinatorClient:
         if status != 200:
             raise CoordinatorError(f"POST /heartbeat: HTTP {status}: {_message(payload)}")
 
+    async def leave(self, actor_id: str) -> None:
+        """Tell the coordinator this actor stops cleanly (it is then counted as left, not died)."""
+        status, payload = await self._call("POST", "/leave", HeartbeatRequest(actor_id=actor_id))
+        if status == 404:
+            raise UnknownActor(_message(payload))
+        if status != 200:
+            raise CoordinatorError(f"POST /leave: HTTP {status}: {_message(payload)}")
+
     # --- trainer ----------------------------------------------------------------------------------
 
     async def open_step(self, step: int, prompts: list[PromptItem], accepted_versions: list[str]) -> StepOpened:
@@ -230,6 +238,9 @@ class SyncCoordinatorClient:
 
     def heartbeat(self, actor_id: str) -> None:
         self._run(self._client.heartbeat(actor_id))
+
+    def leave(self, actor_id: str) -> None:
+        self._run(self._client.leave(actor_id))
 
     def open_step(self, step: int, prompts: list[PromptItem], accepted_versions: list[str]) -> StepOpened:
         return self._run(self._client.open_step(step, prompts, accepted_versions))

@@ -3,35 +3,14 @@ versions that change a fraction of its BF16 elements (never a download)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from deltarl.model.checkpoint import write_checkpoint
 
 if TYPE_CHECKING:
     import torch
 
-    from deltarl.model.build import ModelSpec
-
-
-def write_checkpoint(path: str | Path, spec: ModelSpec, *, config: Any = None) -> dict[str, torch.Tensor]:
-    """Save ``spec``'s model in BF16 (or a transformers ``config``'s, random init) and the offline
-    byte tokenizer under ``path``; return its BF16 export (the run's version 0)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from deltarl.model.build import build_model, export_bf16
-    from deltarl.model.hf_byte import save_hf_byte_tokenizer
-
-    path = Path(path)
-    model: Any
-    if config is None:
-        model = build_model(spec, dtype=torch.bfloat16)
-    else:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(spec.seed)
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.save_pretrained(path)
-    save_hf_byte_tokenizer(path)
-    return export_bf16(model)
+__all__ = ["changes_between", "evolve", "write_checkpoint"]
 
 
 def evolve(state: dict[str, torch.Tensor], fraction: float, seed: int) -> dict[str, torch.Tensor]:

@@ -75,3 +75,6 @@ class LLMSyncClient:
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         engine_finish(self.llm)
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()

@@ -24,6 +24,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 BACKEND = "deltarl"
+#: the vLLM releases deltarl's engine is tested with (both ends included; docs/integrations.md)
+SUPPORTED_VLLM = ((0, 32), (0, 34))
 _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 _SYS_ARCH_PRCTL = 158  # x86-64
@@ -71,9 +73,27 @@ def _keep_cpu_weights_live() -> None:
     utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
+def check_version(version: str) -> bool:
+    """True if vLLM ``version`` (``"0.33.0"``, ``"0.34.1.dev3+g…"``) is in :data:`SUPPORTED_VLLM`;
+    otherwise a warning, once per process (the engine is loaded anyway)."""
+    parts = version.split(".")
+    try:
+        minor = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        return False
+    lo, hi = SUPPORTED_VLLM
+    if lo <= minor <= hi:
+        return True
+    log.warning("deltarl: vLLM %s is outside the tested window %d.%d-%d.%d", version, *lo, *hi)
+    return False
+
+
 def register() -> None:
     """vLLM's plugin hook: AMX state, the ``deltarl`` engine, live CPU weights (see the module doc)."""
     request_amx()
+    import vllm
+
+    check_version(getattr(vllm, "__version__", ""))
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     registry: dict[str, Any] = WeightTransferEngineFactory._registry

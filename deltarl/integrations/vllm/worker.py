@@ -28,11 +28,15 @@ class DeltaRLWorkerExtension:
         return engine
 
     def deltarl_status(self, digest: bool = False) -> dict[str, Any]:
-        """The served version, its id and the last update's timings; with ``digest``, the state
-        digest of the served weights (hashed in place)."""
+        """The served version, its id, the last update's timings and what the worker has fetched
+        (``fetch``: bytes by source, objects, retries); with ``digest``, the state digest of the
+        served weights (hashed in place)."""
         engine = self._deltarl_engine()
         out: dict[str, Any] = {} if engine.served is None else dataclasses.asdict(engine.served)
         out["tensors"] = len(engine.views)
+        fetcher = getattr(engine, "_fetcher", None)  # what this worker fetched, by source (relays, origin)
+        if fetcher is not None and dataclasses.is_dataclass(getattr(fetcher, "stats", None)):
+            out["fetch"] = dataclasses.asdict(fetcher.stats)
         if digest and engine.views:
             out["digest"] = engine.digest()
         return out

@@ -31,7 +31,12 @@ def test_replay_command(run_dir, tmp_path, capsys):
     assert states_equal(load_file(out), exports[5])
     with safe_open(out, "pt") as f:
         assert f.metadata()["version"] == "5"
-    assert "demo version 5" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "demo version 5" in printed
+    from deltarl.codec import state_digest
+
+    # keyframe 4 records the newest digest at or before 5: named, with the version it came from
+    assert f":{state_digest(exports[4])} (version 4's (version 5 records none" in printed
     head = tmp_path / "head.safetensors"
     assert main(["replay", "demo", "--store", str(root), "--out", str(head)]) == 0
     assert states_equal(load_file(head), exports[-1])

@@ -231,3 +231,27 @@ async def test_cancelled_report_still_completes_its_admission(coordinator_store:
         assert len(c.cstore.results(0)) == 1
     finally:
         await c.stop()
+
+
+async def test_an_actor_that_leaves_is_not_counted_as_died(coordinator_store: ObjectStore) -> None:
+    runner, running = await start_service(coordinator_store, service_config(heartbeat_timeout_s=0.3, lease_margin_s=5.0))
+    try:
+        async with CoordinatorClient(running.url, TRAINER_TOKEN) as trainer, \
+                CoordinatorClient(running.url, ACTOR_TOKEN) as actor:
+            spec = make_spec(0, 2)
+            await trainer.open_step(0, spec.prompts, spec.accepted_versions)
+            a = (await actor.register(region="a")).actor_id
+            held = (await actor.lease(a, max_prompts=1)).grant
+            assert held is not None
+            await actor.leave(a)  # a clean stop (SIGTERM): its lease goes back at once
+            await asyncio.sleep(0.8)  # past the heartbeat timeout: silent now, but it left
+            status = await actor.status()
+            fleet = {x["actor_id"]: x for x in status["actors"]}
+            assert (fleet[a]["alive"], fleet[a]["left"]) == (False, True)
+            assert status["counters"].get("actors_died", 0) == 0
+            assert status["counters"]["actors_left"] == 1
+            with pytest.raises(AdmissionRejected) as err:
+                await actor.report(make_result(held))
+            assert err.value.reason == "lease_revoked"
+    finally:
+        await runner.cleanup()

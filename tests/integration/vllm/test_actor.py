@@ -76,3 +76,8 @@ async def test_vllm_actor_follows_versions_and_ends_on_the_trainers_bits(
     assert [e["event"] for e in evs][:2] == ["bootstrap", "registered"]
     assert [c["version"] for c in evs if c["event"] == "commit"] == [1, 2]
     assert any(e["event"] == "result" and e.get("admitted") for e in evs)  # vLLM generated admitted rollouts
+    # the weights are fetched in vLLM's workers; their bytes reach the actor's events and metrics
+    keyframe = sum(t.numel() * 2 for t in final.values()) // 4  # a keyframe compresses BF16 by well under 4x
+    boot = next(e for e in evs if e["event"] == "bootstrap")
+    assert sum(boot["fetch"]["bytes_by_source"].values()) > keyframe
+    assert sum(actor.weights.fetch_stats()["bytes_by_source"].values()) > keyframe
