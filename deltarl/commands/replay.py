@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from deltarl.commands._store import add_store_argument, have_torch, non_negative_int, open_existing_store
 
 if TYPE_CHECKING:
-    from deltarl.pipeline import RunReader
+    from deltarl.pipeline.reader import RunReader
 
 HELP = "rebuild a version of a run bit for bit (keyframe + deltas, every hash checked) into a safetensors file"
 
