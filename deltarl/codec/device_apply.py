@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from deltarl.codec.tensors import UINT_BY_SIZE, signed_torch_dtype
 from deltarl.errors import TensorMismatch
 
 
@@ -25,7 +26,7 @@ def device_flat(name: str, value: Any) -> Any:
     torch = sys.modules["torch"]
     if not value.is_contiguous():
         raise TensorMismatch(f"tensor {name!r} is not contiguous")
-    return value.detach().view(-1).view(torch.int16 if value.element_size() == 2 else torch.int32)
+    return value.detach().view(-1).view(signed_torch_dtype(value.element_size()))
 
 
 class DevicePlan:
@@ -46,7 +47,7 @@ class DevicePlan:
 
     def host(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(int64 positions, old bits, new bits) as host numpy arrays (unsigned bits)."""
-        udt = np.uint16 if self.old.element_size() == 2 else np.uint32
+        udt = UINT_BY_SIZE[self.old.element_size()]
         return self.idx.cpu().numpy(), self.old.cpu().numpy().view(udt), self.new.cpu().numpy().view(udt)
 
     def fresh(self) -> Any:
