@@ -102,3 +102,14 @@ def test_nonfinite_weights_are_refused() -> None:
     with pytest.raises(NonFiniteTensor, match="w"):
         quantize_weight("w", w)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_gives_the_cpu_bits() -> None:
+    g = torch.Generator().manual_seed(11)
+    w = (torch.randn(1000, 700, generator=g) * torch.exp2(torch.randint(-12, 2, (1000, 1), generator=g).float())).bfloat16()
+    c_cpu, s_cpu = quantize_weight("w", w)
+    c_gpu, s_gpu = quantize_weight("w", w.cuda())
+    assert torch.equal(c_gpu.cpu().view(torch.uint8), c_cpu.view(torch.uint8))
+    assert torch.equal(s_gpu.cpu().view(torch.int32), s_cpu.view(torch.int32))
