@@ -6,7 +6,8 @@
   :class:`StagedUpdate` (nothing written), whose ``commit`` / ``rollback`` write in place;
   :func:`apply_delta` does both;
 * bit views of tensors (:class:`BF16`, :class:`TensorSpec`, :func:`tensor_table`,
-  :func:`check_compatible`) and the whole-state digest (:func:`state_digest`).
+  :func:`check_compatible`) and the whole-state digest (:func:`state_digest`);
+* deterministic block-FP8 quantization of a state for FP8 serving (:func:`quantize_state`).
 
 The codec knows nothing of stores or runs (that is :mod:`deltarl.pipeline`). Importing it imports
 neither torch nor numba; torch tensors are recognised when seen and numba kernels are compiled on
@@ -16,6 +17,15 @@ first use (set ``DELTARL_NO_NUMBA=1`` for the pure-numpy path).
 from deltarl.codec.apply import StagedUpdate, Stager, apply_delta, stage_delta
 from deltarl.codec.encode import SEGMENT_CHANGES, encode_delta, iter_encode_delta, iter_encode_rows
 from deltarl.codec.finite import check_before_encode, check_finite, is_finite
+from deltarl.codec.fp8 import (
+    QUANTIZATION_CONFIG,
+    SCALE_SUFFIX,
+    SERVE_FP8_BLOCK128,
+    dequantize_weight,
+    quantize_state,
+    quantize_weight,
+    quantizes,
+)
 from deltarl.codec.hashing import (
     BLOCK,
     HASH_BYTES,
@@ -53,7 +63,10 @@ __all__ = [
     "DIGEST_ALGOS",
     "DTYPES",
     "HASH_BYTES",
+    "QUANTIZATION_CONFIG",
+    "SCALE_SUFFIX",
     "SEGMENT_CHANGES",
+    "SERVE_FP8_BLOCK128",
     "ChunkInfo",
     "DeltaStats",
     "SegmentHeader",
@@ -67,6 +80,7 @@ __all__ = [
     "check_finite",
     "content_id",
     "delta_stats",
+    "dequantize_weight",
     "dtype_of",
     "encode_delta",
     "flat_bits",
@@ -77,6 +91,9 @@ __all__ = [
     "leaves",
     "object_root",
     "piece_hash",
+    "quantize_state",
+    "quantize_weight",
+    "quantizes",
     "read_segment_header",
     "stage_delta",
     "state_digest",

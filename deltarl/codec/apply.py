@@ -25,7 +25,15 @@ from deltarl.codec.device_apply import first_stale as device_first_stale
 from deltarl.codec.device_apply import write as device_write
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.segment import ChunkInfo, read_segment_header
-from deltarl.codec.tensors import UINT_BY_SIZE, TensorSpec, flat_bits, is_cuda, spec_of, tensor_table, uint_dtype
+from deltarl.codec.tensors import (
+    UINT_BY_SIZE,
+    TensorSpec,
+    flat_bits,
+    is_cuda,
+    spec_of,
+    tensor_table,
+    uint_dtype,
+)
 from deltarl.errors import BaseMismatch, DeltaRLError, FormatError, StagingError, TensorMismatch
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,6 @@ from deltarl.errors import TensorMismatch
 
 def device_flat(name: str, value: Any) -> Any:
     """A flat signed-integer view of a torch tensor's bits (same memory, any device)."""
-    torch = sys.modules["torch"]
     if not value.is_contiguous():
         raise TensorMismatch(f"tensor {name!r} is not contiguous")
     return value.detach().view(-1).view(signed_torch_dtype(value.element_size()))

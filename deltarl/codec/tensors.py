@@ -153,7 +153,6 @@ def flat_bits(name: str, value: object, *, writable: bool = False) -> np.ndarray
     elif isinstance(value, np.ndarray):
         arr = value
     else:
-        torch = sys.modules["torch"]
         if value.device.type != "cpu":  # type: ignore[attr-defined]
             raise TensorMismatch(f"tensor {name!r} is on {value.device}; no CPU bit view")  # type: ignore[attr-defined]
         if not value.is_contiguous():  # type: ignore[attr-defined]

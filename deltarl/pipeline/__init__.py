@@ -9,6 +9,7 @@ Importing this package imports neither torch nor numba.
 
 from deltarl.pipeline.catch_up import catch_up
 from deltarl.pipeline.claim import WriterClaim, WriterLease
+from deltarl.pipeline.fp8_checkpoint import save_fp8_checkpoint
 from deltarl.pipeline.gc import PENDING_GRACE_S, GcReport, gc
 from deltarl.pipeline.inspection import RunSummary, VersionRow, human_bytes, inspect_run, spans
 from deltarl.pipeline.keyframe import empty_state, part_views
@@ -81,6 +82,7 @@ __all__ = [
     "pieces_of_blocks",
     "replay",
     "roll_forward",
+    "save_fp8_checkpoint",
     "spans",
     "squash",
     "validate_run_name",

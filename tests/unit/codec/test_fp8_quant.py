@@ -27,7 +27,9 @@ def _weight() -> torch.Tensor:
 
 def test_golden_bytes_of_a_small_weight() -> None:
     codes, scale = quantize_weight("w", _weight())
-    assert codes.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and tuple(scale.shape) == (1, 1)
+    assert codes.dtype == torch.float8_e4m3fn
+    assert scale.dtype == torch.float32
+    assert tuple(scale.shape) == (1, 1)
     assert _u8(codes).hex() == "f7f4f1eeeae6e1dcd6cec4b69e001e36444e565c61666a6e717477797c7e"
     assert scale.view(torch.int32).numpy().tobytes().hex() == "4992f439"  # fp32(bf16 amax / 448), LE
 
@@ -58,7 +60,8 @@ def test_same_bits_twice_and_across_dtype_paths() -> None:
     c3, s3 = quantize_weight("w", w.float())  # the same values as float32
     c4, s4 = quantize_weight("w", w.float().t().contiguous().t())  # a strided view of them
     for c, s in ((c2, s2), (c3, s3), (c4, s4)):
-        assert _u8(c) == _u8(c1) and torch.equal(s.view(torch.int32), s1.view(torch.int32))
+        assert _u8(c) == _u8(c1)
+        assert torch.equal(s.view(torch.int32), s1.view(torch.int32))
     assert tuple(s1.shape) == (3, 3)
     assert bool(((c1.view(torch.uint8) & 0x7F) != 0x7F).all())  # never the NaN code
 
