@@ -27,6 +27,9 @@ DENSE_MIN_FRACTION = 1 / 2  # auto tries the dense codec only above this changed
 # Below this changed fraction auto uses ``sparse`` (decode reads the base only at the changes);
 # above it ``ctx``, whose exponent-class ranks save bytes but whose decode scans the whole chunk.
 SPARSE_MAX_FRACTION = 1 / 400
+# 8-bit elements (FP8 codes): the same 800 bytes of base read per change, so twice the elements
+# (at ~0.15% changed, ctx codes an FP8 delta in ~9 bits a change where sparse needs ~12.5).
+SPARSE_MAX_FRACTION_8BIT = 1 / 800
 # A segment also ends once its chunks hold this many changed elements: a 1% delta of a 1.7B model
 # (~17M changes, ~14 MB encoded) is then ~17 segments of ~0.9 MB instead of one 16 MiB one, so
 # uploads start while the rest is still being encoded and actors fetch and stage meanwhile.
@@ -56,7 +59,7 @@ def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, fi
         raise NonFiniteChunk(bad, changed)
     if codec != "auto":
         return codec, changed, registry.ENCODERS[codec](old, new, dtype, ch)
-    if changed < SPARSE_MAX_FRACTION * old.size:
+    if changed < (SPARSE_MAX_FRACTION_8BIT if old.dtype.itemsize == 1 else SPARSE_MAX_FRACTION) * old.size:
         if hasattr(ch, "k_pos"):  # the sample guessed dense: ctx's positions are in class order
             ch = SimpleNamespace(pos=np.sort(ch.pos))
         return "sparse", changed, registry.ENCODERS["sparse"](old, new, dtype, ch)
