@@ -75,7 +75,7 @@ class DeviceBatch:
             groups.setdefault((str(item[1].device), item[3].dtype.itemsize), []).append(item)
         plans: dict[str, DevicePlan] = {}
         for (dev, width), group in groups.items():
-            signed = np.int16 if width == 2 else np.int32
+            signed = {1: np.int8, 2: np.int16, 4: np.int32}[width]
             old = torch.from_numpy(np.concatenate([g[3] for g in group]).view(signed)).to(dev)
             new = torch.from_numpy(np.concatenate([g[4] for g in group]).view(signed)).to(dev)
             batch = DeviceBatch(old, new)

@@ -120,3 +120,26 @@ def test_golden_bytes(codec: str) -> None:
     state = {"w": _fp8("float8_e4m3fn", _OLD)}
     apply_delta(state, [bytes.fromhex(GOLDEN[codec])], base=BASE)
     assert np.array_equal(_bits(state["w"]), _NEW)
+
+
+def test_warm_up_covers_8_bit_codes() -> None:
+    from deltarl.codec.jit_warmup import warm_codec
+
+    warm_codec(["float8_e4m3fn", "float8_e5m2"])  # encodes, stages, commits and rolls back 8-bit deltas
+
+
+@pytest.mark.parametrize("dtype", sorted(FP8))
+def test_torch_scatter_path_commits_and_rolls_back_8_bit(dtype: str) -> None:
+    """The device path (CUDA tensors, or CPU tensors with ``torch_scatter=True``) batches 8-bit bits too."""
+    old = np.repeat(np.arange(256, dtype=np.uint8), 4)
+    new = old.copy()
+    new[::3] += 1
+    a = {"w": _fp8(dtype, old), "s": torch.arange(8, dtype=torch.float32)}
+    b = {"w": _fp8(dtype, new), "s": a["s"] + 1}
+    segs = encode_delta(a, b, base=BASE)
+    state = {k: v.clone() for k, v in a.items()}
+    staged = stage_delta(state, segs, base=BASE, torch_scatter=True)
+    staged.commit()
+    assert np.array_equal(_bits(state["w"]), new) and torch.equal(state["s"], b["s"])
+    staged.rollback()
+    assert np.array_equal(_bits(state["w"]), old) and torch.equal(state["s"], a["s"])
