@@ -140,6 +140,8 @@ def test_torch_scatter_path_commits_and_rolls_back_8_bit(dtype: str) -> None:
     state = {k: v.clone() for k, v in a.items()}
     staged = stage_delta(state, segs, base=BASE, torch_scatter=True)
     staged.commit()
-    assert np.array_equal(_bits(state["w"]), new) and torch.equal(state["s"], b["s"])
+    assert np.array_equal(_bits(state["w"]), new)
+    assert torch.equal(state["s"], b["s"])
     staged.rollback()
-    assert np.array_equal(_bits(state["w"]), old) and torch.equal(state["s"], a["s"])
+    assert np.array_equal(_bits(state["w"]), old)
+    assert torch.equal(state["s"], a["s"])
