@@ -48,7 +48,8 @@ def _shapes(quick: bool, moe: bool) -> list[tuple[str, tuple[int, ...]]]:
                 qwen3_moe_shapes(layers=1, hidden=2048, experts=16, moe_intermediate=768, heads=32, kv_heads=4,
                                  head_dim=128, vocab=4096))  # fmt: skip
     return (qwen3_like_shapes(layers=1, hidden=256, intermediate=768, heads=4, kv_heads=2, head_dim=64, vocab=1024)
-            if quick else qwen3_like_shapes(layers=2, vocab=32768))  # fmt: skip
+            if quick else qwen3_like_shapes(layers=2, hidden=2048, intermediate=6144, heads=16, kv_heads=8,
+                                            head_dim=128, vocab=32768))  # Qwen3-1.7B's shapes  # fmt: skip
 
 
 def _torch(state: dict[str, Any]) -> dict[str, torch.Tensor]:
