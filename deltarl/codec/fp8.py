@@ -98,8 +98,10 @@ def quantize_weight(name: str, w: Any) -> tuple[Any, Any]:
     x = w.detach().to(torch.float32)
     if not bool(torch.isfinite(x).all()):
         raise NonFiniteTensor(f"tensor {name!r} holds NaN or Inf: it has no FP8 quantization")
-    floor = torch.tensor(AMAX_FLOOR, dtype=torch.float32, device=x.device)
-    scale = torch.maximum(block_amax(x), floor) / E4M3_MAX
+    amax = torch.maximum(block_amax(x), torch.tensor(AMAX_FLOOR, dtype=torch.float32, device=x.device))
+    # divide by a device tensor, never a Python number: torch's CUDA kernel turns division by a CPU
+    # scalar into multiplication by its reciprocal, which is not the specified IEEE division
+    scale = amax / torch.full_like(amax, E4M3_MAX)
     rows, cols = x.shape
     per_elem = scale.repeat_interleave(BLOCK, 0)[:rows].repeat_interleave(BLOCK, 1)[:, :cols]
     codes = e4m3_from_f32_bits((x / per_elem).view(torch.int32))
