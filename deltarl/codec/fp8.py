@@ -10,13 +10,14 @@ specified to the bit so that every host and device gives the same codes and scal
   real elements), exact in float32;
 * ``scale = fp32(max(amax, 1e-4) / 448)``: one IEEE float32 division, round to nearest even;
 * ``code = e4m3(fp32(x / scale))``: one IEEE float32 division, then round to nearest even onto
-  E4M3 (bias 7, subnormals ``m * 2^-9``, no infinities) by the integer procedure of
-  :func:`e4m3_from_f32_bits`, saturating at ±448 (never the NaN code); the sign is kept, so
-  ``-0.0`` and small negatives give ``0x80``.
+  E4M3 (bias 7, subnormals ``m * 2^-9``, no infinities) as the integer procedure of
+  :func:`e4m3_from_f32_bits` specifies, saturating at ±448 (never the NaN code); the sign is kept,
+  so ``-0.0`` and small negatives give ``0x80``.
 
 IEEE division is correctly rounded on every host torch runs on (x86/ARM SIMD, CUDA without fast
-math), and everything after it is integer arithmetic, so the bits do not depend on the device,
-the thread count or torch's own float8 cast. Inputs must be finite (NonFiniteTensor otherwise).
+math), so the bits do not depend on the device or the thread count. The rounding is done by
+torch's float8 cast, checked once per device type against the integer procedure where roundings
+can differ (:func:`check_e4m3_cast`). Inputs must be finite (NonFiniteTensor otherwise).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from deltarl.errors import NonFiniteTensor, TensorMismatch
+from deltarl.errors import DeltaRLError, NonFiniteTensor, TensorMismatch
 
 #: The one serving format so far: block-scaled E4M3 with 128x128 blocks.
 SERVE_FP8_BLOCK128 = "fp8-block128"
@@ -77,7 +78,8 @@ def e4m3_from_f32_bits(bits: Any) -> Any:
 
 
 def block_amax(x: Any) -> Any:
-    """The float32 ``[ceil(R/128), ceil(C/128)]`` block maxima of ``|x|`` (a float32 2-D tensor)."""
+    """The float32 ``[ceil(R/128), ceil(C/128)]`` block maxima of ``|x|`` (a 2-D bfloat16, float16 or
+    float32 tensor: the maximum is exact in any of them, and a narrow input reads half the bytes)."""
     import torch
 
     rows, cols = x.shape
@@ -85,7 +87,7 @@ def block_amax(x: Any) -> Any:
     a = x.abs()
     if pr or pc:  # zero padding never raises a maximum of absolute values
         a = torch.nn.functional.pad(a, (0, pc, 0, pr))
-    return a.reshape((rows + pr) // BLOCK, BLOCK, (cols + pc) // BLOCK, BLOCK).amax(dim=(1, 3))
+    return a.reshape((rows + pr) // BLOCK, BLOCK, (cols + pc) // BLOCK, BLOCK).amax(dim=(1, 3)).to(torch.float32)
 
 
 def quantize_weight(name: str, w: Any) -> tuple[Any, Any]:
@@ -95,17 +97,46 @@ def quantize_weight(name: str, w: Any) -> tuple[Any, Any]:
 
     if w.ndim != 2:
         raise TensorMismatch(f"tensor {name!r}: FP8 block quantization needs a 2-D weight, got {list(w.shape)}")
+    amax = block_amax(w.detach())
     x = w.detach().to(torch.float32)
-    if not bool(torch.isfinite(x).all()):
+    if not bool(torch.isfinite(amax).all()):  # a block's amax is NaN or Inf iff one of its elements is
         raise NonFiniteTensor(f"tensor {name!r} holds NaN or Inf: it has no FP8 quantization")
-    amax = torch.maximum(block_amax(x), torch.tensor(AMAX_FLOOR, dtype=torch.float32, device=x.device))
+    amax = torch.maximum(amax, torch.tensor(AMAX_FLOOR, dtype=torch.float32, device=x.device))
     # divide by a device tensor, never a Python number: torch's CUDA kernel turns division by a CPU
     # scalar into multiplication by its reciprocal, which is not the specified IEEE division
     scale = amax / torch.full_like(amax, E4M3_MAX)
     rows, cols = x.shape
-    per_elem = scale.repeat_interleave(BLOCK, 0)[:rows].repeat_interleave(BLOCK, 1)[:, :cols]
-    codes = e4m3_from_f32_bits((x / per_elem).view(torch.int32))
-    return codes.view(torch.float8_e4m3fn), scale.contiguous()
+    pr, pc = -rows % BLOCK, -cols % BLOCK
+    if pr or pc:
+        x = torch.nn.functional.pad(x, (0, pc, 0, pr))
+    y = x.view(scale.shape[0], BLOCK, scale.shape[1], BLOCK) / scale[:, None, :, None]
+    y = y.clamp_(-E4M3_MAX, E4M3_MAX).view(rows + pr, cols + pc)[:rows, :cols]  # |y| <= 448(1 + 2^-23) anyway
+    check_e4m3_cast(x.device)
+    return y.to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
+
+
+_CAST_CHECKED: set[str] = set()
+
+
+def check_e4m3_cast(device: Any) -> None:
+    """Check once per device type that torch's float32 -> float8_e4m3fn cast is the specified
+    rounding (:func:`e4m3_from_f32_bits`) on the values where roundings differ: every tie between
+    two E4M3 values, the subnormal range, +-0, the saturation bound. The codes are then cast by
+    torch (~100x faster than the integer procedure); a torch that rounds otherwise is refused."""
+    import torch
+
+    if device.type in _CAST_CHECKED:
+        return
+    grid = torch.arange(0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mid = (grid[:-1] + grid[1:]) / 2
+    probe = torch.cat([grid, mid, torch.nextafter(mid, grid[1:]), torch.nextafter(mid, grid[:-1]),
+                       torch.tensor([2.0**-10, 2.0**-11, 3 * 2.0**-11, 1e-40, 448.0])])  # fmt: skip
+    probe = torch.cat([probe, -probe]).to(device)
+    want = e4m3_from_f32_bits(probe.view(torch.int32))
+    if not torch.equal(probe.to(torch.float8_e4m3fn).view(torch.uint8), want):
+        raise DeltaRLError(f"torch {torch.__version__} casts float32 to float8_e4m3fn on {device.type} with another "
+                           "rounding than round-to-nearest-even: FP8 serving would not give the specified bits")  # fmt: skip
+    _CAST_CHECKED.add(device.type)
 
 
 def quantize_state(state: Mapping[str, Any]) -> dict[str, Any]:
