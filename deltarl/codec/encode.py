@@ -6,7 +6,6 @@ import logging
 from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -20,16 +19,9 @@ from deltarl.errors import NonFiniteChunk, NonFiniteTensor, TensorMismatch
 
 log = logging.getLogger(__name__)
 
-CODECS = ("auto", *registry.ENCODABLE)
+CODECS = ("auto", *(c.name for c in sorted(registry.CODECS, key=lambda c: c.id)))
 MAX_CHUNK_ELEMENTS = 1 << 22
 MIN_CHUNK_ELEMENTS = 1 << 12
-DENSE_MIN_FRACTION = 1 / 2  # auto tries the dense codec only above this changed fraction
-# Below this changed fraction auto uses ``sparse`` (decode reads the base only at the changes);
-# above it ``ctx``, whose exponent-class ranks save bytes but whose decode scans the whole chunk.
-SPARSE_MAX_FRACTION = 1 / 400
-# 8-bit elements (FP8 codes): the same 800 bytes of base read per change, so twice the elements
-# (at ~0.15% changed, ctx codes an FP8 delta in ~9 bits a change where sparse needs ~12.5).
-SPARSE_MAX_FRACTION_8BIT = 1 / 800
 # A segment also ends once its chunks hold this many changed elements: a 1% delta of a 1.7B model
 # (~17M changes, ~14 MB encoded) is then ~17 segments of ~0.9 MB instead of one 16 MiB one, so
 # uploads start while the rest is still being encoded and actors fetch and stage meanwhile.
@@ -45,31 +37,30 @@ def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, fi
     """Encode one chunk's changes: (codec used, changed count, payload).
 
     ``auto`` first finds the changes (a comparison at memory speed; a chunk without one costs
-    nothing more). Below ``SPARSE_MAX_FRACTION`` changed it uses ``sparse``, whose decode reads the
-    base only at the changes; above, ``ctx`` (smaller at RL densities, but its decode scans the
-    chunk), and from half of the chunk changed also ``dense``, keeping the smaller (``rice`` and
-    ``aurora`` are only used when asked for by name). ``finite``: refuse (``NonFiniteChunk``) if a
-    changed value is NaN or Inf, before encoding it.
+    nothing more), then encodes them with every codec of the registry whose ``auto`` range holds
+    the chunk's changed fraction, keeping the smallest payload (the first listed on a tie): at RL
+    densities ``sparse`` below ``SPARSE_MAX_FRACTION`` changed (its decode reads the base only at
+    the changes), ``ctx`` above, and ``dense`` too from half of the chunk changed. ``finite``:
+    refuse (``NonFiniteChunk``) if a changed value is NaN or Inf, before encoding it.
     """
-    ch = registry.detect(old, new, dtype, codec == "ctx" or (codec == "auto" and _looks_dense(old, new)))
-    changed = int(ch.pos.size)
+    named = None if codec == "auto" else registry.by_name(codec)
+    ch = registry.detect(old, new, dtype, named.needs_classes if named else _looks_dense(old, new))
+    changed = ch.count
     if changed == 0:
-        return "none", 0, b""
+        return registry.NONE, 0, b""
     if finite and (bad := nonfinite_bits(new[ch.pos], dtype)):
         raise NonFiniteChunk(bad, changed)
-    if codec != "auto":
-        return codec, changed, registry.ENCODERS[codec](old, new, dtype, ch)
-    if changed < (SPARSE_MAX_FRACTION_8BIT if old.dtype.itemsize == 1 else SPARSE_MAX_FRACTION) * old.size:
-        if hasattr(ch, "k_pos"):  # the sample guessed dense: ctx's positions are in class order
-            ch = SimpleNamespace(pos=np.sort(ch.pos))
-        return "sparse", changed, registry.ENCODERS["sparse"](old, new, dtype, ch)
-    prep = ch if hasattr(ch, "k_pos") else registry.detect(old, new, dtype, True)
-    best = ("ctx", registry.ENCODERS["ctx"](old, new, dtype, prep))
-    if changed >= DENSE_MIN_FRACTION * old.size:
-        dense = registry.ENCODERS["dense"](old, new, dtype, ch)
-        if len(dense) < len(best[1]):
-            best = ("dense", dense)
-    return best[0], changed, best[1]
+    if named is not None:
+        return named.name, changed, named.encode(old, new, dtype, ch)
+    # 8-bit elements (FP8 codes) weigh a change double: the auto ranges are fitted to 16-bit bases,
+    # and a chunk of 8-bit base is half the bytes a class-scanning decoder reads per change
+    weight = 2 if old.dtype.itemsize == 1 else 1
+    tried = [c for c in registry.AUTO if c.auto_tries(weight * changed, old.size)]
+    if ch.classes is None and any(c.needs_classes for c in tried):
+        ch = registry.detect(old, new, dtype, True)
+    coded = [(c.name, c.encode(old, new, dtype, ch)) for c in tried]
+    used, payload = min(coded, key=lambda item: len(item[1]))  # the first listed on a tie
+    return used, changed, payload
 
 
 _SAMPLE_BLOCKS, _SAMPLE_BLOCK = 32, 512
@@ -77,16 +68,19 @@ _SAMPLE_BLOCKS, _SAMPLE_BLOCK = 32, 512
 
 def _looks_dense(old: np.ndarray, new: np.ndarray) -> bool:
     """A sample (32 evenly spaced runs of 512 elements, 0.4% of a full chunk, contiguous so it reads
-    no more memory than it compares) changed at twice ``SPARSE_MAX_FRACTION`` or more: the chunk
-    will most likely be coded ``ctx``, so detection ranks classes in the same pass. Only the work
-    path depends on it; the codec is chosen by the exact count, so the bytes do not."""
+    no more memory than it compares) changed at twice the low end of the ``auto`` range of a codec
+    that ``needs_classes`` (``ctx``) or more: the chunk will most likely be coded with it, so
+    detection ranks classes in the same pass. Only the work path depends on it; the codec is
+    chosen by the exact count, so the bytes do not."""
     if old.size < 8 * _SAMPLE_BLOCKS * _SAMPLE_BLOCK:
         return False
     step = old.size // _SAMPLE_BLOCKS
     a = old[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :_SAMPLE_BLOCK]
     b = new[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :_SAMPLE_BLOCK]
     hits = int(np.count_nonzero(a != b))
-    return hits >= 2 * SPARSE_MAX_FRACTION * _SAMPLE_BLOCKS * _SAMPLE_BLOCK
+    n = _SAMPLE_BLOCKS * _SAMPLE_BLOCK
+    return any(c.auto is not None and c.needs_classes and 2 * c.auto[0] * n <= hits < c.auto[1] * n
+               for c in registry.AUTO)
 
 
 def _cpu(value: Any) -> Any:

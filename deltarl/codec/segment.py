@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from deltarl.codec.registry import CODEC_IDS, CODEC_NAMES
+from deltarl.codec.registry import NONE, codec_id, codec_name
 from deltarl.codec.tensors import DTYPE_BY_CODE, DTYPES, TensorSpec
 from deltarl.errors import FormatError, IntegrityError, UnsupportedFormatVersion
 
@@ -73,7 +73,7 @@ def _unchanged_whole(tensors: list[TensorSpec], chunks: list[ChunkInfo]) -> set[
     changed: set[str] = set()
     for c in chunks:
         spans.setdefault(c.tensor, []).append((c.start, c.count))
-        if c.changed or c.codec != "none":
+        if c.changed or c.codec != NONE:
             changed.add(c.tensor)
     out = set()
     for spec in tensors:
@@ -115,7 +115,7 @@ def pack_segment(
     parts.append(struct.pack("<I", len(kept)))
     for c, _ in kept:
         parts.append(
-            _CHUNK.pack(index[c.tensor], CODEC_IDS[c.codec], 0, 0, c.start, c.count, c.changed, c.nbytes)
+            _CHUNK.pack(index[c.tensor], codec_id(c.codec), 0, 0, c.start, c.count, c.changed, c.nbytes)
         )
     body = b"".join(parts)
     if len(body) > MAX_HEADER_BYTES:
@@ -211,8 +211,9 @@ def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
     for ti, codec, z1, z2, start, count, changed, nbytes in _CHUNK.iter_unpack(table):
         if ti >= len(tensors):
             raise FormatError(f"chunk names tensor index {ti} of {len(tensors)}")
-        if codec not in CODEC_NAMES or z1 or z2:
+        if z1 or z2:
             raise FormatError(f"unknown chunk codec {codec}")
+        name = codec_name(codec)
         spec = tensors[ti]
         if count == 0 or start + count > spec.numel:
             raise FormatError(
@@ -221,11 +222,11 @@ def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
         if changed > count or (codec == 0) != (changed == 0) or (codec == 0 and nbytes):
             raise FormatError(f"chunk of {spec.name!r}: inconsistent changed={changed} codec={codec}")
         total += nbytes
-        chunks.append(ChunkInfo(spec.name, start, count, changed, CODEC_NAMES[codec], nbytes))
+        chunks.append(ChunkInfo(spec.name, start, count, changed, name, nbytes))
     listed = {c.tensor for c in chunks}
     for spec in tensors:  # a tensor without a chunk is covered whole, unchanged, by this segment
         if spec.name not in listed and spec.numel:
-            chunks.append(ChunkInfo(spec.name, 0, spec.numel, 0, "none", 0))
+            chunks.append(ChunkInfo(spec.name, 0, spec.numel, 0, NONE, 0))
     if r.off != len(body):
         raise FormatError("segment header has trailing bytes")
     if _PREFIX.size + hlen + total + 4 != len(mv):

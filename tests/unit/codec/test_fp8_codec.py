@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deltarl.codec import apply_delta, encode_delta, read_segment_header, stage_delta, state_digest
-from deltarl.codec.exponent_classes import CLASS_FIELDS
+from deltarl.codec.classes import CLASS_FIELDS
 from deltarl.codec.finite import nonfinite_bits
 
 torch = pytest.importorskip("torch")
