@@ -22,6 +22,7 @@ can differ (:func:`check_e4m3_cast`). Inputs must be finite (NonFiniteTensor oth
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -115,18 +116,19 @@ def quantize_weight(name: str, w: Any) -> tuple[Any, Any]:
     return y.to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
 
 
-_CAST_CHECKED: set[str] = set()
-
-
 def check_e4m3_cast(device: Any) -> None:
-    """Check once per device type that torch's float32 -> float8_e4m3fn cast is the specified
+    """Check once per device that torch's float32 -> float8_e4m3fn cast is the specified
     rounding (:func:`e4m3_from_f32_bits`) on the values where roundings differ: every tie between
     two E4M3 values, the subnormal range, +-0, the saturation bound. The codes are then cast by
     torch (~100x faster than the integer procedure); a torch that rounds otherwise is refused."""
+    _check_cast(device.type, device.index)
+
+
+@functools.cache
+def _check_cast(device_type: str, index: int | None) -> None:
     import torch
 
-    if device.type in _CAST_CHECKED:
-        return
+    device = torch.device(device_type, index) if index is not None else torch.device(device_type)
     grid = torch.arange(0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     mid = (grid[:-1] + grid[1:]) / 2
     probe = torch.cat([grid, mid, torch.nextafter(mid, grid[1:]), torch.nextafter(mid, grid[:-1]),
@@ -136,7 +138,6 @@ def check_e4m3_cast(device: Any) -> None:
     if not torch.equal(probe.to(torch.float8_e4m3fn).view(torch.uint8), want):
         raise DeltaRLError(f"torch {torch.__version__} casts float32 to float8_e4m3fn on {device.type} with another "
                            "rounding than round-to-nearest-even: FP8 serving would not give the specified bits")  # fmt: skip
-    _CAST_CHECKED.add(device.type)
 
 
 def quantize_state(state: Mapping[str, Any]) -> dict[str, Any]:
