@@ -170,7 +170,8 @@ class Publisher:
         this returns, so the caller may modify it at once; ``owned=True`` hands the tensors over as
         for :meth:`publish` (nothing is copied; the caller must not modify them). ``on_published``
         runs on the publishing thread with the committed version's info; an exception in it fails
-        the future.
+        the future. With ``serve_as`` the state is quantized before this returns (instead of copied:
+        the FP8 state is the publisher's own).
         """
         self._background.check_open()
         check_materialized(state_dict)
