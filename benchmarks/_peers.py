@@ -1,6 +1,6 @@
 """The peers' delta formats, written here from their published descriptions, for side-by-side runs.
 
-Each format turns ``old -> new`` (``{name: uint16 BF16 bits}``) into bytes and applies those bytes
+Each format turns ``old -> new`` (``{name: flat bits}``, uint16 BF16 or any width) into bytes and applies those bytes
 to a copy of ``old`` in place; :func:`round_trip` checks that the result is ``new`` bit for bit.
 Change detection uses deltarl's kernel for every sparse format (the formats are compared, not
 detection code). None of this is the peers' code:
@@ -32,7 +32,7 @@ import zstandard
 
 from deltarl.codec import bitio, kernels
 
-State = dict[str, np.ndarray]  # uint16 bits, flat
+State = dict[str, np.ndarray]  # bits (uint16 for BF16; uint8/uint32 in an FP8 state), flat
 
 
 def _head(name: str, count: int) -> bytes:
@@ -68,8 +68,9 @@ def aurora_apply(state: State, blob: bytes) -> None:
         off += 8
         pos = np.cumsum(bitio.leb128_decode(buf[off : off + glen], count).astype(np.int64))
         off += glen
-        vals = np.frombuffer(buf[off : off + 2 * count], dtype=np.uint16)
-        off += 2 * count
+        nbytes = count * state[name].itemsize  # any bit width: the FP8 benchmark runs them on 8-bit codes
+        vals = np.frombuffer(buf[off : off + nbytes], dtype=state[name].dtype)
+        off += nbytes
         kernels.scatter(state[name], pos, vals)
 
 
@@ -91,8 +92,9 @@ def coo_apply(state: State, blob: bytes) -> None:
         name, count, off = _read_head(buf, off)
         pos = np.frombuffer(buf[off : off + 4 * count], dtype="<i4").astype(np.int64)
         off += 4 * count
-        vals = np.frombuffer(buf[off : off + 2 * count], dtype=np.uint16)
-        off += 2 * count
+        nbytes = count * state[name].itemsize  # any bit width: the FP8 benchmark runs them on 8-bit codes
+        vals = np.frombuffer(buf[off : off + nbytes], dtype=state[name].dtype)
+        off += nbytes
         kernels.scatter(state[name], pos, vals)
 
 
@@ -114,7 +116,7 @@ def slime_apply(state: State, blob: bytes) -> None:
     while off < len(buf):
         name, nbytes, off = _read_head(buf, off)
         target = state[name]
-        xor = np.frombuffer(dctx.decompress(buf[off : off + nbytes], max_output_size=target.nbytes), np.uint16)
+        xor = np.frombuffer(dctx.decompress(buf[off : off + nbytes], max_output_size=target.nbytes), target.dtype)
         off += nbytes
         np.bitwise_xor(target, xor, out=target)
 
@@ -153,16 +155,18 @@ def nemo_apply(state: State, blob: bytes) -> None:
     hlen, ilen = struct.unpack_from("<QQ", blob, 0)
     meta = json.loads(blob[16 : 16 + hlen])
     locs = memoryview(blob)[16 + hlen : 16 + hlen + ilen]
-    values = np.frombuffer(blob, dtype=np.uint16, offset=16 + hlen + ilen)
+    values, at = memoryview(blob)[16 + hlen + ilen :], 0
     for item in meta:
         count = item["value_end"] - item["value_start"]
+        target = state[item["name"]]
         if item["index_encoding"] == "range":
             pos = np.arange(item["range_start"], item["range_start"] + count, dtype=np.int64)
         else:
             raw = locs[item["index_start"] : item["index_end"]]
             dt = {2: np.uint16, 4: np.uint32, 8: np.uint64}[len(raw) // count]
             pos = np.cumsum(np.frombuffer(raw, dtype=dt).astype(np.int64) + 1) - 1
-        kernels.scatter(state[item["name"]], pos, values[item["value_start"] : item["value_end"]])
+        kernels.scatter(target, pos, np.frombuffer(values[at : at + count * target.itemsize], dtype=target.dtype))
+        at += count * target.itemsize
 
 
 @dataclass(frozen=True)

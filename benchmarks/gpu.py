@@ -6,7 +6,8 @@ Run: ``python -m benchmarks.gpu`` (about five minutes on one GPU). Without CUDA 
 ``skipped: no CUDA`` and exits 0; ``--allow-cpu`` runs the same torch scatter path on CPU tensors
 instead (a smoke run of this script: ``--allow-cpu --quick``).
 
-Per case: staging (decode against the live weights, positions and values moved to the device),
+The FP8 case (``serve_as="fp8-block128"``'s state: E4M3 codes and block scales) stages and commits
+one quantized version on the device the same way. Per case: staging (decode against the live weights, positions and values moved to the device),
 the commit pause (a check and ``index_copy_`` in place, synchronised), a plain ``index_copy_`` of
 the same device indices and values, and a plain numpy scatter on the host, best of ``--repeat``
 with a rollback in between. Writes benchmarks/results/gpu.json (not in ``--quick`` or CPU runs).
@@ -134,6 +135,48 @@ def bench_hf(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     return out
 
 
+def bench_fp8(args: argparse.Namespace, device: Any) -> dict[str, Any]:
+    """The FP8 serving state (``serve_as="fp8-block128"``: E4M3 codes and block scales) on
+    ``device``: one version's delta staged against it and committed in place, rolled back, checked
+    bit-exact against the CPU result. The next version is the quantized BF16 step of ``--fraction``."""
+    import torch
+
+    from deltarl.codec import encode_delta, quantize_state, stage_delta
+    from deltarl.model.build import ModelSpec, build_model, export_bf16
+
+    spec = ModelSpec(**(QUICK if args.quick else QWEN3_1_7B))
+    bf16 = export_bf16(build_model(spec, dtype=torch.bfloat16))
+    old, new = quantize_state(bf16), quantize_state(_next_version(bf16, args.fraction))
+    del bf16
+    t = time.perf_counter()
+    segs = encode_delta(old, new, base="b")
+    out: dict[str, Any] = {"device": str(device), "fp8_bytes": sum(v.numel() * v.element_size() for v in old.values()),
+                           "encode_s": round(time.perf_counter() - t, 3), "delta_bytes": sum(map(len, segs))}  # fmt: skip
+    cpu = {k: v.clone() for k, v in old.items()}
+    stage_delta(cpu, segs, base="b").commit()
+    live = {k: v.to(device) for k, v in old.items()}
+    _sync(device)
+    t = time.perf_counter()
+    upd = stage_delta(live, segs, base="b", torch_scatter=True)
+    _sync(device)
+    out["stage_s"] = round(time.perf_counter() - t, 3)
+    out["changed"] = upd.changed_elements
+    pauses = []
+    for _ in range(args.repeat):
+        _sync(device)
+        t = time.perf_counter()
+        upd.commit()
+        _sync(device)
+        pauses.append(time.perf_counter() - t)
+        assert all(torch.equal(live[k].cpu().view(torch.uint8), cpu[k].view(torch.uint8)) for k in cpu), "FP8 commit differs"
+        upd.rollback()
+    assert all(torch.equal(live[k].cpu().view(torch.uint8), old[k].view(torch.uint8)) for k in old), "FP8 rollback"
+    out["pause_s"] = round(min(pauses), 5)
+    out["bit_exact"] = True
+    out["load"] = load()
+    return out
+
+
 def bench_vllm(args: argparse.Namespace) -> dict[str, Any]:
     """The deltarl weight-transfer engine inside vLLM on CUDA: ``benchmarks.vllm_update`` (tiny
     shapes with --quick, else Qwen3-0.6B), its plain scatter reference on the same device."""
@@ -168,6 +211,7 @@ def main() -> int:
     res: dict[str, Any] = {"benchmark": "gpu", "torch": torch.__version__, "cpus": os.cpu_count(),
                            "gpu": torch.cuda.get_device_name(device) if cuda else None, "quick": args.quick}  # fmt: skip
     res["hf"] = bench_hf(args, device)
+    res["fp8"] = bench_fp8(args, device)
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -183,6 +227,8 @@ def main() -> int:
         ("rollback", f"{hf['rollback_s'] * 1e3:.2f} ms"),
         ("host: CPU commit / numpy scatter", f"{hf['cpu_commit_s'] * 1e3:.1f} / {hf['numpy_scatter_s'] * 1e3:.1f} ms"),
         ("bit-exact vs CPU", str(hf["bit_exact"])),
+        ("FP8 state: stage / commit pause", f"{res['fp8']['stage_s']} s / {res['fp8']['pause_s'] * 1e3:.2f} ms, "
+         f"{res['fp8']['changed'] / 1e6:.2f}M codes+scales changed, bit-exact {res['fp8']['bit_exact']}"),
         ("vLLM deltarl engine", res["vllm"] if isinstance(res["vllm"], str)
          else f"pause {res['vllm']['pause_s'] * 1e3:.1f} ms (x{res['vllm']['pause_over_scatter']} plain scatter, "
               f"x{res['vllm']['pause_over_vllm_sparse']} vLLM sparse)"),

@@ -25,7 +25,15 @@ from deltarl.codec.device_apply import first_stale as device_first_stale
 from deltarl.codec.device_apply import write as device_write
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.segment import ChunkInfo, read_segment_header
-from deltarl.codec.tensors import TensorSpec, flat_bits, is_cuda, spec_of, tensor_table, uint_dtype
+from deltarl.codec.tensors import (
+    UINT_BY_SIZE,
+    TensorSpec,
+    flat_bits,
+    is_cuda,
+    spec_of,
+    tensor_table,
+    uint_dtype,
+)
 from deltarl.errors import BaseMismatch, DeltaRLError, FormatError, StagingError, TensorMismatch
 
 log = logging.getLogger(__name__)
@@ -35,7 +43,7 @@ def _old_range(name: str, value: Any, start: int, stop: int) -> np.ndarray:
     """Old bits of elements [start, stop) as a numpy array (a view for CPU tensors)."""
     if is_cuda(value):
         host = device_flat(name, value)[start:stop].cpu().numpy()
-        return host.view(np.uint16 if value.element_size() == 2 else np.uint32)
+        return host.view(UINT_BY_SIZE[value.element_size()])
     return flat_bits(name, value)[start:stop]
 
 
@@ -46,7 +54,7 @@ def _old_reader(name: str, value: Any, start: int, stop: int) -> Callable[[np.nd
     if is_cuda(value):
         torch = sys.modules["torch"]
         flat = device_flat(name, value)[start:stop]
-        udt = np.uint16 if value.element_size() == 2 else np.uint32
+        udt = UINT_BY_SIZE[value.element_size()]
 
         def read_device(pos: np.ndarray) -> np.ndarray:
             idx = torch.from_numpy(pos).to(flat.device, non_blocking=True)

@@ -15,7 +15,7 @@ import numpy as np
 from deltarl.codec import bitio, kernels
 
 # Exponent field of each bit width's float formats: 16 bit -> set by caller (bf16 vs fp16).
-CLASS_FIELDS = {"bfloat16": (7, 8), "float16": (10, 5), "float32": (23, 8)}
+CLASS_FIELDS = {"bfloat16": (7, 8), "float16": (10, 5), "float32": (23, 8), "float8_e4m3fn": (3, 4), "float8_e5m2": (2, 5)}
 
 
 @dataclass(frozen=True)

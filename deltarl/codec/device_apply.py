@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from deltarl.codec.tensors import UINT_BY_SIZE, signed_torch_dtype
 from deltarl.errors import TensorMismatch
 
 
 def device_flat(name: str, value: Any) -> Any:
     """A flat signed-integer view of a torch tensor's bits (same memory, any device)."""
-    torch = sys.modules["torch"]
     if not value.is_contiguous():
         raise TensorMismatch(f"tensor {name!r} is not contiguous")
-    return value.detach().view(-1).view(torch.int16 if value.element_size() == 2 else torch.int32)
+    return value.detach().view(-1).view(signed_torch_dtype(value.element_size()))
 
 
 class DevicePlan:
@@ -46,7 +46,7 @@ class DevicePlan:
 
     def host(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(int64 positions, old bits, new bits) as host numpy arrays (unsigned bits)."""
-        udt = np.uint16 if self.old.element_size() == 2 else np.uint32
+        udt = UINT_BY_SIZE[self.old.element_size()]
         return self.idx.cpu().numpy(), self.old.cpu().numpy().view(udt), self.new.cpu().numpy().view(udt)
 
     def fresh(self) -> Any:
@@ -75,7 +75,7 @@ class DeviceBatch:
             groups.setdefault((str(item[1].device), item[3].dtype.itemsize), []).append(item)
         plans: dict[str, DevicePlan] = {}
         for (dev, width), group in groups.items():
-            signed = np.int16 if width == 2 else np.int32
+            signed = {1: np.int8, 2: np.int16, 4: np.int32}[width]
             old = torch.from_numpy(np.concatenate([g[3] for g in group]).view(signed)).to(dev)
             new = torch.from_numpy(np.concatenate([g[4] for g in group]).view(signed)).to(dev)
             batch = DeviceBatch(old, new)

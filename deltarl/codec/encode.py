@@ -52,7 +52,10 @@ def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, fi
         raise NonFiniteChunk(bad, changed)
     if named is not None:
         return named.name, changed, named.encode(old, new, dtype, ch)
-    tried = [c for c in registry.AUTO if c.auto_tries(changed, old.size)]
+    # 8-bit elements (FP8 codes) weigh a change double: the auto ranges are fitted to 16-bit bases,
+    # and a chunk of 8-bit base is half the bytes a class-scanning decoder reads per change
+    weight = 2 if old.dtype.itemsize == 1 else 1
+    tried = [c for c in registry.AUTO if c.auto_tries(weight * changed, old.size)]
     if ch.classes is None and any(c.needs_classes for c in tried):
         ch = registry.detect(old, new, dtype, True)
     coded = [(c.name, c.encode(old, new, dtype, ch)) for c in tried]

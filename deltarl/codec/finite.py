@@ -20,7 +20,8 @@ from deltarl.errors import NonFiniteTensor
 
 # raw-bits dtype and exponent mask of each float dtype (by itemsize and numpy kind)
 _MASKS = {"bfloat16": (np.uint16, 0x7F80), "float16": (np.uint16, 0x7C00),
-          "float32": (np.uint32, 0x7F800000), "float64": (np.uint64, 0x7FF0000000000000)}
+          "float32": (np.uint32, 0x7F800000), "float64": (np.uint64, 0x7FF0000000000000),
+          "float8_e4m3fn": (np.uint8, 0x7F), "float8_e5m2": (np.uint8, 0x7C)}  # e4m3fn: NaN only, S.1111.111
 
 
 _CHUNK = 1 << 20
@@ -57,7 +58,7 @@ def _torch_nonfinite(t: Any) -> int:
         return 0
     spec = _MASKS.get(str(t.dtype).removeprefix("torch."))
     if spec is not None and t.device.type == "cpu" and t.is_contiguous():
-        int_dtype = {np.uint16: torch.int16, np.uint32: torch.int32, np.uint64: torch.int64}[spec[0]]
+        int_dtype = {np.uint8: torch.int8, np.uint16: torch.int16, np.uint32: torch.int32, np.uint64: torch.int64}[spec[0]]
         return _count_bits(t.view(int_dtype).numpy().view(spec[0]), spec[1])
     if bool(torch.isfinite(t.sum(dtype=torch.float32))):
         return 0

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
 from deltarl.codec import kernels
-from deltarl.codec.tensors import DTYPES
+from deltarl.codec.tensors import DTYPES, flat_bits
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ _BASE = "0" * 64
 
 def warm_codec(dtypes: Iterable[str]) -> None:
     """Encode, check, stage, commit and roll back tiny deltas of each raw width the run's ``dtypes`` use (16 bits
-    for bfloat16/float16, 32 for float32), at 0.02%, 1% and wholly changed (the ``sparse``, ``ctx`` and ``dense``
+    for bfloat16/float16, 32 for float32, 8 for the FP8 dtypes), at 0.02%, 1% and wholly changed (the ``sparse``, ``ctx`` and ``dense``
     codecs ``auto`` picks from); nothing is kept. Only those widths and codecs: on a fresh install numba
     compiles each signature on first use, and one the run never uses would cost seconds."""
     from deltarl.codec.apply import stage_delta
@@ -32,15 +33,34 @@ def warm_codec(dtypes: Iterable[str]) -> None:
         return  # the numpy path has nothing to load
     widths = {DTYPES[d][1] for d in dtypes if d in DTYPES}
     rng = np.random.default_rng(0)
-    for dtype in [np.float16] * (16 in widths) + [np.float32] * (32 in widths):
-        old = {"w": rng.standard_normal(_ELEMENTS).astype(dtype)}
+    for width in sorted(widths & {8, 16, 32}):
+        old = {"w": _tensor(width, rng)}
         for every in (4099, 97, 1):  # sparse, ctx, dense
-            new = {"w": old["w"].copy()}
-            new["w"][::every] = np.nextafter(new["w"][::every], np.inf)
+            new = {"w": _nudged(old["w"], every)}
             segments = list(iter_encode_delta(old, new, base=_BASE, segment_bytes=_SEGMENT_BYTES, check_finite=True))
             staged = stage_delta(old, segments, base=_BASE)
             staged.commit()  # the commit and rollback kernels too: else the first real pause loads them
             staged.rollback()
+
+
+def _tensor(width: int, rng: np.random.Generator) -> Any:
+    """A warm-up tensor of ``width``-bit elements (8-bit: a torch float8 tensor of finite codes)."""
+    if width == 8:
+        import torch
+
+        return torch.from_numpy(rng.integers(0, 0x7E, _ELEMENTS, dtype=np.uint8)).view(torch.float8_e4m3fn)
+    return rng.standard_normal(_ELEMENTS).astype(np.float16 if width == 16 else np.float32)
+
+
+def _nudged(value: Any, every: int) -> Any:
+    """A copy of ``value`` with every ``every``-th element one code or ULP up."""
+    if isinstance(value, np.ndarray):
+        out = value.copy()
+        out[::every] = np.nextafter(out[::every], np.inf)
+        return out
+    out = value.clone()
+    flat_bits("w", out, writable=True)[::every] += 1
+    return out
 
 
 def warm_codec_quietly(dtypes: Iterable[str]) -> None:

@@ -25,13 +25,25 @@ DTYPES: dict[str, tuple[int, int, int]] = {
     "bfloat16": (1, 16, 7),
     "float16": (2, 16, 10),
     "float32": (3, 32, 23),
+    "float8_e4m3fn": (4, 8, 3),  # FP8 E4M3 (no infinities; NaN is S.1111.111), as torch names it
+    "float8_e5m2": (5, 8, 2),
 }
 DTYPE_BY_CODE: dict[int, str] = {code: name for name, (code, _, _) in DTYPES.items()}
 
 
 def uint_dtype(dtype: str) -> np.dtype[Any]:
     """The unsigned integer numpy dtype holding the bit patterns of ``dtype``."""
-    return np.dtype(np.uint16) if DTYPES[dtype][1] == 16 else np.dtype(np.uint32)
+    return UINT_BY_SIZE[DTYPES[dtype][1] // 8]
+
+
+#: The unsigned integer numpy dtype of each element size in bytes.
+UINT_BY_SIZE: dict[int, np.dtype[Any]] = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32)}
+
+
+def signed_torch_dtype(nbytes: int) -> Any:
+    """The signed torch integer dtype of an element size in bytes (torch views bits as signed)."""
+    torch = sys.modules["torch"]
+    return {1: torch.int8, 2: torch.int16, 4: torch.int32}[nbytes]
 
 
 @dataclass(frozen=True)
@@ -80,8 +92,8 @@ def dtype_of(name: str, value: object) -> str:
             return "float16"
         if dt == np.float32:
             return "float32"
-        if dt.name == "bfloat16" and dt.itemsize == 2:  # ml_dtypes
-            return "bfloat16"
+        if dt.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):  # ml_dtypes
+            return dt.name
         raise TensorMismatch(
             f"tensor {name!r}: unsupported numpy dtype {dt}; use float16/float32, or wrap bfloat16 "
             "bit patterns held in a uint16 array as deltarl.codec.BF16(array)"
@@ -141,13 +153,11 @@ def flat_bits(name: str, value: object, *, writable: bool = False) -> np.ndarray
     elif isinstance(value, np.ndarray):
         arr = value
     else:
-        torch = sys.modules["torch"]
         if value.device.type != "cpu":  # type: ignore[attr-defined]
             raise TensorMismatch(f"tensor {name!r} is on {value.device}; no CPU bit view")  # type: ignore[attr-defined]
         if not value.is_contiguous():  # type: ignore[attr-defined]
             raise TensorMismatch(f"tensor {name!r} is not contiguous")
-        signed = torch.int16 if udt.itemsize == 2 else torch.int32
-        arr = value.detach().view(signed).numpy()  # type: ignore[attr-defined]
+        arr = value.detach().view(signed_torch_dtype(udt.itemsize)).numpy()  # type: ignore[attr-defined]
     if not arr.flags.c_contiguous:
         raise TensorMismatch(f"tensor {name!r} is not C-contiguous")
     if writable and not arr.flags.writeable:

@@ -47,7 +47,8 @@ MAX_HEADER_BYTES = 64 << 20
 #: Bytes per streamed buffer (write) and per read request (read).
 STREAM_BYTES = 8 << 20
 
-SAFETENSORS_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+SAFETENSORS_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float8_e4m3fn": "F8_E4M3",
+                      "float8_e5m2": "F8_E5M2"}
 
 
 def itemsize(dtype: str) -> int:

@@ -7,7 +7,7 @@ keyword arguments of ``Publisher(...)`` (they are validated through this model e
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +37,11 @@ class PublishConfig(BaseModel):
         default=1 << 20, ge=1 << 16, le=1 << 26, description="bytes per verified piece of every object (a power of two)"
     )
     keyframe_part_bytes: int = Field(default=512 << 20, ge=1, description="target size of one keyframe part")
+    serve_as: Literal["fp8-block128"] | None = Field(
+        default=None,
+        description="publish the state an engine serves: 'fp8-block128' quantizes each eligible 2-D weight to "
+        "E4M3 codes plus 128x128 block scales (deltarl.codec.fp8); None publishes the state as given",
+    )
 
     def with_settings(self, settings: Mapping[str, Any]) -> PublishConfig:
         """This config with ``settings`` (field names) replaced, validated again."""

@@ -27,6 +27,7 @@ from deltarl.codec.jit_warmup import warm_codec_quietly
 from deltarl.codec.tensors import DIGEST_ALGO
 from deltarl.errors import RunError, WriterConflict
 from deltarl.pipeline.background import BackgroundPublishing
+from deltarl.pipeline.fp8_checkpoint import serving_state
 from deltarl.pipeline.keyframe import keyframe_state_digest, plan_parts, write_part
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import KeyframePart, ObjectRef, StateDigest
@@ -169,10 +170,12 @@ class Publisher:
         this returns, so the caller may modify it at once; ``owned=True`` hands the tensors over as
         for :meth:`publish` (nothing is copied; the caller must not modify them). ``on_published``
         runs on the publishing thread with the committed version's info; an exception in it fails
-        the future.
+        the future. With ``serve_as`` the state is quantized before this returns (instead of copied:
+        the FP8 state is the publisher's own).
         """
         self._background.check_open()
         check_materialized(state_dict)
+        state_dict, owned = serving_state(state_dict, self.config.serve_as, owned)
         state = state_dict if owned else {name: cpu_copy(value) for name, value in state_dict.items()}
         return self._background.submit(lambda: self._publish(state, step, True, allow_nonfinite), on_published)
 
@@ -192,9 +195,12 @@ class Publisher:
         A floating tensor holding NaN or Inf raises ``NonFiniteTensor`` (nothing is written) unless
         ``allow_nonfinite=True``. A state that does not fit the run (another tensor table, no
         tensors at all, a tensor that cannot be read) is refused before anything is written.
+        With ``serve_as="fp8-block128"`` the version is the FP8 serving state of ``state_dict``
+        (:mod:`deltarl.codec.fp8`; NaN/Inf in a quantized weight is always refused).
         """
         self._background.settle()
         check_materialized(state_dict)
+        state_dict, owned = serving_state(state_dict, self.config.serve_as, owned)
         return self._publish(state_dict, step, owned, allow_nonfinite)
 
     def _check_changes(self, state: Mapping[str, Any], allow_nonfinite: bool) -> tuple[bool, Future[bool] | None]:

@@ -17,7 +17,7 @@ RUN_INFO_FORMAT_VERSION = 3
 HEAD_FORMAT_VERSION = 3
 MAX_RUN_INFO_BYTES = 16 << 20
 MAX_HEAD_BYTES = 4096
-DTYPE_NAMES = ("bfloat16", "float16", "float32")
+DTYPE_NAMES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2")
 
 #: One row of run.json's tensor table: name, dtype and shape, exactly the pipeline's ``TensorSpec``.
 TensorEntry = TensorSpec

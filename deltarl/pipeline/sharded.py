@@ -94,6 +94,8 @@ class ShardedPublisher:
 
         cfg = (config or PublishConfig()).with_settings(settings)
         check_piece_size(cfg.piece_size, "ShardedPublisher")
+        if cfg.serve_as is not None:  # a block scale needs all 128 rows of its block, which ranks split
+            raise ValueError(f"ShardedPublisher does not publish serve_as={cfg.serve_as!r} (use Publisher)")
         self.config = cfg
         self._dist = dist
         self.group = group

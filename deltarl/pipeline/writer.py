@@ -53,7 +53,7 @@ from deltarl.storage.store import ObjectStore
 
 logger = logging.getLogger(__name__)
 
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 #: ``on_progress(version, point)``: called when a point of a publish is reached (``"segments"``
 #: after each segment upload, ``"keyframe"`` after each keyframe part, ``"gathered"`` once a
