@@ -44,6 +44,17 @@ def cpu_copy(value: Any) -> Any:
     return value.detach().to("cpu", copy=True).contiguous()
 
 
+def as_torch(value: Any) -> Any:
+    """``value`` as a contiguous CPU torch tensor (a ``BF16`` bit view becomes bfloat16)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().contiguous()
+    if hasattr(value, "bits"):
+        return torch.from_numpy(np.ascontiguousarray(value.bits)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(value))
+
+
 def copy_into(dst: Any, src: Any, name: str) -> None:
     from deltarl.codec.tensors import flat_bits, is_cuda
 
