@@ -30,7 +30,7 @@ SCRIPT = """
 import sys
 from deltarl.storage import LocalStore
 from deltarl.testing.faults import CRASH_ENV, CrashAt
-from deltarl.pipeline import Publisher
+from deltarl import Publisher
 from deltarl.testing.faults import CrashAt
 from tests.fixtures.runs import TinyTrainer
 from tests.integration.pipeline.test_crash_publish import KW, SHAPES

@@ -32,8 +32,8 @@ MIB = 1 << 20
 #: part of the one after it: it says "ready" once the store holds <MiB> MiB of it, and hangs.
 PUBLISHER = """
 import sys, time
-from deltarl.pipeline import Publisher, RunLayout
-from deltarl.storage import open_store
+from deltarl import Publisher, open_store
+from deltarl.pipeline import RunLayout
 from tests.fixtures.runs import TinyTrainer
 url, lease_s, mib = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 store = open_store(url, **({"part_size": 5 << 20, "multipart_threshold": 5 << 20} if url.startswith("s3://") else {}))

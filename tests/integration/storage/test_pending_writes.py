@@ -21,7 +21,7 @@ MIB = 1 << 20
 #: A writer that streams ``<MiB>`` MiB of a key, says "ready" once the store holds them, then hangs.
 WRITER = """
 import sys, time
-from deltarl.storage import open_store
+from deltarl import open_store
 url, key, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
 opts = {"part_size": 5 << 20, "multipart_threshold": 5 << 20} if url.startswith("s3://") else {}
 store = open_store(url, **opts)
