@@ -6,9 +6,9 @@ run in each worker, decodes against the live parameters and commits in place; th
 sends vLLM's weight-transfer calls (a few dozen bytes each) and reads back the served version.
 The actor names the engine by vLLM's protocol (backend ``deltarl``, the worker extension's class
 path): it imports nothing of the integration, which re-exports :data:`ENGINE_KWARGS` from here. The
-served weights never exist in this process, so the backend is a plain
-:class:`~deltarl.actor.backends.base.GenerationBackend` (no host-side state to commit into):
-:class:`~deltarl.actor.engine_weights.EngineWeights` drives the updates instead. :func:`open_weights`
+served weights never exist in this process, so the backend is an
+:class:`~deltarl.actor.backends.base.EngineBackend` (no host-side state to commit into):
+:class:`~deltarl.actor.engine_weights.EngineWeights` drives its updates through ``attach`` / ``update``. :func:`open_weights`
 and :func:`build` are the actor's adapter (the table row is ``vllm``).
 """
 
