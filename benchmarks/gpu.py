@@ -197,6 +197,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run)")
     ap.add_argument("--allow-cpu", action="store_true", help="without CUDA, run the torch scatter path on CPU")
+    ap.add_argument("--out", type=Path, default=None, help=f"where the JSON goes (default {RESULTS} on CUDA without --quick)")
     args = ap.parse_args()
     try:
         import torch
@@ -237,10 +238,11 @@ def main() -> int:
     width = max(len(r[0]) for r in rows)
     for name, value in rows:
         print(f"{name.ljust(width)}  {value}")
-    if cuda and not args.quick:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(res, indent=1) + "\n")
-        print(f"wrote {RESULTS}")
+    out = args.out or (RESULTS if cuda and not args.quick else None)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {out}")
     return 0
 
 

@@ -11,7 +11,9 @@ For each: a follower bootstraps, idles ``--idle`` seconds (requests counted at t
 ``--versions`` versions are published at random gaps (0.5-2 s) and the time from each publish
 returning to the follower's commit is recorded. Targets: idle <= 5 requests/s, pickup about 1 s.
 
-    python -m benchmarks.idle_polling [--idle 10] [--versions 5]
+    python -m benchmarks.idle_polling [--idle 10] [--versions 5] [--quick] [--out FILE]
+
+``--quick`` (a smoke run, seconds): 1 s idle, 2 versions at 0.1-0.3 s gaps.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def _step(state: dict[str, Any], seed: int) -> dict[str, Any]:
     return out
 
 
-async def _measure(kind: str, idle_s: float, versions: int, tmp: Path) -> dict[str, Any] | None:
+async def _measure(kind: str, idle_s: float, versions: int, tmp: Path, gaps: tuple[float, float] = (0.5, 2.0)) -> dict[str, Any] | None:
     from deltarl.actor.follower import Follower
     from deltarl.pipeline.publisher import Publisher
     from deltarl.relay import RelayConfig, RelayServer
@@ -90,7 +92,7 @@ async def _measure(kind: str, idle_s: float, versions: int, tmp: Path) -> dict[s
             idle = count() - before
             rng = random.Random(1)
             for v in range(1, versions + 1):
-                await asyncio.sleep(rng.uniform(0.5, 2.0))
+                await asyncio.sleep(rng.uniform(*gaps))
                 state = _step(state, v)
                 await asyncio.to_thread(pub.publish, state, step=v)
                 landed = time.monotonic()
@@ -110,15 +112,20 @@ async def _measure(kind: str, idle_s: float, versions: int, tmp: Path) -> dict[s
             "pickups_s": [round(p, 3) for p in pickups]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--idle", type=float, default=10.0, help="idle seconds per server")
     parser.add_argument("--versions", type=int, default=5, help="versions published per server")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 s idle, 2 versions, short gaps")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
+    args = parser.parse_args(argv)
+    gaps = (0.5, 2.0)
+    if args.quick:
+        args.idle, args.versions, gaps = min(args.idle, 1.0), min(args.versions, 2), (0.1, 0.3)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("relay", "plain", "nginx"):
-            row = asyncio.run(_measure(kind, args.idle, args.versions, Path(tmp)))
+            row = asyncio.run(_measure(kind, args.idle, args.versions, Path(tmp), gaps))
             if row is None:
                 print(f"{kind}: skipped (nginx not installed)")
                 continue
@@ -126,9 +133,11 @@ def main() -> None:
     print(f"{'server':8} {'idle req/s':>10} {'pickup median s':>16} {'pickup max s':>13}")
     for r in rows:
         print(f"{r['server']:8} {r['idle_requests_per_s']:>10} {r['pickup_s_median']:>16} {r['pickup_s_max']:>13}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": rows, "targets": {"idle_requests_per_s_max": 5, "pickup_s": 1.0}}, indent=2) + "\n")
-    print(f"-> {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": "idle_polling", "quick": args.quick, "rows": rows,
+           "targets": {"idle_requests_per_s_max": 5, "pickup_s": 1.0}}
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"-> {args.out}")
 
 
 if __name__ == "__main__":

@@ -257,6 +257,7 @@ def main() -> None:
     ap.add_argument("--deltas", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="1/16 of the sizes (a smoke run)")
+    ap.add_argument("--out", type=Path, default=None, help=f"where the JSON goes (default {RESULTS}; none for --quick)")
     args = ap.parse_args()
     if args.quick:
         args.elements //= 16
@@ -275,10 +276,11 @@ def main() -> None:
     res["publish"] = _child("publish", argv)
     res["load_end"] = load()
     _table(res)
-    if not args.quick:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(res, indent=1) + "\n")
-        print(f"wrote {RESULTS}")
+    out = args.out or (None if args.quick else RESULTS)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

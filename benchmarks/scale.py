@@ -28,6 +28,8 @@ with the actor (in a deployment it runs on its own host).
 Opt-in: ``--only keyframe,deltas_long [--long 50]`` publishes 50 delta versions in a row and
 records the RSS after each (memory must stay flat over a long run); it writes
 ``scale-<model>-long.json``.
+
+``--quick --out FILE`` (a smoke run, CI): every phase but the machine's limits on the tiny tensor table.
 """
 
 from __future__ import annotations
@@ -552,7 +554,7 @@ def _run_phase(args: argparse.Namespace, name: str) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="1.7b", choices=[*sorted(MODELS), "30b-a3b"])
     parser.add_argument("--layers", type=int, default=1, help="30b-a3b: layers measured, one at a time")
@@ -563,7 +565,13 @@ def main() -> None:
     parser.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--serve-relay", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cache", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: the tiny model, 2 versions, every phase but the machine's limits")
+    parser.add_argument("--out", type=Path, default=None, help="where the JSON goes (default results/scale-<model>.json)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.versions, args.long = "tiny", 2, 3
+        args.only = args.only or ",".join(name for name in PHASES if name not in OPT_IN | {"limits"})
     if args.model == "30b-a3b":  # MoE: full-size layers measured one at a time (benchmarks/_scale_moe.py)
         from benchmarks._scale_moe import run
 
@@ -602,8 +610,9 @@ def main() -> None:
             print(f"  {name:13s} {json.dumps(res)}", flush=True)
         results["load_avg_end"] = loadavg()
         _summarize(results)
+        results["quick"] = args.quick
         RESULTS.mkdir(exist_ok=True)
-        out = RESULTS / f"scale-{args.model}{'-long' if OPT_IN & set(only) else ''}{'' if cpus == os.cpu_count() else f'-{cpus}cpu'}.json"  # under taskset
+        out = args.out or RESULTS / f"scale-{args.model}{'-long' if OPT_IN & set(only) else ''}{'' if cpus == os.cpu_count() else f'-{cpus}cpu'}.json"  # under taskset
         out.write_text(json.dumps(results, indent=1) + "\n")
         print(f"wrote {out}")
     finally:

@@ -15,7 +15,9 @@ base rows come from the store (rank 0 replays the HEAD version and scatters each
 Measured: that version's wall time and each rank's peak RSS above its RSS before it, in model
 copies (rank 0 holds the full state for the time of the resume; the others only their rows).
 
-    python -m benchmarks.sharded --ranks 2 [--model 1.7b|0.6b|tiny] [--versions 3] [--resume]
+    python -m benchmarks.sharded --ranks 2 [--model 1.7b|0.6b|tiny] [--versions 3] [--resume] [--quick] [--out FILE]
+
+``--quick`` (a smoke run, seconds): the tiny model, 1 delta version, the resume included.
 """
 
 from __future__ import annotations
@@ -220,7 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--name", default="sharded")
     ap.add_argument("--resume", action="store_true", help="also publish one version from a new job that resumes the run")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: the tiny model, 1 delta version, with --resume")
+    ap.add_argument("--out", type=Path, default=None, help="where the JSON goes (default results/<name>.json)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.model, args.versions, args.resume = "tiny", 1, True
     rows = {}
     load_before = os.getloadavg()
     for world in (1, args.ranks):
@@ -256,10 +262,10 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['ranks'][0]['resume']['wall_s']:.2f} s for the first version; "
                   f"peak RSS above the start per rank, in model copies: {copies}")
     load = (load_before, os.getloadavg())
-    out = {"model": args.model, "ranks": args.ranks, "versions": args.versions, "cpus": os.cpu_count(), "load_avg": load,
+    out = {"benchmark": "sharded", "quick": args.quick, "model": args.model, "ranks": args.ranks, "versions": args.versions, "cpus": os.cpu_count(), "load_avg": load,
            "results": {str(k): v for k, v in rows.items()}, "targets": targets}  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{args.name}.json"
+    path = args.out or RESULTS / f"{args.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
 

@@ -13,7 +13,9 @@ and the median publish wall time (background in the callback arm). The callback 
 <= the gather alone + 10% of the publish, i.e. the publish is hidden behind the next step whenever a
 step takes longer than a publish.
 
-    python -m benchmarks.trl_callback [--steps 8] [--hidden 512] [--layers 8]
+    python -m benchmarks.trl_callback [--steps 8] [--hidden 512] [--layers 8] [--quick] [--out FILE]
+
+``--quick`` (a smoke run, seconds): 2 steps of a 2-layer, 64-wide model on 32-token batches.
 """
 
 from __future__ import annotations
@@ -106,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 steps of a tiny model")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.hidden, args.layers, args.batch, args.seq = 2, 64, 2, 2, 32
     res = run(args.steps, args.hidden, args.layers, args.batch, args.seq)
     print(f"model: {res['params'] / 1e6:.1f}M params, {res['steps']} optimizer steps per arm (medians)")
     print(f"{'arm':<10} {'train s':>9} {'held s':>9} {'publish s':>10}")
@@ -116,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"callback gather (export) alone: {res['callback']['gather_s']:.3f}s; held target <= "
           f"{res['target_held_s']:.3f}s: {'met' if res['target_met'] else 'NOT met'}; "
           f"step held {100 * res['held_saved_fraction']:.0f}% less than publishing in the step")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"benchmark": "trl_callback", "quick": args.quick, **res}, indent=1) + "\n")
     return 0
 
 

@@ -16,7 +16,9 @@ attaches to the run at version 0, then per version, in the same engine and the s
 Also: the worker's resident memory beyond vLLM's own (after loading, before deltarl attaches) in
 BF16 model copies, and the bytes of vLLM's RPC messages an update sends (msgpack, as vLLM encodes).
 
-    python -m benchmarks.vllm_update [--shape 0.6b|1.7b] [--versions 3] [--fraction 0.01]
+    python -m benchmarks.vllm_update [--shape 0.6b|1.7b] [--versions 3] [--fraction 0.01] [--quick] [--out FILE]
+
+``--quick`` (a smoke run: tests/integration/vllm, in ``.venv-vllm``): the tiny shapes, 2 versions.
 """
 
 from __future__ import annotations
@@ -182,8 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fraction", type=float, default=0.01)
     ap.add_argument("--workdir", default=None, help="where the checkpoint and the store go (default: the temp dir)")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: the tiny shapes, 2 versions")
     args = ap.parse_args(argv)
-    res = run(args)
+    if args.quick:
+        args.shape, args.versions = "tiny", 2
+    res = {"benchmark": "vllm_update", "quick": args.quick, **run(args)}
     m = res["median"]
     print(f"\nvLLM CPU, Qwen3-{args.shape} shapes ({res['model_bytes'] / 1e9:.2f} GB BF16), {args.fraction:.1%} changed, medians of {args.versions} versions")
     print(f"{'what':34s} {'ms':>10s}")

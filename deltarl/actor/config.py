@@ -6,11 +6,12 @@ Importable without torch. Flags of ``deltarl actor`` override the file's fields.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deltarl import defaults
+from deltarl.actor.backends import BACKENDS, BackendEntry, backend_entry
 from deltarl.configfile import load_model
 from deltarl.errors import ConfigError
 
@@ -37,11 +38,12 @@ class ActorConfig(BaseModel):
     relays: list[str] = Field(default_factory=list, description="relay URLs in order of preference (overrides the region's)")
     regions: dict[str, RegionConfig] = Field(default_factory=dict, description="relays per region (deployment files)")
     streams: int = Field(default=4, ge=1, le=64, description="parallel TCP streams of the weight fetcher")
-    backend: Literal["hf", "vllm"] = Field(default="hf", description="generation backend: transformers or vLLM")
+    backend: str = Field(default="hf", description=f"generation backend, by name ({', '.join(sorted(BACKENDS))}: "
+                         "deltarl.actor.backends.BACKENDS)")
     device: str = Field(default="cpu", description="torch device of the hf backend")
-    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="vllm backend: GPUs per model replica")
-    vllm_options: dict[str, Any] = Field(default_factory=dict, description="vllm backend: more vllm.LLM keyword "
-                                         "arguments (max_model_len, gpu_memory_utilization, enforce_eager, ...)")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="the engine's keyword options (vllm: "
+                                           "vllm.LLM arguments such as max_model_len, enforce_eager, tensor_parallel_size); "
+                                           "a parallel size the engine cannot serve is refused here")
     throttle: float = Field(default=1.0, ge=1.0, le=1000.0, description="emulate hardware this many times slower")
     max_prompts: int | None = Field(default=None, ge=1, le=10**6, description="cap on prompts per lease (None: the coordinator decides)")
     max_batch: int = Field(default=256, ge=1, le=1 << 16, description="sequences per forward batch of the hf backend")
@@ -63,7 +65,12 @@ class ActorConfig(BaseModel):
         for url in [*self.relays, *(u for r in self.regions.values() for u in r.relays)]:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"relay URL must be http(s)://host:port, got {url!r}")
+        backend_entry(self.backend).check_options(self.engine_options)
         return self
+
+    def backend_entry(self) -> BackendEntry:
+        """The backend table's row for ``backend``."""
+        return backend_entry(self.backend)
 
     def relay_urls(self) -> list[str]:
         """Relays to try, in order: ``relays`` if given, else the region's."""

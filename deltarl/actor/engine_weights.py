@@ -19,7 +19,7 @@ from deltarl.actor.weights import Weights
 from deltarl.errors import ConfigError, RunError
 
 if TYPE_CHECKING:
-    from deltarl.actor.backends.vllm import VLLMEngineBackend
+    from deltarl.actor.backends.base import EngineBackend
     from deltarl.actor.config import ActorConfig
     from deltarl.actor.events import CommitTiming
     from deltarl.storage.store import ObjectStore
@@ -28,11 +28,11 @@ log = logging.getLogger(__name__)
 
 
 class EngineWeights(Weights):
-    """Bootstrap and safe-point commits of a :class:`VLLMEngineBackend`'s served weights."""
+    """Bootstrap and safe-point commits of an engine backend's served weights (vLLM's)."""
 
     def __init__(self, config: ActorConfig, store: ObjectStore | None, *, store_url: str | None = None) -> None:
         super().__init__(config, store)
-        self.engine: VLLMEngineBackend | None = None
+        self.engine: EngineBackend | None = None
         self._store_url = store_url or config.store
         self._served: tuple[int, str] | None = None
         self._head_version: int | None = None

@@ -23,6 +23,7 @@ import asyncio
 import bisect
 import functools
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -78,12 +79,16 @@ class _Object:
     #: needs no pass of its own at the end; ``mismatch`` if one differed
     checked_by_range: bool = False
     mismatch: bool = False
+    #: ranges land on worker threads at once (:meth:`land`): the buffer is allocated once, under it
+    _alloc: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def write(self, start: int, data: bytes) -> None:
         """Put one arrived range where it belongs: the object's buffer, or the caller's views."""
         if self.views is None:
             if len(self.buf) != self.ref.size:
-                self.buf = bytearray(self.ref.size)  # allocated when the first range lands
+                with self._alloc:  # two first ranges each allocating would drop what landed in the lost one
+                    if len(self.buf) != self.ref.size:
+                        self.buf = bytearray(self.ref.size)  # allocated when the first range lands
             self.buf[start : start + len(data)] = data
             return
         i = bisect.bisect_right(self.views, start, key=lambda v: v[0]) - 1

@@ -234,21 +234,23 @@ class Follower:
         on_commit: Callable[[CommitInfo], None] | None = None,
     ) -> CommitInfo | None:
         """The blocking form of :meth:`follow` (its own event loop): follow, then write the last
-        committed state to ``out`` if given, also when ``stop`` ended it early."""
+        committed state to ``out`` if given, also when ``stop`` ended it early; not when following
+        failed (a run re-created under the same name: the held weights are no version of it)."""
 
         async def main() -> CommitInfo | None:
             stopped = asyncio.Event()
             watch = asyncio.ensure_future(_watch(stop, stopped)) if stop is not None else None
             async with self:
                 try:
-                    return await self.follow(until_version, stop=stopped, bootstrap_timeout_s=bootstrap_timeout_s,
+                    last = await self.follow(until_version, stop=stopped, bootstrap_timeout_s=bootstrap_timeout_s,
                                              on_commit=on_commit)
                 finally:
                     if watch is not None:
                         watch.cancel()
                         await asyncio.gather(watch, return_exceptions=True)
-                    if out is not None and self.state:
-                        self.save(out)
+                if out is not None and self.state:
+                    self.save(out)
+                return last
 
         return asyncio.run(main())
 

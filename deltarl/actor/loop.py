@@ -36,12 +36,11 @@ from deltarl.errors import (
     CoordinatorError,
     DeltaRLError,
     IntegrityError,
-    RunError,
     UnknownActor,
 )
 
 if TYPE_CHECKING:
-    from deltarl.actor.backends.base import Generation, GenerationBackend
+    from deltarl.actor.backends.base import BackendAdapter, Generation, GenerationBackend
     from deltarl.protocol.records import LeaseGrant, PromptItem, RolloutResult
     from deltarl.storage.store import ObjectStore
 
@@ -145,9 +144,8 @@ class ActorLoop:
             self._write_state()
             if self.weights is not None:
                 self.weights.close()
-            shutdown = getattr(self.backend, "close", None)  # vLLM: its engine processes
-            if callable(shutdown):
-                shutdown()
+            if self.backend is not None:
+                self.backend.close()  # vLLM: its engine processes
             held = None if self.weights is None else self.weights.held
             self.events.emit("exit", version=None if held is None else held[0],
                              admitted=self.results_admitted, rejected=self.results_rejected)
@@ -189,8 +187,8 @@ class ActorLoop:
         return None
 
     def _setup(self, store: ObjectStore | None) -> None:
-        """Wait for the run, read its model spec, bootstrap the newest version into a backend."""
-        from deltarl.actor.weights import Weights
+        """Wait for the run, read its model spec, bootstrap the newest version into a backend (built
+        by the backend table's adapter: ``deltarl.actor.backends.BACKENDS``)."""
         from deltarl.model.tasks import TaskSpec, build_task
         from deltarl.model.tokenizer import load_tokenizer
 
@@ -199,12 +197,8 @@ class ActorLoop:
             import torch
 
             torch.set_num_threads(cfg.torch_threads)
-        if cfg.backend == "vllm":  # the weights live in vLLM's workers, which read the run themselves
-            from deltarl.actor.engine_weights import EngineWeights
-
-            self.weights = EngineWeights(cfg, store)
-        else:
-            self.weights = Weights(cfg, store)  # relays first, the origin (if any) last: model.json too
+        adapter: BackendAdapter = cfg.backend_entry().load()
+        self.weights = adapter.open_weights(cfg, store)
         info = self.weights.wait_model_json(timeout_s=cfg.bootstrap_timeout_s, stop=self._stop)
         if info is None:
             return
@@ -212,40 +206,14 @@ class ActorLoop:
         self.tokenizer = load_tokenizer(info.tokenizer)
         self.task = build_task(TaskSpec(**info.task)) if info.task else None
         t0 = time.perf_counter()
-        self.backend = self._build_backend()
+        self.backend, live = adapter.build(cfg, info, self.tokenizer, self.weights)
         self.metrics.follow_fetcher(self.weights.fetch_stats)
-        if cfg.backend == "vllm":
-            self.weights.engine = self.backend
-            live: Any = None
-        else:
-            live = self.backend.state_dict_for_update()
         if not self.weights.bootstrap(live, timeout_s=cfg.bootstrap_timeout_s, stop=self._stop):
             return
         self.metrics.bootstrapped(self.weights.version)
         self.events.emit("bootstrap", version=self.weights.version, version_id=self.weights.version_id,
                          seconds=round(time.perf_counter() - t0, 4), fetch=self.weights.fetch_stats())
         log.info("actor %s bootstrapped version %d in %.2fs", self.name, self.weights.version, time.perf_counter() - t0)
-
-    def _build_backend(self) -> GenerationBackend:
-        """The generation backend with the run's model (its weights are overwritten by the bootstrap)."""
-        cfg = self.config
-        if cfg.backend == "vllm":
-            from deltarl.actor.backends.vllm import VLLMEngineBackend
-
-            if self.model_info.model.is_tiny:
-                raise RunError("the vllm backend serves a local Hugging Face checkpoint: model.name must be its path")
-            return VLLMEngineBackend(self.model_info.model.name, tensor_parallel_size=cfg.tensor_parallel_size,
-                                     seed=cfg.seed, throttle=cfg.throttle, **cfg.vllm_options)
-        return self._hf_backend()
-
-    def _hf_backend(self) -> GenerationBackend:
-        from deltarl.actor.backends.hf import HFBackend
-
-        cfg = self.config
-        tok = self.tokenizer
-        return HFBackend.from_spec(self.model_info.model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                                   device=cfg.device, seed=cfg.seed, throttle=cfg.throttle,
-                                   max_batch=cfg.max_batch)
 
     def _heartbeat(self, client: Any, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
@@ -379,14 +347,6 @@ class ActorLoop:
 
     # --- exit --------------------------------------------------------------------------------------
 
-    def _served_digest(self) -> str:
-        """The state digest of the weights generation uses (vLLM: hashed in its workers)."""
-        from deltarl.codec.tensors import state_digest
-
-        assert self.backend is not None
-        served = getattr(self.backend, "served_digest", None)
-        return str(served()) if callable(served) else state_digest(self.backend.state_dict_for_update())
-
     def _write_state(self) -> None:
         """Write ``{version, version_id, state_digest}`` of the live weights to ``config.state_out``."""
         path = self.config.state_out
@@ -395,7 +355,7 @@ class ActorLoop:
             return
         try:
             record = {"actor": self.name, "actor_id": self.actor_id, "version": held[0], "version_id": held[1],
-                      "state_digest": self._served_digest()}
+                      "state_digest": self.backend.served_digest()}
             with open(path + ".tmp", "w") as fh:
                 json.dump(record, fh, sort_keys=True)
             import os

@@ -8,6 +8,7 @@ import sys
 from types import FrameType
 from typing import Any
 
+from deltarl.actor.backends import BACKENDS
 from deltarl.commands._store import have_torch, store_help
 
 HELP = "run a rollout actor: lease prompts, generate on the current version, commit new versions between batches"
@@ -27,10 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--relay", action="append", default=None, metavar="URL",
                         help="relay URL, in order of preference (repeatable; replaces the config's relays)")
     parser.add_argument("--streams", type=int, default=None, metavar="N", help="parallel fetch streams")
-    parser.add_argument("--backend", choices=("hf", "vllm"), default=None, help="generation backend")
-    parser.add_argument("--vllm-option", action="append", default=None, metavar="KEY=VALUE",
-                        help="vllm backend: a vllm.LLM keyword argument (VALUE read as JSON, else a string; "
-                             "repeatable), e.g. max_model_len=512")
+    parser.add_argument("--backend", choices=sorted(BACKENDS), default=None,
+                        help="generation backend: " + "; ".join(f"{e.name}: {e.summary}" for e in BACKENDS.values()))
+    parser.add_argument("--engine-option", action="append", default=None, metavar="KEY=VALUE",
+                        help="a keyword option of the backend's engine (vllm: a vllm.LLM argument; VALUE read as "
+                             "JSON, else a string; repeatable), e.g. max_model_len=512")
     parser.add_argument("--device", default=None, help="torch device of the hf backend (cpu, cuda, cuda:1)")
     parser.add_argument("--throttle", type=float, default=None, metavar="X",
                         help="emulate hardware X times slower (>= 1; fleets of unequal actors on one machine)")
@@ -46,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-host", default=None, metavar="HOST", help="address of --metrics-port (default 0.0.0.0)")
 
 
-def _vllm_options(items: list[str] | None) -> dict[str, Any] | None:
+def engine_options(items: list[str] | None) -> dict[str, Any] | None:
     """``KEY=VALUE`` flags as a dict (VALUE as JSON where it parses); None without any."""
     import json
 
@@ -56,7 +58,7 @@ def _vllm_options(items: list[str] | None) -> dict[str, Any] | None:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"deltarl actor: --vllm-option wants KEY=VALUE, not {item!r}")
+            raise SystemExit(f"deltarl actor: --engine-option wants KEY=VALUE, not {item!r}")
         try:
             out[key] = json.loads(value)
         except ValueError:
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             region=args.region, relays=args.relay, streams=args.streams, backend=args.backend, device=args.device,
             throttle=args.throttle, max_prompts=args.max_prompts, seed=args.seed, events=args.events,
             state_out=args.state_out, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-            vllm_options=_vllm_options(args.vllm_option),
+            engine_options=engine_options(args.engine_option),
         )
         config.resolved_token()
         config.check_sources()

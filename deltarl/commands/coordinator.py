@@ -17,7 +17,8 @@ TOKEN_ENV = defaults.COORDINATOR_TOKEN_ENV
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default=None, metavar="URL",
-                        help=store_help("store URL, required unless --config names one"))
+                        help=store_help("store URL, required unless --config names one; a missing local folder is created "
+                                     "(the coordinator writes results there), a missing bucket is an error"))
     parser.add_argument("--run", default=None, metavar="RUN", help="run name, its prefix in the store (required unless --config names one)")
     parser.add_argument("--listen", default=None, metavar="HOST:PORT",
                         help=f"address to bind (default from --config, else {defaults.COORDINATOR_HOST}:{defaults.COORDINATOR_PORT}; port 0 picks one)")
@@ -55,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
         store_url, run_name = args.store or config.store, args.run or config.run
         if not store_url or not run_name:
             raise ValueError("give --store and --run (or 'store:' and 'run:' in the --config file)")
-        store = open_store(store_url, must_exist=True)  # the trainer creates the run; a typo is no new store
+        # the coordinator writes the run's results: a missing local folder is created (it may start
+        # before the trainer); a bucket never is (a missing one fails at start, naming it)
+        store = open_store(store_url)
     except (DeltaRLError, ValueError) as err:
         print(f"deltarl coordinator: {err}", file=sys.stderr)
         return 2

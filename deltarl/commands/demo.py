@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 from deltarl import defaults
+from deltarl.actor.backends import BACKENDS
 from deltarl.commands._store import have_torch, store_help
 from deltarl.commands.trainer import add_sink_arguments, sink_overrides
 
@@ -30,10 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, metavar="PATH",
                         help="a local Hugging Face checkpoint directory (any causal LM, with its tokenizer) instead of "
                              "the tiny model; nothing is downloaded")
-    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf",
-                        help="the actors' generation backend (vllm: vLLM's engine with the deltarl weight-transfer "
-                             "backend, vLLM installed, e.g. .venv-vllm; without --model it serves a tiny checkpoint "
-                             "written under --out)")
+    parser.add_argument("--backend", choices=sorted(BACKENDS), default="hf",
+                        help="the actors' generation backend (" + "; ".join(
+                            f"{e.name}: {e.summary}" for e in BACKENDS.values())
+                        + "); a backend that serves a checkpoint directory gets a tiny one written under --out "
+                          "when --model is not given")
     parser.add_argument("--lr", type=float, default=None, metavar="LR",
                         help="GRPO learning rate (default 1.5e-5 for the tiny model, 1e-6 for --model)")
     parser.add_argument("--warmup-steps", type=int, default=None, metavar="N",
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup_steps is not None and args.warmup_steps < 0:
         print("deltarl demo: need --warmup-steps >= 0")
         return 2
-    if args.backend == "vllm" and args.model is None:  # vLLM serves a checkpoint directory: write a tiny one
+    if BACKENDS[args.backend].needs_checkpoint and args.model is None:  # it serves a directory: write a tiny one
         args.model, args.lr, args.warmup_steps = _servable_tiny(args)
     if args.model is not None:
         from deltarl.demo.preset import check_checkpoint

@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from deltarl import defaults
+from deltarl.actor.backends import backend_entry
 from deltarl.demo.procs import Child, stop_all
 from deltarl.demo.view import DemoView, StepRow
 from deltarl.errors import ChildError
@@ -55,7 +56,7 @@ class DemoOptions:
     model: str | None = None  # a local HF checkpoint directory instead of the tiny model
     lr: float | None = None  # GRPO lr (None: the preset's, 1e-6 for a checkpoint)
     warmup_steps: int | None = None  # supervised warm-up steps (None: the preset's, 0 for a checkpoint)
-    backend: str = "hf"  # the actors' generation backend: hf, or vllm (needs ``model``)
+    backend: str = "hf"  # the actors' generation backend, by name (deltarl.actor.backends.BACKENDS)
 
 
 @dataclass
@@ -149,16 +150,15 @@ class Demo:
 
     def _env(self) -> dict[str, str]:
         env = {defaults.COORDINATOR_TOKEN_ENV: self.token, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        if self.o.backend == "vllm":  # vLLM's CPU build: a 1 GiB KV cache, not a share of the host
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+        for key, value in backend_entry(self.o.backend).demo_env.items():  # the caller's setting wins
+            env[key] = os.environ.get(key, value)
         return env
 
     def _backend_args(self) -> list[str]:
-        """The actors' backend flags: vLLM small and eager enough for a shared CPU machine."""
-        if self.o.backend != "vllm":
-            return []
-        return ["--backend", "vllm", "--vllm-option", "enforce_eager=true",
-                "--vllm-option", "gpu_memory_utilization=0.05", "--vllm-option", "max_num_seqs=64"]
+        """The actors' backend flags: the engine small enough for a shared CPU machine (its table row's demo options)."""
+        entry = backend_entry(self.o.backend)
+        options = [f"{k}={json.dumps(v)}" for k, v in entry.demo_options.items()]
+        return ["--backend", entry.name, *(arg for opt in options for arg in ("--engine-option", opt))]
 
     def _start_services(self) -> tuple[str, str]:
         from deltarl.coordinator.config import CoordinatorConfig, SchedulerConfig, ServiceConfig

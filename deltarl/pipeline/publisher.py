@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from deltarl.codec.finite import check_before_encode, check_finite, is_finite
@@ -37,6 +38,7 @@ from deltarl.pipeline.reader import table_of
 from deltarl.pipeline.uploads import (
     UploadPool,
     check_materialized,
+    check_readable,
     copy_into,
     cpu_copy,
     discard,
@@ -219,9 +221,12 @@ class Publisher:
 
         writer = self._writer
         writer.check_open()
-        table = tensor_table(state)  # refuses unsupported values, naming the tensor
-        if not table:
+        # Every refusal of the state comes before anything is written (or the claim renewed), so a
+        # refused publish leaves the publisher as it was: the next call publishes the same version.
+        if not state:
             raise RunError(f"run {self.run!r}: refusing to publish an empty state (no tensors)")
+        check_readable(state)
+        table = tensor_table(state)  # refuses unsupported values, naming the tensor
         writer.check_table(table)
         check_changes, base_check = self._check_changes(state, allow_nonfinite)
         t0 = time.perf_counter()
@@ -253,7 +258,9 @@ class Publisher:
             committed = writer.commit(version, step, table, segments=segments, parts=parts, changed=changed,
                                       digest=digest, renewal=renewal)
         except BaseException as err:
-            if isinstance(err, WriterConflict) or (renewal is not None and renewal.done() and renewal.exception()):
+            if renewal is not None:  # settle the claim's renewal: the next one must not race it
+                wait_futures([renewal])
+            if isinstance(err, WriterConflict) or (renewal is not None and renewal.exception()):
                 writer.closed = True  # the claim is lost: what we wrote may now be another writer's keys
             elif not writer.has_committed(version):
                 discard(self.store, uploads)

@@ -35,6 +35,21 @@ def check_materialized(state: Mapping[str, Any]) -> None:
             )
 
 
+def check_readable(state: Mapping[str, Any]) -> None:
+    """TensorMismatch naming the first entry of ``state`` the writer could not read as it stands: a
+    name that is not a non-empty string, or a CPU tensor (or array) that is not contiguous (the
+    encoder and the keyframe writer read each tensor's memory in place). Device tensors are copied
+    to the CPU as they are read, so their layout does not matter."""
+    for name, value in state.items():
+        if not isinstance(name, str) or not name:
+            raise TensorMismatch(f"tensor name {name!r}: names must be non-empty strings")
+        if isinstance(value, np.ndarray):
+            if not value.flags.c_contiguous:
+                raise TensorMismatch(f"tensor {name!r} is not C-contiguous (np.ascontiguousarray it, or publish a copy)")
+        elif getattr(getattr(value, "device", None), "type", None) == "cpu" and not value.is_contiguous():
+            raise TensorMismatch(f"tensor {name!r} is not contiguous (.contiguous() it, or publish a copy)")
+
+
 def cpu_copy(value: Any) -> Any:
     """A private, contiguous CPU copy of one state value (torch tensor or numpy array)."""
     if isinstance(value, np.ndarray):

@@ -22,9 +22,10 @@ Precedence: deltarl's own backends win for plain paths, ``file://``, ``memory://
 ``O_EXCL``, S3 conditional writes through boto3); fsspec takes every other scheme it knows.
 
 Extra keyword options go to the backend's constructor; an unknown option or a malformed URL
-raises :class:`~deltarl.errors.ConfigError`. Roles that only read a store (and those that add to a
-run someone else created: a relay's upstream, the coordinator) open it with ``must_exist=True``, so
-a mistyped local path is refused instead of becoming a new, empty store.
+raises :class:`~deltarl.errors.ConfigError`. Roles that only read a store (inspect, replay, gc, a
+relay's upstream, an actor's origin) open it with ``must_exist=True``, so a mistyped local path is
+refused instead of becoming a new, empty store. Writers (the trainer, the coordinator, which writes
+a run's results and may start first) create a missing local folder; no role creates a bucket.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The transformers generation backend (CPU and GPU): batched sampling with per-token logprobs.
+"""The transformers generation backend (CPU and GPU): batched sampling with per-token logprobs,
+and its adapter for the actor (:func:`open_weights`, :func:`build`; the table row is ``hf``).
 
 The model is held in BF16 (the dtype the trainer exports and the publisher ships), so the live
 parameters are bit for bit the exported tensors, by the same names. Sampling is a plain decode loop
@@ -18,7 +19,11 @@ from deltarl.actor.backends.base import FinishReason, Generation, ThroughputMete
 if TYPE_CHECKING:
     import torch
 
+    from deltarl.actor.config import ActorConfig
+    from deltarl.actor.weights import Weights
     from deltarl.model.build import ModelSpec
+    from deltarl.model.record import RunModelInfo
+    from deltarl.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +110,15 @@ class HFBackend:
 
         load_bf16_into(self.model, dict(state))
 
+    def served_digest(self) -> str:
+        """The state digest of the live parameters."""
+        from deltarl.codec import state_digest
+
+        return str(state_digest(self.state_dict_for_update()))
+
+    def close(self) -> None:
+        """Nothing to release: the model is this process's memory."""
+
     def generate(
         self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float, n: int = 1
     ) -> list[Generation]:
@@ -182,3 +196,19 @@ class HFBackend:
             reason: FinishReason = "stop" if stopped else "length"
             gens.append(Generation([int(t) for t in trow[:n_keep]], [float(x) for x in lrow[:n_keep]], reason))
         return gens
+
+
+# --- the actor's adapter (deltarl.actor.backends.BACKENDS["hf"]) --------------------------------------
+def open_weights(config: ActorConfig, store: ObjectStore | None) -> Weights:
+    """The subscriber-backed weights handle: the live parameters are the state it commits into."""
+    from deltarl.actor.weights import Weights
+
+    return Weights(config, store)  # relays first, the origin (if any) last: model.json too
+
+
+def build(config: ActorConfig, info: RunModelInfo, tokenizer: Any, weights: Weights) -> tuple[HFBackend, Any]:
+    """The run's model in BF16 on ``config.device``; its live parameters are what the bootstrap fills."""
+    backend = HFBackend.from_spec(info.model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                  device=config.device, seed=config.seed, throttle=config.throttle,
+                                  max_batch=config.max_batch)
+    return backend, backend.state_dict_for_update()

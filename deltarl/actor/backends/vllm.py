@@ -5,24 +5,31 @@ The engine (``deltarl.integrations.vllm``, registered with vLLM by deltarl's plu
 run in each worker, decodes against the live parameters and commits in place; this process only
 sends vLLM's weight-transfer calls (a few dozen bytes each) and reads back the served version.
 The actor names the engine by vLLM's protocol (backend ``deltarl``, the worker extension's class
-path): it imports nothing of the integration. The served weights never exist in this process, so
-:meth:`state_dict_for_update`, :meth:`commit` and :meth:`load_state` are not offered;
-:class:`~deltarl.actor.engine_weights.EngineWeights` drives the updates instead.
+path): it imports nothing of the integration, which re-exports :data:`ENGINE_KWARGS` from here. The
+served weights never exist in this process, so the backend is an
+:class:`~deltarl.actor.backends.base.EngineBackend` (no host-side state to commit into):
+:class:`~deltarl.actor.engine_weights.EngineWeights` drives its updates through ``attach`` / ``update``. :func:`open_weights`
+and :func:`build` are the actor's adapter (the table row is ``vllm``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from deltarl.actor.backends.base import FinishReason, Generation, ThroughputMeter
-from deltarl.errors import TensorMismatch
+from deltarl.errors import RunError
 
 if TYPE_CHECKING:
-    import torch
+    from deltarl.actor.config import ActorConfig
+    from deltarl.actor.engine_weights import EngineWeights
+    from deltarl.actor.weights import Weights
+    from deltarl.model.record import RunModelInfo
+    from deltarl.storage.store import ObjectStore
 
-#: ``vllm.LLM`` keywords that select the deltarl engine (the same as ``deltarl.integrations.vllm.ENGINE_KWARGS``)
+#: keyword arguments of ``vllm.LLM`` (or ``vllm serve`` flags) that select the deltarl engine; the
+#: integration (``deltarl.integrations.vllm``) re-exports this dict and checks its names against its own
 ENGINE_KWARGS: dict[str, Any] = {
     "weight_transfer_config": {"backend": "deltarl"},
     "worker_extension_cls": "deltarl.integrations.vllm.worker.DeltaRLWorkerExtension",
@@ -96,21 +103,13 @@ class VLLMEngineBackend:
         return str(self.status(digest=True)["digest"])
 
     def close(self) -> None:
+        """Shut vLLM's engine processes down."""
         self.llm.llm_engine.engine_core.shutdown()
 
     # --- GenerationBackend ----------------------------------------------------------------------------
     @property
     def tokens_per_second(self) -> float | None:
         return self._meter.value
-
-    def state_dict_for_update(self) -> dict[str, torch.Tensor]:
-        raise TensorMismatch("the vLLM backend's weights live in vLLM's workers: updates go through the deltarl engine")
-
-    def commit(self, staged: Any) -> None:
-        raise TensorMismatch("the vLLM backend commits through the deltarl engine (update), not a host-staged update")
-
-    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        raise TensorMismatch("the vLLM backend loads a run's state through the deltarl engine (attach)")
 
     def generate(
         self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float, n: int = 1
@@ -132,3 +131,25 @@ class VLLMEngineBackend:
             time.sleep(elapsed * (self.throttle - 1.0))
         self._meter.record(sum(len(g.completion_token_ids) for g in gens), time.perf_counter() - t0)
         return gens
+
+
+# --- the actor's adapter (deltarl.actor.backends.BACKENDS["vllm"]) ------------------------------------
+def open_weights(config: ActorConfig, store: ObjectStore | None) -> EngineWeights:
+    """The engine-driving weights handle: this process reads only model.json, HEAD and manifests."""
+    from deltarl.actor.engine_weights import EngineWeights
+
+    return EngineWeights(config, store)
+
+
+def build(config: ActorConfig, info: RunModelInfo, tokenizer: Any, weights: Weights) -> tuple[VLLMEngineBackend, Any]:
+    """vLLM serving the run's checkpoint with ``config.engine_options``; ``weights`` drives its engine,
+    whose workers load the run themselves (no state in this process: None)."""
+    from deltarl.actor.engine_weights import EngineWeights
+
+    if info.model.is_tiny:
+        raise RunError("the vllm backend serves a local Hugging Face checkpoint: model.name must be its path")
+    if not isinstance(weights, EngineWeights):
+        raise TypeError("the vllm backend's weights come from deltarl.actor.backends.vllm.open_weights")
+    backend = VLLMEngineBackend(info.model.name, seed=config.seed, throttle=config.throttle, **config.engine_options)
+    weights.engine = backend
+    return backend, None

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from deltarl.actor.backends.vllm import (
+    ENGINE_KWARGS as ENGINE_KWARGS,  # defined once, with the actor's backend
+)
 from deltarl.actor.backends.vllm import engine_attach, engine_finish, engine_status, engine_update
-from deltarl.integrations.vllm.plugin import BACKEND
-from deltarl.integrations.vllm.worker import WORKER_EXTENSION
-
-#: keyword arguments of ``vllm.LLM`` (or ``vllm serve`` flags) that select the deltarl engine
-ENGINE_KWARGS: dict[str, Any] = {"weight_transfer_config": {"backend": BACKEND}, "worker_extension_cls": WORKER_EXTENSION}
 
 
 def attach(llm: Any, store: str, run: str, **init: Any) -> dict[str, Any]:

@@ -84,13 +84,9 @@ def test_relay_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
-@pytest.mark.parametrize("role", ["relay", "coordinator"])
-def test_roles_that_do_not_create_a_run_refuse_a_missing_store(tmp_path: Path, role: str) -> None:
+def test_a_relay_refuses_a_missing_upstream(tmp_path: Path) -> None:
     missing = tmp_path / "missing" / "dir"
-    argv = {
-        "relay": ["relay", "--upstream", str(missing), "--cache-dir", str(tmp_path / "cache"), "--listen", "127.0.0.1:0"],
-        "coordinator": ["coordinator", "--store", str(missing), "--run", "r", "--token", "t", "--listen", "127.0.0.1:0"],
-    }[role]
+    argv = ["relay", "--upstream", str(missing), "--cache-dir", str(tmp_path / "cache"), "--listen", "127.0.0.1:0"]
     out = subprocess.run([sys.executable, "-m", "deltarl.cli", *argv], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "Traceback" not in out.stderr

@@ -305,30 +305,61 @@ def test_racing_writers_on_seaweedfs_never_fork(seaweed_store):
     replay(seaweed_store, "r", verify=True)
 
 
-def test_a_refused_first_publish_writes_nothing_and_leaves_the_name_usable(memory_store):
-    """An empty state, a tensor that cannot be written (not contiguous) and a NaN are refused, each
-    with an error naming the problem, before anything of the run is written: run.json appears only
-    with the first committed version, so the same publisher (and any later one) still publishes."""
+def _refused(good: dict, kind: str) -> dict:
+    """``good`` spoiled one way the publisher refuses before it writes anything."""
     import torch
 
-    from deltarl.errors import NonFiniteTensor, TensorMismatch
+    name = sorted(good)[0]
+    bad = {k: v.clone() for k, v in good.items()}
+    if kind == "empty state":
+        return {}
+    if kind == "not contiguous":
+        bad[name] = torch.stack([good[name], good[name]], dim=-1)[..., 0]  # same values, strided
+        assert not bad[name].is_contiguous()
+    elif kind == "wrong dtype":
+        bad[name] = torch.zeros(good[name].shape, dtype=torch.int64)
+    elif kind == "not a tensor":
+        bad[name] = good[name].tolist()
+    elif kind == "meta tensor":
+        bad[name] = torch.empty(good[name].shape, dtype=good[name].dtype, device="meta")
+    elif kind == "NaN":
+        bad[name].view(-1)[0] = float("nan")
+    elif kind == "empty name":
+        bad[""] = bad.pop(name)
+    return bad
 
+
+REFUSALS = {"empty state": "empty state", "not contiguous": "is not contiguous", "wrong dtype": "unsupported torch dtype",
+            "not a tensor": "expected a torch tensor", "meta tensor": "meta device", "NaN": "NaN/Inf",
+            "empty name": "names must be non-empty strings"}
+
+
+@pytest.mark.parametrize("owned", [False, True], ids=["copied", "owned"])
+@pytest.mark.parametrize("kind", sorted(REFUSALS))
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+def test_a_refused_publish_writes_nothing_and_leaves_the_publisher_usable(tmp_path, store_kind, kind, owned):
+    """One rule (issue 33.13): every refusal of a state (empty, a tensor that is not contiguous, of
+    a dtype the format lacks, not a tensor, on the meta device, holding NaN, an empty name) comes
+    before anything is written or the claim renewed, so the same publisher publishes that version
+    next, as a first publish and as a later one; run.json appears only with the first commit."""
+    from deltarl.errors import DeltaRLError
+    from deltarl.storage import LocalStore
+
+    store = MemoryStore() if store_kind == "memory" else LocalStore(tmp_path / "store")
     lay = RunLayout("e")
     trainer = TinyTrainer(0)
-    good = trainer.export()
-    with Publisher(memory_store, "e") as pub:
-        with pytest.raises(RunError, match="empty state"):
-            pub.publish({}, 0)
-        strided = dict(good)
-        name = sorted(good)[0]
-        strided[name] = torch.stack([good[name], good[name]], dim=-1)[..., 0]  # same values, not contiguous
-        assert not strided[name].is_contiguous()
-        with pytest.raises(TensorMismatch, match=name):
-            pub.publish(strided, 0, owned=True)
-        nan = {k: v.clone() for k, v in good.items()}
-        nan[name].view(-1)[0] = float("nan")
-        with pytest.raises(NonFiniteTensor):
-            pub.publish(nan, 0)
-        assert [k for k in memory_store.list("e/") if k != lay.writer] == []
-        assert pub.publish(good, 0).version == 0
-    assert states_equal(replay(memory_store, "e", 0), good)
+    with Publisher(store, "e") as pub:
+        good = trainer.export()
+        with pytest.raises(DeltaRLError, match=REFUSALS[kind]):
+            pub.publish(_refused(good, kind), 0, owned=owned)
+        assert [k for k in store.list("e/") if k != lay.writer] == []
+        assert pub.publish(good, 0, owned=owned).version == 0
+        trainer.step()
+        later = trainer.export()
+        written = sorted(store.list("e/"))
+        with pytest.raises(DeltaRLError, match=REFUSALS[kind]):
+            pub.publish(_refused(later, kind), 1, owned=owned)
+        assert sorted(store.list("e/")) == written
+        assert pub.publish(later, 1, owned=owned).version == 1
+    assert states_equal(replay(store, "e", 0), good)
+    assert states_equal(replay(store, "e", 1), later)

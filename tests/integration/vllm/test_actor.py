@@ -53,7 +53,7 @@ async def test_vllm_actor_follows_versions_and_ends_on_the_trainers_bits(
     events, state_out = tmp_path / "events.jsonl", tmp_path / "state.json"
     cfg = ActorConfig(coordinator=coordinator_service.url, token=ACTOR_TOKEN, store=str(tmp_path / "store"), run=RUN,
                       events=str(events), state_out=str(state_out), idle_poll_s=0.05, head_poll_s=0.05, backend="vllm",
-                      vllm_options={"enforce_eager": True, "max_model_len": 128, "gpu_memory_utilization": 0.05,
+                      engine_options={"enforce_eager": True, "max_model_len": 128, "gpu_memory_utilization": 0.05,
                                     "max_num_seqs": 8})
     actor = ActorLoop(cfg, name="v1", store=store)
     thread = threading.Thread(target=actor.run, name="actor", daemon=True)
