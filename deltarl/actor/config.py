@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deltarl import defaults
-from deltarl.actor.backends import BACKENDS, BackendEntry, backend_entry
+from deltarl.actor.backends.table import BACKENDS, BackendEntry, backend_entry
 from deltarl.configfile import load_model
 from deltarl.errors import ConfigError
 
@@ -39,7 +39,7 @@ class ActorConfig(BaseModel):
     regions: dict[str, RegionConfig] = Field(default_factory=dict, description="relays per region (deployment files)")
     streams: int = Field(default=4, ge=1, le=64, description="parallel TCP streams of the weight fetcher")
     backend: str = Field(default="hf", description=f"generation backend, by name ({', '.join(sorted(BACKENDS))}: "
-                         "deltarl.actor.backends.BACKENDS)")
+                         "deltarl.actor.backends.table.BACKENDS)")
     device: str = Field(default="cpu", description="torch device of the hf backend")
     engine_options: dict[str, Any] = Field(default_factory=dict, description="the engine's keyword options (vllm: "
                                            "vllm.LLM arguments such as max_model_len, enforce_eager, tensor_parallel_size); "

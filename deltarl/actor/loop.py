@@ -188,7 +188,7 @@ class ActorLoop:
 
     def _setup(self, store: ObjectStore | None) -> None:
         """Wait for the run, read its model spec, bootstrap the newest version into a backend (built
-        by the backend table's adapter: ``deltarl.actor.backends.BACKENDS``)."""
+        by the backend table's adapter: ``deltarl.actor.backends.table.BACKENDS``)."""
         from deltarl.model.tasks import TaskSpec, build_task
         from deltarl.model.tokenizer import load_tokenizer
 

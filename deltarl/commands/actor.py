@@ -8,7 +8,7 @@ import sys
 from types import FrameType
 from typing import Any
 
-from deltarl.actor.backends import BACKENDS
+from deltarl.actor.backends.table import BACKENDS
 from deltarl.commands._store import have_torch, store_help
 
 HELP = "run a rollout actor: lease prompts, generate on the current version, commit new versions between batches"

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from deltarl import defaults
-from deltarl.actor.backends import BACKENDS
+from deltarl.actor.backends.table import BACKENDS
 from deltarl.commands._store import have_torch, store_help
 from deltarl.commands.trainer import add_sink_arguments, sink_overrides
 

@@ -24,7 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from deltarl import defaults
-from deltarl.actor.backends import backend_entry
+from deltarl.actor.backends.table import backend_entry
 from deltarl.demo.procs import Child, stop_all
 from deltarl.demo.view import DemoView, StepRow
 from deltarl.errors import ChildError
@@ -56,7 +56,7 @@ class DemoOptions:
     model: str | None = None  # a local HF checkpoint directory instead of the tiny model
     lr: float | None = None  # GRPO lr (None: the preset's, 1e-6 for a checkpoint)
     warmup_steps: int | None = None  # supervised warm-up steps (None: the preset's, 0 for a checkpoint)
-    backend: str = "hf"  # the actors' generation backend, by name (deltarl.actor.backends.BACKENDS)
+    backend: str = "hf"  # the actors' generation backend, by name (deltarl.actor.backends.table.BACKENDS)
 
 
 @dataclass

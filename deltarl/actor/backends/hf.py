@@ -112,7 +112,7 @@ class HFBackend:
 
     def served_digest(self) -> str:
         """The state digest of the live parameters."""
-        from deltarl.codec import state_digest
+        from deltarl.codec.tensors import state_digest
 
         return str(state_digest(self.state_dict_for_update()))
 
@@ -198,7 +198,7 @@ class HFBackend:
         return gens
 
 
-# --- the actor's adapter (deltarl.actor.backends.BACKENDS["hf"]) --------------------------------------
+# --- the actor's adapter (deltarl.actor.backends.table.BACKENDS["hf"]) --------------------------------------
 def open_weights(config: ActorConfig, store: ObjectStore | None) -> Weights:
     """The subscriber-backed weights handle: the live parameters are the state it commits into."""
     from deltarl.actor.weights import Weights

@@ -133,7 +133,7 @@ class VLLMEngineBackend:
         return gens
 
 
-# --- the actor's adapter (deltarl.actor.backends.BACKENDS["vllm"]) ------------------------------------
+# --- the actor's adapter (deltarl.actor.backends.table.BACKENDS["vllm"]) ------------------------------------
 def open_weights(config: ActorConfig, store: ObjectStore | None) -> EngineWeights:
     """The engine-driving weights handle: this process reads only model.json, HEAD and manifests."""
     from deltarl.actor.engine_weights import EngineWeights

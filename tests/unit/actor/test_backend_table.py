@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deltarl.actor.backends import BACKENDS, backend_entry
+from deltarl.actor.backends.table import BACKENDS, backend_entry
 from deltarl.actor.config import ActorConfig
 from deltarl.errors import ConfigError
 
@@ -81,7 +81,8 @@ def test_nothing_branches_on_a_backend_name_outside_its_own_adapter() -> None:
 
 def test_engine_kwargs_are_defined_once_and_name_the_integrations_engine() -> None:
     from deltarl.actor.backends import vllm as adapter
-    from deltarl.integrations.vllm import ENGINE_KWARGS, WORKER_EXTENSION
+    from deltarl.integrations.vllm import ENGINE_KWARGS
+    from deltarl.integrations.vllm.worker import WORKER_EXTENSION
     from deltarl.integrations.vllm.plugin import BACKEND
 
     assert ENGINE_KWARGS is adapter.ENGINE_KWARGS
