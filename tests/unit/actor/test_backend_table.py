@@ -82,8 +82,8 @@ def test_nothing_branches_on_a_backend_name_outside_its_own_adapter() -> None:
 def test_engine_kwargs_are_defined_once_and_name_the_integrations_engine() -> None:
     from deltarl.actor.backends import vllm as adapter
     from deltarl.integrations.vllm import ENGINE_KWARGS
-    from deltarl.integrations.vllm.worker import WORKER_EXTENSION
     from deltarl.integrations.vllm.plugin import BACKEND
+    from deltarl.integrations.vllm.worker import WORKER_EXTENSION
 
     assert ENGINE_KWARGS is adapter.ENGINE_KWARGS
     assert ENGINE_KWARGS == {"weight_transfer_config": {"backend": BACKEND}, "worker_extension_cls": WORKER_EXTENSION}
