@@ -27,11 +27,13 @@ ALLOWED: dict[str, set[str]] = {
     "model": BASE | {"storage", "codec", "pipeline"},
     "protocol": BASE | {"storage", "codec", "pipeline", "model"},
     "relay": BASE | {"storage", "codec", "pipeline"},
-    "actor": BASE | {"storage", "codec", "pipeline", "model", "protocol", "relay"},
+    # the in-place updater of an engine's live parameters: any engine (vLLM, the HF actor) adapts it
+    "updater": BASE | {"storage", "codec", "pipeline", "model"},
+    "actor": BASE | {"storage", "codec", "pipeline", "model", "protocol", "relay", "updater"},
     "coordinator": BASE | {"storage", "codec", "pipeline", "model", "protocol"},
     "trainer": BASE | {"storage", "codec", "pipeline", "model", "protocol"},
     # integrations.vllm runs inside vLLM's workers and reads the run through the actor's fetcher
-    "integrations": BASE | {"storage", "codec", "pipeline", "model", "protocol", "trainer", "actor"},
+    "integrations": BASE | {"storage", "codec", "pipeline", "model", "protocol", "trainer", "actor", "updater"},
 }
 TOP = {"__init__", "cli", "demo", "commands", "testing"}  # may import everything
 

@@ -12,7 +12,7 @@ import pytest
 
 import deltarl
 
-PACKAGES = ["actor", "codec", "commands", "coordinator", "demo", "integrations", "model", "pipeline", "protocol", "relay", "storage", "testing", "trainer"]
+PACKAGES = ["actor", "codec", "commands", "coordinator", "demo", "integrations", "model", "pipeline", "protocol", "relay", "storage", "testing", "trainer", "updater"]
 
 
 def test_import_deltarl_is_light() -> None:

@@ -153,9 +153,9 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         from deltarl.actor.fetcher import Fetcher
         from deltarl.actor.source import FetcherSource
         from deltarl.codec import trim, warm_codec_quietly
-        from deltarl.integrations.vllm.mapping import derive_views
         from deltarl.pipeline.catch_up import catch_up
         from deltarl.storage.open import open_store
+        from deltarl.updater.probe import derive_views
 
         if self._tp() != 1:
             raise ConfigError("deltarl's vLLM engine maps checkpoint tensors onto whole parameters: "

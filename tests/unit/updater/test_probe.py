@@ -1,4 +1,4 @@
-"""The load_weights probe of the vLLM engine (deltarl.integrations.vllm.mapping), on loaders written
+"""The load_weights probe of the in-place updater (deltarl.updater.probe), on loaders written
 the way vLLM's are (fused rows, padded vocabularies), without vLLM: the layouts it accepts as views
 and the ones it must refuse."""
 
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from deltarl.codec.tensors import TensorSpec  # noqa: E402
 from deltarl.errors import TensorMismatch  # noqa: E402
-from deltarl.integrations.vllm.mapping import derive_views  # noqa: E402
+from deltarl.updater.probe import derive_views  # noqa: E402
 
 H, Q, KV, V, PAD = 8, 8, 4, 10, 16
 SPECS = [TensorSpec("embed.weight", "bfloat16", (V, H)), TensorSpec("q.weight", "bfloat16", (Q, H)),

@@ -1,0 +1,10 @@
+"""deltarl.updater: keeping an engine's live parameters at a run's version, in place.
+
+* :mod:`~deltarl.updater.probe` - ``derive_views``: checkpoint names → views of an engine's
+  parameters, found by probing the engine's own ``load_weights``
+"""
+from __future__ import annotations
+
+from deltarl.lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE
