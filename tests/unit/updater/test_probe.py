@@ -71,3 +71,51 @@ def test_a_tensor_the_loader_drops_is_refused() -> None:
     loader = _fused_loader(params)
     with pytest.raises(TensorMismatch, match=r"norm\.weight .* lands in 0 piece"):
         derive_views(lambda ws: loader((n, t) for n, t in ws if n != "norm.weight"), params, SPECS)
+
+
+def _tp_loader(params: dict[str, Any], rank: int, tp: int) -> Any:
+    """vLLM-style tensor parallel rank: q rows narrowed (column-parallel), o columns narrowed
+    (row-parallel), one KV head replicated on every rank, expert 0 on rank 0 only (expert parallel)."""
+
+    def load(weights: Iterable[tuple[str, Any]]) -> None:
+        for name, t in weights:
+            if name == "q.weight":
+                params["q"].copy_(t.narrow(0, rank * (Q // tp), Q // tp))
+            elif name == "o.weight":
+                params["o"].copy_(t.narrow(1, rank * (Q // tp), Q // tp))
+            elif name == "k.weight":
+                params["k"].copy_(t[:2])  # replicated: every rank the same rows
+            elif name == "e0.weight" and rank == 0:
+                params["w13"][0].copy_(t)
+
+    return load
+
+
+TP_SPECS = [TensorSpec("q.weight", "bfloat16", (Q, H)), TensorSpec("o.weight", "bfloat16", (H, Q)),
+            TensorSpec("k.weight", "bfloat16", (KV, H)), TensorSpec("e0.weight", "bfloat16", (4, H))]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_tensor_parallel_rank_maps_row_ranges_column_blocks_and_absent_experts(rank: int) -> None:
+    tp = 2
+    params = {"q": torch.randn(Q // tp, H).to(torch.bfloat16), "o": torch.randn(H, Q // tp).to(torch.bfloat16),
+              "k": torch.randn(2, H).to(torch.bfloat16), "w13": torch.randn(2, 4, H).to(torch.bfloat16)}
+    served = {n: p.clone() for n, p in params.items()}
+    views, placements = derive_views(_tp_loader(params, rank, tp), params, TP_SPECS, sharded=True)
+    regions = {p.name: (p.region.kind, p.region.start, p.region.stop) for p in placements}
+    want = {"q.weight": ("rows", rank * 4, rank * 4 + 4), "o.weight": ("cols", rank * 4, rank * 4 + 4),
+            "k.weight": ("rows", 0, 2)}
+    if rank == 0:
+        want["e0.weight"] = ("whole", 0, 4)
+    assert regions == want
+    assert all(torch.equal(params[n], served[n]) for n in params)  # the probe put the served values back
+    full = torch.randn(H, Q).to(torch.bfloat16)
+    _tp_loader(params, rank, tp)([("o.weight", full)])
+    assert torch.equal(views["o.weight"], full[:, rank * 4 : rank * 4 + 4])  # the view is the rank's column block
+
+
+def test_a_partial_tensor_is_refused_unless_sharded() -> None:
+    params = {"q": torch.zeros(Q // 2, H, dtype=torch.bfloat16), "o": torch.zeros(H, Q // 2, dtype=torch.bfloat16),
+              "k": torch.zeros(2, H, dtype=torch.bfloat16), "w13": torch.zeros(2, 4, H, dtype=torch.bfloat16)}
+    with pytest.raises(TensorMismatch, match="holds rows"):
+        derive_views(_tp_loader(params, 0, 2), params, TP_SPECS)
