@@ -100,22 +100,6 @@ class Served:
     prefetched: bool = False
 
 
-def _refuse_repacked_layers(model: Any) -> None:
-    """ConfigError (before anything is written) for layers whose kernel reads a repacked copy of
-    the loaded weights, so that an in-place write would not reach it: MoE experts on vLLM's CPU
-    build (``cpu_prepack_moe_weight`` after loading; measured: the probe maps them, the digest
-    matches, the tokens do not)."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    moe = [name for name, m in model.named_modules() if hasattr(m, "w13_weight")]  # vLLM's fused-experts layers
-    if moe:
-        raise ConfigError(f"deltarl's vLLM engine cannot update MoE models on vLLM's CPU build: it repacks the expert "
-                          f"weights after loading ({moe[0]} and {len(moe) - 1} more), so an in-place write would "
-                          "not reach its kernel")
-
-
 class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
     """The ``deltarl`` weight-transfer engine (one per vLLM worker; see the module docstring)."""
 
@@ -132,6 +116,7 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         self._store: Any = None
         self.views: dict[str, Any] = {}
         self.placements: list[Any] = []
+        self.experts: Any = None  # LiveExperts: MoE layers whose kernel reads a packed copy
         self.served: Served | None = None
         self._staged: tuple[Any, Any, str, float, float] | None = None  # (staged, manifest, id, fetch_s, decode_s)
         # the background staging of the next version: (version, base id, published, future)
@@ -153,6 +138,7 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         from deltarl.actor.fetcher import Fetcher
         from deltarl.actor.source import FetcherSource
         from deltarl.codec import trim, warm_codec_quietly
+        from deltarl.integrations.vllm.experts import LiveExperts
         from deltarl.pipeline.catch_up import catch_up
         from deltarl.storage.open import open_store
         from deltarl.updater.probe import derive_views
@@ -160,7 +146,6 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         if self._tp() != 1:
             raise ConfigError("deltarl's vLLM engine maps checkpoint tensors onto whole parameters: "
                               "tensor and pipeline parallel sizes must be 1 (each rank holds part of a tensor)")
-        _refuse_repacked_layers(self.model)
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="deltarl-vllm", daemon=True)
@@ -177,8 +162,11 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
 
         info = self._call(open_source())
         t0 = time.perf_counter()
-        params = dict(self.model.named_parameters())
-        self.views, self.placements = derive_views(self.model.load_weights, params, list(info.tensors))
+        if self.experts is None:  # MoE on the CPU build: live weights, the kernel's packed copy (kept across re-inits)
+            self.experts = LiveExperts(self.model)
+        with self.experts.loading():
+            params = dict(self.model.named_parameters())
+            self.views, self.placements = derive_views(self.model.load_weights, params, list(info.tensors))
         warm_codec_quietly({t.dtype for t in info.tensors})  # numba's kernels, before the first delta
         log.info("deltarl: %d checkpoint tensors mapped onto %d vLLM parameters in %.2f s",
                  len(self.views), len({p.param for p in self.placements}), time.perf_counter() - t0)
@@ -194,6 +182,7 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
 
         t0 = time.perf_counter()
         caught = self._call(bootstrap())
+        self.experts.repack()
         self.served = Served(caught.manifest.version, caught.version_id, fetch_s=time.perf_counter() - t0)
         trim()  # the probes' and the keyframe read's buffers back to the OS
         self._prefetch()
@@ -277,6 +266,8 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         self._staged = None
         t0 = time.perf_counter()
         staged.commit()
+        touched = self.experts.experts_of(self.placements, staged.tensors)
+        self.experts.repack(touched)
         pause = time.perf_counter() - t0
         digest_s = 0.0
         if manifest.state_digest is not None and self.init_info is not None and self.init_info.verify:
@@ -285,6 +276,7 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
             digest_s = time.perf_counter() - t1
             if got != manifest.state_digest.value:
                 staged.rollback()
+                self.experts.repack(touched)
                 shown_got, shown_rec = short_pair(got, manifest.state_digest.value)
                 raise IntegrityError(f"{manifest.key}: served weights hash to {shown_got}, the manifest records "
                                      f"{shown_rec}; version {manifest.version} rolled back")

@@ -1,0 +1,138 @@
+"""MoE experts on vLLM's CPU build: live expert weights deltarl writes, and the packed copy the kernel reads.
+
+After loading, vLLM's CPU build replaces each fused-experts layer's ``w13_weight`` / ``w2_weight``
+with a copy repacked for its grouped GEMM (``CPUUnquantizedExperts.process_weights_after_loading``:
+the intermediate dim padded to the kernel's alignment, then ``cpu_prepack_moe_weight``), so a write
+into those parameters never reaches the kernel as the checkpoint's values. :class:`LiveExperts`
+keeps, per such layer, the weights in the layout vLLM's loader writes (``[experts, 2 * inter, hidden]``
+and ``[experts, hidden, inter]``, the rank's experts and tensor-parallel slice): the ``load_weights``
+probe maps checkpoint tensors onto them (:meth:`LiveExperts.loading`), the updater writes them, and
+after each commit :meth:`LiveExperts.repack` re-derives the packed copy of the touched experts only
+(packing is per expert: one expert's packed block depends on that expert's weights alone). The
+cost: one more copy of the rank's expert weights in host memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Layer:
+    """One fused-experts layer: its module, the live weights, and how its kernel packs them."""
+
+    module: Any
+    prefix: str  # the parameters' name prefix ("model.layers.0.mlp.experts.")
+    w13: Any  # live [experts, 2 * inter, hidden]
+    w2: Any  # live [experts, hidden, inter]
+    isa: str
+
+
+def _packing_experts(module: Any) -> Any:
+    """The layer's CPU experts kernel when it reads a repacked copy (None: it reads the parameters)."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+    experts = getattr(kernel, "fused_experts", None)
+    if not isinstance(experts, CPUUnquantizedExperts) or getattr(experts, "_use_zentorch", False):
+        return None
+    return experts
+
+
+class LiveExperts:
+    """The live expert weights of every repacked fused-experts layer of ``model`` (none off the CPU build)."""
+
+    def __init__(self, model: Any) -> None:
+        import torch
+
+        self.layers: list[_Layer] = []
+        for name, module in model.named_modules():
+            packed = getattr(module, "w13_weight", None)
+            experts = None if packed is None else _packing_experts(module)
+            if experts is None:
+                continue
+            inter = int(experts.moe_config.intermediate_size_per_partition)
+            n, _, hidden = packed.shape
+            w13 = torch.zeros(n, 2 * inter, hidden, dtype=packed.dtype)
+            w2 = torch.zeros(n, hidden, inter, dtype=packed.dtype)
+            self.layers.append(_Layer(module, f"{name}." if name else "", w13, w2, experts.isa))
+        self._owner: dict[str, tuple[_Layer, str]] = {}
+        for layer in self.layers:
+            self._owner[f"{layer.prefix}w13_weight"] = (layer, "w13")
+            self._owner[f"{layer.prefix}w2_weight"] = (layer, "w2")
+
+    def __bool__(self) -> bool:
+        return bool(self.layers)
+
+    @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        """While inside, each layer's ``w13_weight`` / ``w2_weight`` are the live weights (the packed
+        ones are put back on exit): ``named_parameters`` and ``load_weights`` see and write them."""
+        import torch
+
+        swapped: list[tuple[Any, str, Any]] = []
+        try:
+            for layer in self.layers:
+                for attr, live in (("w13_weight", layer.w13), ("w2_weight", layer.w2)):
+                    packed = layer.module._parameters[attr]
+                    param = torch.nn.Parameter(live, requires_grad=False)
+                    param.__dict__.update(packed.__dict__)  # weight_loader and vLLM's attributes
+                    layer.module._parameters[attr] = param
+                    swapped.append((layer.module, attr, packed))
+            yield
+        finally:
+            for module, attr, packed in swapped:
+                module._parameters[attr] = packed
+
+    def experts_of(self, placements: Iterable[Any], names: Iterable[str]) -> dict[int, set[int]]:
+        """The experts (by layer index) that the checkpoint tensors ``names`` land in."""
+        where = {p.name: p for p in placements}
+        out: dict[int, set[int]] = {}
+        index = {id(layer): i for i, layer in enumerate(self.layers)}
+        for name in names:
+            pl = where.get(name)
+            owner = None if pl is None else self._owner.get(pl.param)
+            if owner is None:
+                continue
+            layer, which = owner
+            live = layer.w13 if which == "w13" else layer.w2
+            per_expert = live[0].numel()
+            out.setdefault(index[id(layer)], set()).update(range(pl.start // per_expert, (pl.start + pl.numel - 1) // per_expert + 1))
+        return out
+
+    def repack(self, touched: dict[int, set[int]] | None = None) -> int:
+        """Re-derive the packed copy of the ``touched`` experts (None: all) from the live weights;
+        returns how many experts were packed."""
+        import torch
+
+        done = 0
+        with torch.no_grad():
+            for i, layer in enumerate(self.layers):
+                experts = range(layer.w13.shape[0]) if touched is None else sorted(touched.get(i, ()))
+                for e in experts:
+                    self._pack_one(layer, e)
+                    done += 1
+        return done
+
+    @staticmethod
+    def _pack_one(layer: _Layer, e: int) -> None:
+        import torch
+
+        packed13, packed2 = layer.module.w13_weight, layer.module.w2_weight
+        inter, padded = layer.w2.shape[2], packed2.shape[2]
+        w13, w2 = layer.w13[e : e + 1], layer.w2[e : e + 1]
+        if padded != inter:  # the kernel's alignment: gate and up each padded with zero rows
+            pad13 = w13.new_zeros(1, 2 * padded, w13.shape[2])
+            pad13[:, :inter] = w13[:, :inter]
+            pad13[:, padded : padded + inter] = w13[:, inter:]
+            pad2 = w2.new_zeros(1, w2.shape[1], padded)
+            pad2[:, :, :inter] = w2
+            w13, w2 = pad13, pad2
+        torch.ops._C.prepack_moe_weight(w13.contiguous(), packed13.data[e : e + 1], layer.isa)
+        torch.ops._C.prepack_moe_weight(w2.contiguous(), packed2.data[e : e + 1], layer.isa)

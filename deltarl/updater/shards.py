@@ -1,0 +1,221 @@
+"""A rank that holds part of the model: deltas staged, keyframes loaded and digests hashed over only
+the :class:`~deltarl.updater.probe.Region` of each checkpoint tensor it holds.
+
+* :func:`stage_regions` decodes a delta's chunks into the rank's views. A chunk the rank's region
+  holds whole decodes with any codec against the rank's own base; a chunk that straddles the region
+  (a column block holds part of every row) decodes when its codec reads the base only at the changes
+  (``sparse``: elementwise, so positions outside the region are decoded against a placeholder and
+  dropped); anything else is refused (StagingError) before anything is written.
+* :func:`load_keyframe` copies each keyframe part's ranges that meet the rank's regions into its views.
+* :func:`owners` checks that the ranks' regions together cover every tensor exactly (replicated
+  regions, such as KV heads on more ranks than heads, once) and names which rank hashes which part;
+  :func:`digest_shares` hashes a rank's owned parts into shares that
+  :func:`~deltarl.pipeline.shard_digest.combine_digest` joins into the whole state's digest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from deltarl.codec import kernels, registry
+from deltarl.codec.apply import StagedUpdate, _Part
+from deltarl.codec.hashing import BLOCK, leaves
+from deltarl.codec.segment import ChunkInfo, read_segment_header
+from deltarl.codec.tensors import DTYPES, TensorSpec, flat_bits, stream_offsets, uint_dtype
+from deltarl.errors import BaseMismatch, StagingError, TensorMismatch
+from deltarl.pipeline.shard_digest import ShardHashes, TensorShardHashes
+from deltarl.updater.probe import Placement, Region
+
+RegionKey = tuple[str, str, int, int]  # (tensor, kind, start, stop)
+
+
+def _local_positions(region: Region, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mask of checkpoint flat positions ``pos`` inside the region, their local flat positions)."""
+    lo, hi = region.flat_range()
+    if region.kind != "cols":
+        inside = (pos >= lo) & (pos < hi)
+        return inside, pos - lo
+    row = region.shape[1]
+    col = pos % row
+    inside = (col >= region.start) & (col < region.stop)
+    return inside, (pos // row) * (region.stop - region.start) + col - region.start
+
+
+def _decode_chunk(c: ChunkInfo, payload: memoryview, region: Region, local: np.ndarray, udt: np.dtype) -> _Part | None:
+    """One chunk's changes inside the region, as a part of the rank's flat view ``local``."""
+    lo, hi = region.flat_range()
+    if c.start + c.count <= lo or c.start >= hi:
+        return None
+    if region.kind != "cols" and lo <= c.start and c.start + c.count <= hi:  # the region holds the chunk
+        old = local[c.start - lo : c.start - lo + c.count]
+        if c.codec in registry.GATHER_DECODERS:
+            dec = registry.GATHER_DECODERS[c.codec](lambda p: kernels.gather(old, p), c.count, payload, c.changed, udt)
+        else:
+            dec = registry.DECODERS[c.codec](old, payload, c.changed)
+        old_v = dec.old_values if dec.old_values is not None else kernels.gather(old, dec.positions)
+        pos = dec.positions + (c.start - lo)
+        return _Part(0, local.size, pos.astype(np.int64), old_v, dec.values)
+    gather = registry.GATHER_DECODERS.get(c.codec)
+    if gather is None:
+        raise StagingError(f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} ({c.codec}) straddles this rank's "
+                           f"part ({region.kind} [{region.start}, {region.stop})): its codec reads the whole chunk's "
+                           "base, which no rank holds alone (publish with codec 'sparse' for tensor-parallel engines)")
+
+    def read(p: np.ndarray) -> np.ndarray:
+        inside, where = _local_positions(region, p + c.start)
+        out = np.zeros(p.size, dtype=udt)  # outside the region: a placeholder, dropped below
+        out[inside] = kernels.gather(local, where[inside])
+        return out
+
+    dec = gather(read, c.count, payload, c.changed, udt)
+    inside, where = _local_positions(region, dec.positions + c.start)
+    old_v = dec.old_values if dec.old_values is not None else read(dec.positions)
+    return _Part(0, local.size, where[inside].astype(np.int64), old_v[inside], dec.values[inside])
+
+
+def stage_regions(views: Mapping[str, Any], placements: Sequence[Placement], table: Sequence[TensorSpec],
+                  segments: Iterable[bytes], *, base: str) -> StagedUpdate:
+    """Decode a delta's segments into this rank's ``views`` (nothing written): the staged update of
+    the rank's part. ``table`` is the run's tensor table (the segments name whole tensors).
+
+    Raises:
+        BaseMismatch, TensorMismatch, FormatError: as :func:`~deltarl.codec.stage_delta`.
+        StagingError: a chunk this rank cannot decode alone, or a delta that leaves a tensor uncovered.
+    """
+    specs = {s.name: s for s in table}
+    where = {p.name: p.region for p in placements}
+    covered: dict[str, int] = {}
+    parts: dict[str, list[_Part]] = {}
+    for data in segments:
+        header = read_segment_header(data)
+        if header.base != base:
+            raise BaseMismatch(f"segment applies to base {header.base!r}, state holds {base!r}")
+        for spec in header.tensors:
+            if specs.get(spec.name) != spec:
+                raise TensorMismatch(f"segment names tensor {spec.name!r} as {spec.dtype}{list(spec.shape)}, "
+                                     "which is not the run's tensor")
+        mv = memoryview(data).cast("B")
+        off = header.payload_offset
+        for c in header.chunks:
+            covered[c.tensor] = covered.get(c.tensor, 0) + c.count
+            region = where.get(c.tensor)
+            if c.changed and region is not None:
+                udt = np.dtype(uint_dtype(specs[c.tensor].dtype))
+                part = _decode_chunk(c, mv[off : off + c.nbytes], region, flat_bits(c.tensor, views[c.tensor]), udt)
+                if part is not None and part.pos.size:
+                    parts.setdefault(c.tensor, []).append(part)
+            off += c.nbytes
+    short = [n for n, s in specs.items() if covered.get(n, 0) != s.numel]
+    if short:
+        raise StagingError(f"delta incomplete: tensor {short[0]!r} has {covered.get(short[0], 0)} of "
+                           f"{specs[short[0]].numel} elements covered (a segment is missing)")
+    local = {n: views[n] for n in where}
+    local_specs = {n: TensorSpec(n, specs[n].dtype, tuple(int(d) for d in views[n].shape)) for n in where}
+    return StagedUpdate(local, base, parts, local_specs)
+
+
+async def load_keyframe(source: Any, manifest: Any, views: Mapping[str, Any], placements: Sequence[Placement],
+                        table: Sequence[TensorSpec]) -> None:
+    """Copy the keyframe of ``manifest`` into the rank's ``views``: each part is fetched (every byte
+    checked by its pieces) into scratch, and the ranges that meet the rank's regions are copied."""
+    from deltarl.actor.source import HEADER_PROBE
+    from deltarl.pipeline.keyframe import part_views
+
+    fetcher = source.fetcher
+    specs = {t.name: t for t in table}
+    where = {p.name: p.region for p in placements}
+    for part in manifest.keyframe.parts:
+        scratch = {name: np.empty(specs[name].numel, dtype=uint_dtype(specs[name].dtype)) for name, _, _ in part.tensors}
+        head = await fetcher.fetch_range(part.key, 0, min(part.size, HEADER_PROBE))
+        pv = part_views(part, head, specs, scratch, named_by=manifest.key)
+        if pv is None:
+            head = await fetcher.fetch_range(part.key, 0, 8 + int.from_bytes(head[:8], "little"))
+            pv = part_views(part, head, specs, scratch, named_by=manifest.key)
+            assert pv is not None
+        await fetcher.fetch_into(part, pv)
+        await asyncio.to_thread(_copy_ranges, part.tensors, scratch, views, where)
+
+
+def _copy_ranges(ranges: Iterable[tuple[str, int, int]], scratch: Mapping[str, np.ndarray], views: Mapping[str, Any],
+                 where: Mapping[str, Region]) -> None:
+    for name, start, count in ranges:
+        region = where.get(name)
+        if region is None:
+            continue
+        pos = np.arange(start, start + count, dtype=np.int64)
+        inside, local = _local_positions(region, pos)
+        flat = flat_bits(name, views[name], writable=True)
+        flat[local[inside]] = scratch[name][start : start + count][inside]
+
+
+def owners(table: Sequence[TensorSpec], regions: Sequence[Mapping[str, Region]]) -> list[set[str]]:
+    """Per rank, the tensors whose part it hashes for the engine's digest (a part several ranks hold:
+    the lowest). TensorMismatch unless the ranks' distinct parts tile every tensor exactly."""
+    out: list[set[str]] = [set() for _ in regions]
+    for spec in table:
+        held: dict[RegionKey, int] = {}
+        for rank, rs in enumerate(regions):
+            r = rs.get(spec.name)
+            if r is not None:
+                held.setdefault((spec.name, r.kind, r.start, r.stop), rank)
+        kinds = {k[1] for k in held}
+        spans = sorted((k[2], k[3]) for k in held)
+        whole_dim = spec.shape[1] if kinds == {"cols"} else (spec.shape[0] if spec.shape else 1)
+        tiled = bool(held) and len(kinds) == 1 and spans[0][0] == 0 and spans[-1][1] == whole_dim and all(
+            a[1] == b[0] for a, b in itertools.pairwise(spans))
+        if not tiled:
+            raise TensorMismatch(f"{spec.name}: the engine's ranks hold {sorted(held)[:4] or 'none of it'}, "
+                                 "which does not cover the tensor exactly once")
+        for rank in held.values():
+            out[rank].add(spec.name)
+    return out
+
+
+def _range_part(raw: memoryview, b0: int, total: int) -> TensorShardHashes:
+    """Hashes of the stream blocks wholly inside bytes ``[b0, b0 + len(raw))`` and the cut blocks' bytes."""
+    b1 = b0 + len(raw)
+    part = TensorShardHashes()
+    first, last = -(-b0 // BLOCK), b1 // BLOCK
+    if b1 == total and last * BLOCK < total:
+        last += 1
+    cuts = [(b0, b1)]
+    if first < last:
+        part.first_block = first
+        part.leaves = leaves(raw[first * BLOCK - b0 : min(last * BLOCK, total) - b0])
+        cuts = [(b0, first * BLOCK), (last * BLOCK, b1)]
+    for lo, hi in cuts:
+        pos = lo
+        while pos < hi:
+            end = min(hi, (pos // BLOCK + 1) * BLOCK)
+            part.fragments.append((pos // BLOCK, pos, bytes(raw[pos - b0 : end - b0])))
+            pos = end
+    return part
+
+
+def digest_shares(table: Sequence[TensorSpec], placements: Sequence[Placement], views: Mapping[str, Any],
+                  owned: set[str]) -> list[ShardHashes]:
+    """This rank's shares of the state digest: the parts of the ``owned`` tensors it holds."""
+    ordered = sorted(table, key=lambda s: s.name)
+    offsets = stream_offsets(ordered)
+    total = sum(s.numel * DTYPES[s.dtype][1] // 8 for s in ordered)
+    out: list[ShardHashes] = []
+    for pl in placements:
+        if pl.name not in owned:
+            continue
+        size = views[pl.name].element_size()
+        raw = memoryview(flat_bits(pl.name, views[pl.name])).cast("B")
+        r = pl.region
+        lo, _ = r.flat_range()
+        if r.kind != "cols":
+            out.append({pl.name: _range_part(raw, offsets[pl.name] + lo * size, total)})
+            continue
+        w, row = r.stop - r.start, r.shape[1]
+        for i in range(r.shape[0]):
+            start = offsets[pl.name] + (i * row + r.start) * size
+            out.append({pl.name: _range_part(raw[i * w * size : (i + 1) * w * size], start, total)})
+    return out
