@@ -219,3 +219,26 @@ def digest_shares(table: Sequence[TensorSpec], placements: Sequence[Placement], 
             start = offsets[pl.name] + (i * row + r.start) * size
             out.append({pl.name: _range_part(raw[i * w * size : (i + 1) * w * size], start, total)})
     return out
+
+
+async def catch_up_regions(source: Any, version: int, views: Mapping[str, Any], placements: Sequence[Placement],
+                           table: Sequence[TensorSpec], *, verify: bool = True) -> tuple[Any, str, Any]:
+    """Load ``version`` into the rank's ``views``: the newest keyframe at or before it, then each
+    delta after it (staged over the rank's regions, then committed). Returns the manifest, its id,
+    and the newest manifest of the chain that records a state digest (None: none), which the caller
+    checks with every rank (:func:`digest_shares`): no rank can hash the whole state alone.
+    """
+    from deltarl.pipeline.catch_up import check_up_to_head, walk_down
+
+    chain = await walk_down(source, version)
+    if verify:
+        await check_up_to_head(source, version, chain[-1][1])
+    await load_keyframe(source, chain[0][0], views, placements, table)
+    for (manifest, _), (_, parent) in zip(chain[1:], chain[:-1], strict=True):
+        if manifest.parent != parent:
+            raise BaseMismatch(f"{manifest.key}: parent is not the id of version {manifest.version - 1}")
+        segments = await source.segments(manifest)
+        staged = await asyncio.to_thread(stage_regions, views, placements, table, segments, base=parent)
+        staged.commit()
+    digest_at = next((m for m, _ in reversed(chain[1:]) if m.state_digest is not None), None)
+    return chain[-1][0], chain[-1][1], digest_at

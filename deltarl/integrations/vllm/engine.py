@@ -117,6 +117,8 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         self.views: dict[str, Any] = {}
         self.placements: list[Any] = []
         self.experts: Any = None  # LiveExperts: MoE layers whose kernel reads a packed copy
+        self.ranks: Any = None  # Ranks: the engine's workers, agreeing on every update
+        self.table: list[Any] = []  # the run's tensor table
         self.served: Served | None = None
         self._staged: tuple[Any, Any, str, float, float] | None = None  # (staged, manifest, id, fetch_s, decode_s)
         # the background staging of the next version: (version, base id, published, future)
@@ -139,13 +141,16 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         from deltarl.actor.source import FetcherSource
         from deltarl.codec import trim, warm_codec_quietly
         from deltarl.integrations.vllm.experts import LiveExperts
+        from deltarl.integrations.vllm.ranks import Ranks
+        from deltarl.integrations.vllm.sharded import sharded_bootstrap
         from deltarl.pipeline.catch_up import catch_up
         from deltarl.storage.open import open_store
         from deltarl.updater.probe import derive_views
 
-        if self._tp() != 1:
-            raise ConfigError("deltarl's vLLM engine maps checkpoint tensors onto whole parameters: "
-                              "tensor and pipeline parallel sizes must be 1 (each rank holds part of a tensor)")
+        if int(getattr(self.parallel_config, "pipeline_parallel_size", 1)) != 1:
+            raise ConfigError("deltarl's vLLM engine serves tensor and expert parallel ranks: pipeline parallel "
+                              "size must be 1")
+        self.ranks = Ranks.of_vllm() if self._tp() > 1 else Ranks()
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="deltarl-vllm", daemon=True)
@@ -166,7 +171,10 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
             self.experts = LiveExperts(self.model)
         with self.experts.loading():
             params = dict(self.model.named_parameters())
-            self.views, self.placements = derive_views(self.model.load_weights, params, list(info.tensors))
+            self.views, self.placements = derive_views(self.model.load_weights, params, list(info.tensors),
+                                                       sharded=self.ranks.size > 1)
+        self.table = list(info.tensors)
+        self.ranks.cover(self.table, self.placements)
         warm_codec_quietly({t.dtype for t in info.tensors})  # numba's kernels, before the first delta
         log.info("deltarl: %d checkpoint tensors mapped onto %d vLLM parameters in %.2f s",
                  len(self.views), len({p.param for p in self.placements}), time.perf_counter() - t0)
@@ -181,7 +189,10 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
             return await catch_up(self._source, version, into=self.views, verify=init_info.verify)
 
         t0 = time.perf_counter()
-        caught = self._call(bootstrap())
+        if self.ranks.size > 1:
+            caught = sharded_bootstrap(self, init_info, self._call)
+        else:
+            caught = self._call(bootstrap())
         self.experts.repack()
         self.served = Served(caught.manifest.version, caught.version_id, fetch_s=time.perf_counter() - t0)
         trim()  # the probes' and the keyframe read's buffers back to the OS
@@ -195,6 +206,7 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
     async def _stage(self, served: Served, version: int, wait_s: float) -> tuple[Any, Any, str, float, float]:
         """Fetch (verified) and stage ``version`` against ``served``: (staged, manifest, id, fetch_s, decode_s)."""
         from deltarl.codec import stage_delta
+        from deltarl.updater.shards import stage_regions
 
         t0 = time.perf_counter()
         manifest, vid = await self._source.manifest(version, wait_s=wait_s)
@@ -203,7 +215,11 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
             raise BaseMismatch(f"{manifest.key}: parent {named} is not the served version's id {has}")
         segments = await self._source.segments(manifest)
         t1 = time.perf_counter()
-        staged = await asyncio.to_thread(stage_delta, self.views, segments, base=served.version_id)
+        if self.ranks.size > 1:
+            staged = await asyncio.to_thread(stage_regions, self.views, self.placements, self.table, segments,
+                                             base=served.version_id)
+        else:
+            staged = await asyncio.to_thread(stage_delta, self.views, segments, base=served.version_id)
         return staged, manifest, vid, t1 - t0, time.perf_counter() - t1
 
     def _prefetch(self) -> None:
@@ -234,6 +250,11 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
             self._ahead = None
 
     def receive_weights(self, update_info: DeltaRLUpdateInfo) -> None:
+        from deltarl.integrations.vllm.sharded import agreed
+
+        agreed(self, self._receive_one, update_info)  # every rank staged the same version, or none keeps it
+
+    def _receive_one(self, update_info: DeltaRLUpdateInfo) -> None:
         if self.served is None:
             raise RunError("deltarl: init_weight_transfer_engine has not run: no version is served")
         served = self.served
@@ -260,19 +281,21 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         self._staged = self._call(self._stage(served, want, update_info.wait_s))
 
     def finish_weight_update(self) -> None:
+        from deltarl.integrations.vllm.sharded import commit_on_every_rank
+
         if self._staged is None:
             return
         staged, manifest, vid, fetch_s, decode_s = self._staged
         self._staged = None
         t0 = time.perf_counter()
-        staged.commit()
+        commit_on_every_rank(self.ranks, staged)
         touched = self.experts.experts_of(self.placements, staged.tensors)
         self.experts.repack(touched)
         pause = time.perf_counter() - t0
         digest_s = 0.0
         if manifest.state_digest is not None and self.init_info is not None and self.init_info.verify:
             t1 = time.perf_counter()
-            got = self.digest(manifest.state_digest.algo)
+            got = self.engine_digest()
             digest_s = time.perf_counter() - t1
             if got != manifest.state_digest.value:
                 staged.rollback()
@@ -284,8 +307,12 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
                              self._prefetched)
         self._prefetch()
 
+    def engine_digest(self) -> str:
+        """The state digest of the whole engine's served weights (a collective: every rank calls it)."""
+        return str(self.ranks.engine_digest(self.table, self.placements, self.views))
+
     def digest(self, algo: str | None = None) -> str:
-        """The state digest of the served weights by checkpoint name (hashed in place, no copy)."""
+        """The state digest of this rank's served weights by checkpoint name (hashed in place, no copy)."""
         from deltarl.codec import DIGEST_ALGO, state_digest
 
         return state_digest(self.views, algo or DIGEST_ALGO)

@@ -29,10 +29,13 @@ class DeltaRLWorkerExtension:
 
     def deltarl_status(self, digest: bool = False) -> dict[str, Any]:
         """The served version, its id and the last update's timings; with ``digest``, the state
-        digest of the served weights (hashed in place)."""
+        digest of this rank's served weights (``digest``, hashed in place) and of the whole engine's
+        (``engine_digest``: every rank takes part, so ask every worker at once, as ``collective_rpc`` does)."""
         engine = self._deltarl_engine()
         out: dict[str, Any] = {} if engine.served is None else dataclasses.asdict(engine.served)
         out["tensors"] = len(engine.views)
         if digest and engine.views:
             out["digest"] = engine.digest()
+            out["engine_digest"] = engine.engine_digest()
+        out["rank"] = engine.ranks.rank if engine.ranks is not None else 0
         return out

@@ -43,7 +43,7 @@ class Layout:
     options: dict[str, Any]
 
 
-def _publish(root: Path, arch: str) -> tuple[Path, list[dict[str, Any]]]:
+def _publish(root: Path, arch: str, tp: int) -> tuple[Path, list[dict[str, Any]]]:
     from transformers import Qwen3Config, Qwen3MoeConfig
 
     from deltarl.integrations.vllm import request_amx
@@ -56,7 +56,8 @@ def _publish(root: Path, arch: str) -> tuple[Path, list[dict[str, Any]]]:
     config = Qwen3MoeConfig(**COMMON, **MOE) if arch == "moe" else Qwen3Config(**COMMON, tie_word_embeddings=False)
     states = [write_checkpoint(root / "ckpt", ModelSpec(seed=7), config=config)]
     store = open_store(str(root / "store"))
-    with Publisher(store, "r", keyframe_interval=1000, digest_interval=1) as pub:
+    codec = "sparse" if tp > 1 else "auto"  # a rank decodes a straddling chunk alone only with sparse (until tiles)
+    with Publisher(store, "r", keyframe_interval=1000, digest_interval=1, codec=codec) as pub:
         pub.publish(states[0], 0)
         for v in range(1, N + 1):
             states.append(evolve(states[-1], 0.01, seed=v))
@@ -71,7 +72,7 @@ def layout(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     if options.get("tensor_parallel_size", 1) > 1:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core a rank
     root = tmp_path_factory.mktemp(request.param)
-    ckpt, states = _publish(root, arch)
+    ckpt, states = _publish(root, arch, options.get("tensor_parallel_size", 1))
     yield Layout(root, ckpt, str(root / "store"), states, options)
     os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
 
