@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from deltarl.codec import registry
+from deltarl.codec import exponent_classes, registry
 from deltarl.codec.finite import nonfinite_bits
 from deltarl.codec.grid import MORTON_ORDER, Grid
 from deltarl.codec.kernels import worker_threads
@@ -38,6 +38,9 @@ SEGMENT_CHANGES = 1 << 20
 # codes, stay in row-major chunks whose codecs find the changes without the base, so any part of
 # them decodes from the chunk alone.
 TILE_MIN_ELEMENTS = 1 << 16
+# A cell chunk with fewer changes codes ctx classes of two exponents (CELL_CLASS_FIELDS): its class
+# table is then half as long, which outweighs the coarser context below this many changes.
+CELL_COARSE_CHANGES = 4096
 # Codecs whose decoder needs the chunk's whole base to find the changes (not a part's).
 BASE_CODECS = frozenset({"ctx"})
 
@@ -48,7 +51,8 @@ def chunk_elements(segment_bytes: int) -> int:
 
 
 def encode_chunk(
-    old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, finite: bool = False, part_safe: bool = False
+    old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, finite: bool = False, part_safe: bool = False,
+    cell: bool = False,
 ) -> tuple[str, int, bytes]:
     """Encode one chunk's changes: (codec used, changed count, payload).
 
@@ -57,9 +61,17 @@ def encode_chunk(
     base only at the changes; above, ``ctx`` (smaller at RL densities, but its decode scans the
     chunk), and from half of the chunk changed also ``dense``, keeping the smaller (``rice`` and
     ``aurora`` are only used when asked for by name). ``finite``: refuse (``NonFiniteChunk``) if a
-    changed value is NaN or Inf, before encoding it.
+    changed value is NaN or Inf, before encoding it. ``part_safe``: ``auto`` never picks a codec in
+    ``BASE_CODECS``. ``cell``: the chunk is a grid cell's (``ctx`` classes from ``CELL_CLASS_FIELDS``).
     """
-    ch = registry.detect(old, new, dtype, codec == "ctx" or (codec == "auto" and _looks_dense(old, new)))
+
+    def detect(with_classes: bool) -> SimpleNamespace:
+        if with_classes and cell:  # positions first: the class field depends on their number
+            few = registry.detect(old, new, dtype, False).pos.size < CELL_COARSE_CHANGES
+            return exponent_classes.prepare(old, new, dtype, cell=few)
+        return registry.detect(old, new, dtype, with_classes)
+
+    ch = detect(not cell and (codec == "ctx" or (codec == "auto" and _looks_dense(old, new))))
     changed = int(ch.pos.size)
     if changed == 0:
         return "none", 0, b""
@@ -73,7 +85,7 @@ def encode_chunk(
         return "sparse", changed, registry.ENCODERS["sparse"](old, new, dtype, ch)
     if part_safe:
         return "dense", changed, registry.ENCODERS["dense"](old, new, dtype, ch)
-    prep = ch if hasattr(ch, "k_pos") else registry.detect(old, new, dtype, True)
+    prep = ch if hasattr(ch, "k_pos") else detect(True)
     best = ("ctx", registry.ENCODERS["ctx"](old, new, dtype, prep))
     if changed >= DENSE_MIN_FRACTION * old.size:
         dense = registry.ENCODERS["dense"](old, new, dtype, ch)
@@ -126,6 +138,7 @@ def iter_encode_delta(
     codec: str = "auto",
     segment_changes: int = SEGMENT_CHANGES,
     check_finite: bool = False,
+    cells: bool = True,
 ) -> Iterator[bytes]:
     """Yield the segments of the delta ``old -> new`` as each fills up: ~``segment_bytes`` of payload
     or ``segment_changes`` changed elements, whichever comes first (cut at chunk boundaries).
@@ -134,6 +147,8 @@ def iter_encode_delta(
     covered by exactly one chunk of exactly one segment. Segments are independent of each other.
     ``check_finite``: raise :class:`~deltarl.errors.NonFiniteTensor` if a changed value is NaN or
     Inf (with ``old`` known finite, that proves ``new`` finite at the cost of the changes only).
+    ``cells=False``: no tensor is cut into grid cells and ``auto`` may code any chunk ``ctx`` (a
+    few % smaller at RL densities; only a rank holding whole tensors can then stage it).
     """
     if codec not in CODECS:
         raise ValueError(f"unknown codec {codec!r}; choose one of {CODECS}")
@@ -152,7 +167,7 @@ def iter_encode_delta(
             n = flat_bits(spec.name, _cpu(new[spec.name]))
             if o.size != spec.numel or n.size != spec.numel:
                 raise TensorMismatch(f"tensor {spec.name!r}: element count differs from its shape")
-            if _tiles(spec.numel, o, n, codec):
+            if cells and _tiles(spec.numel, o, n, codec):
                 tiled.append((spec, Grid(spec.shape), o, n))
                 continue
             for start in range(0, spec.numel, step):
@@ -166,7 +181,7 @@ def iter_encode_delta(
                         yield spec, cell, start, ot[start : start + step], nt[start : start + step]
 
     yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, worker_threads(), empty=True,
-                         finite=check_finite, part_safe=True)
+                         finite=check_finite, part_safe=cells)
 
 
 # One chunk to encode: the tensor, its cell (FLAT: row-major), the first index, old and new bits.
@@ -176,7 +191,8 @@ _Task = tuple[TensorSpec, int, int, np.ndarray, np.ndarray]
 def _encode_named(spec: TensorSpec, cell: int, start: int, old: np.ndarray, new: np.ndarray, codec: str,
                   finite: bool, part_safe: bool) -> tuple[str, int, bytes]:  # fmt: skip
     try:
-        return encode_chunk(old, new, spec.dtype, codec, finite=finite, part_safe=part_safe and cell == FLAT)
+        return encode_chunk(old, new, spec.dtype, codec, finite=finite, part_safe=part_safe and cell == FLAT,
+                            cell=cell != FLAT)
     except NonFiniteChunk as err:
         raise NonFiniteTensor(
             f"tensor {spec.name!r} holds {err.bad} NaN/Inf values among the {err.changed} elements changed in "
@@ -306,6 +322,7 @@ def encode_delta(
     segment_bytes: int = 16 << 20,
     codec: str = "auto",
     segment_changes: int = SEGMENT_CHANGES,
+    cells: bool = True,
 ) -> list[bytes]:
     """All segments of the lossless delta ``old -> new`` (see :func:`iter_encode_delta` for a stream).
 
@@ -318,6 +335,7 @@ def encode_delta(
         codec: ``"auto"`` (chosen per chunk) or one codec's name.
         segment_changes: at most this many changed elements in one segment (so a delta is cut
             into enough segments to pipeline encode, upload and fetch).
+        cells: cut large ``ctx``-coded tensors into shard-grid cells (a TP rank reads its part).
 
     Returns:
         The segments, in order; together they change exactly the values that differ.
@@ -328,6 +346,7 @@ def encode_delta(
     """
     return list(
         iter_encode_delta(
-            old, new, base=base, segment_bytes=segment_bytes, codec=codec, segment_changes=segment_changes
+            old, new, base=base, segment_bytes=segment_bytes, codec=codec, segment_changes=segment_changes,
+            cells=cells,
         )
     )

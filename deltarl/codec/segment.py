@@ -65,6 +65,7 @@ class SegmentHeader:
     tensors: tuple[TensorSpec, ...]
     chunks: tuple[ChunkInfo, ...]
     payload_offset: int
+    chunk_table_bytes: int = 0  # length of the chunk table's varints
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ def read_segment_header(data: bytes | bytearray | memoryview, *, partial: bool =
             raise FormatError(f"chunks of {t0!r} overlap at element {s1}")
         if t0 == t1 and g0 == FLAT and g1 != FLAT:
             raise FormatError(f"tensor {t0!r} has both row-major and cell chunks")
-    return SegmentHeader(version, base, tuple(tensors), tuple(chunks), _PREFIX.size + hlen)
+    return SegmentHeader(version, base, tuple(tensors), tuple(chunks), _PREFIX.size + hlen, tlen)
 
 
 def _chunk_table(raw: memoryview, nchunks: int, tensors: list[TensorSpec]) -> list[ChunkInfo]:
