@@ -128,6 +128,11 @@ class UnsupportedPlacement(DeltaRLError, ValueError):
     """A DTensor placement the sharded publisher cannot encode (only row shards and replicas)."""
 
 
+class RegionError(DeltaRLError, ValueError):
+    """A part of a tensor that a delta cannot be staged into alone: a view whose shape or strides do
+    not match its region, or a chunk that needs base elements outside the region."""
+
+
 # --- transfer / actors ---------------------------------------------------------------------------
 
 

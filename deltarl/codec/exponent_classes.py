@@ -24,6 +24,9 @@ NSTREAMS = 11
 
 # Exponent field of each bit width's float formats: 16 bit -> set by caller (bf16 vs fp16).
 CLASS_FIELDS = {"bfloat16": (7, 8), "float16": (10, 5), "float32": (23, 8)}
+# A grid cell's chunk is small (often a few hundred changes): classes of two exponents each halve
+# its class table for the same rank-gap code (-10..-25% bytes per cell at 1% changed).
+CELL_CLASS_FIELDS = {"bfloat16": (8, 7), "float16": (11, 4), "float32": (24, 7)}
 
 
 def rice_k(total: np.ndarray, count: np.ndarray) -> np.ndarray:
@@ -125,9 +128,10 @@ def _arrays_numpy(
     )
 
 
-def prepare(old: np.ndarray, new: np.ndarray, dtype: str) -> SimpleNamespace:
-    """Detect the chunk's changes and compute the ctx code arrays (``.pos`` holds the positions)."""
-    shift, cbits = CLASS_FIELDS[dtype]
+def prepare(old: np.ndarray, new: np.ndarray, dtype: str, *, cell: bool = False) -> SimpleNamespace:
+    """Detect the chunk's changes and compute the ctx code arrays (``.pos`` holds the positions);
+    ``cell``: the class field of a grid cell's chunk (``CELL_CLASS_FIELDS``)."""
+    shift, cbits = (CELL_CLASS_FIELDS if cell else CLASS_FIELDS)[dtype]
     width = old.dtype.itemsize * 8
     jit = kernels.jit()
     if jit is not None:
