@@ -28,11 +28,27 @@ class DeltaRLWorkerExtension:
         return engine
 
     def deltarl_status(self, digest: bool = False) -> dict[str, Any]:
-        """The served version, its id and the last update's timings; with ``digest``, the state
-        digest of the served weights (hashed in place)."""
+        """The served version, its id and the last update's timings (no ``version`` key: nothing
+        served), the version staged in the background and its last error (``[deltarl:Kind] …``),
+        the worker's resident memory; with ``digest``, the state digest of the served weights
+        (hashed in place)."""
         engine = self._deltarl_engine()
         out: dict[str, Any] = {} if engine.served is None else dataclasses.asdict(engine.served)
         out["tensors"] = len(engine.views)
+        out.update(engine.background())  # the version staged in the background, and its last error
+        out["rss_bytes"] = _rss_bytes()
         if digest and engine.views:
             out["digest"] = engine.digest()
         return out
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
