@@ -140,6 +140,15 @@ class TransferError(DeltaRLError, OSError):
     """Every source (relays, then the origin) failed to deliver an object."""
 
 
+class NotPublished(ObjectNotFound):
+    """A version an engine was asked to take is not committed yet (it waits for it in the background)."""
+
+
+class NotStaged(StagingError):
+    """A version is published but not staged yet: an engine stages it in the background and answers
+    at once instead of holding generation for the fetch; ask again."""
+
+
 class RangeNotSatisfiable(DeltaRLError, ValueError):
     """An HTTP ``Range`` header is malformed or lies outside the object: answer 416."""
 

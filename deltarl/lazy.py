@@ -24,7 +24,7 @@ SURFACE: dict[str, str] = {
                "storage.store:ObjectStore integrations.trl:DeltaRLCallback errors:DeltaRLError",
     "deltarl.actor": "config:ActorConfig fetcher:FetchStats,Fetcher follower:Follower loop:ActorLoop "
                      "subscriber:Subscriber updates:CommitInfo weights:Weights metrics:WeightsMetrics source:FetcherSource "
-                     "backends.vllm:engine_attach,engine_finish,engine_status,engine_update",
+                     "backends.vllm:engine_attach,engine_finish,engine_status,engine_update,take_update",
     "deltarl.coordinator": "audit:AuditReport,audit_run config:CoordinatorConfig,SchedulerConfig,ServiceConfig "
                            "persistence:CoordinatorStore,recover scheduler:Scheduler server:Coordinator,create_app "
                            "views:check_invariants,fleet_status",

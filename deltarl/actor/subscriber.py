@@ -26,6 +26,7 @@ HEAD, on a copy that the next commit swaps in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -56,12 +57,15 @@ from deltarl.errors import (
     StagingError,
     TransferError,
 )
-from deltarl.pipeline.catch_up import catch_up
+from deltarl.pipeline.catch_up import HeldState, catch_up
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import HeadRecord, Manifest
 from deltarl.storage.retry import POLL_BACKOFF, RetryPolicy
 
 log = logging.getLogger(__name__)
+
+#: Commits kept in :attr:`Subscriber.commits` (the most recent).
+COMMITS_KEPT = 256
 
 #: Waits between polls while every source fails (an outage): 0.25 s doubling to 5 s, with jitter.
 _OUTAGE_BACKOFF = RetryPolicy(attempts=1, base_delay=0.25, max_delay=5.0)
@@ -134,6 +138,13 @@ class Subscriber:
         self.speculated_segments = 0
         #: Called (on the event loop) each time a version becomes staged: ready to commit.
         self.on_staged = on_staged
+        #: A version asked for (:meth:`catch_up_to`): staged straight from the held state (or a
+        #: keyframe, whichever fetches less) instead of one version at a time.
+        self._aim: int | None = None
+        self._kick = asyncio.Event()  # cuts a backoff short (:meth:`retry_now`)
+        #: Staging attempts started so far, and the one :attr:`error` came from.
+        self.attempts = 0
+        self.error_attempt = 0
 
     # --- reads through the fetcher ----------------------------------------------------------------
 
@@ -154,9 +165,16 @@ class Subscriber:
         async def warmed() -> None:
             await asyncio.shield(await self._warm_codec())
 
+        held = None
+        if into is None and self.version is not None and self.version_id is not None and self.version < target:
+            held = HeldState(self.version, self.version_id, self._copy_state)
         done = await catch_up(self._source, target, into=into, verify=self.verify_digest,
-                              warm=lambda: asyncio.ensure_future(warmed()))
+                              warm=lambda: asyncio.ensure_future(warmed()), held=held)
         return done.state, done.manifest, done.version_id, done.digest_checked
+
+    def _copy_state(self) -> dict[str, Any]:
+        """A host copy of the held state (the base of a catch-up by deltas)."""
+        return {name: t.detach().to("cpu", copy=True) for name, t in self.state.items()}
 
     async def _warm_codec(self) -> asyncio.Future[None]:
         """The codec warm-up for the run's dtypes, started on a thread the first time: by a catch-up
@@ -166,14 +184,16 @@ class Subscriber:
             self._warming = asyncio.ensure_future(asyncio.to_thread(warm_codec_quietly, dtypes))
         return self._warming
 
-    async def bootstrap(self) -> CommitInfo:
-        """Load the newest keyframe and apply deltas up to HEAD, now (for a new actor)."""
+    async def bootstrap(self, version: int | None = None, *, in_place: bool = True) -> CommitInfo:
+        """Load the newest keyframe and apply deltas up to ``version`` (default HEAD), now (for a
+        new actor). ``in_place=False``: build it in fresh tensors and swap it in only once it is
+        complete and checked (weights that serve something meanwhile are never half-written)."""
         head = await self.head()
         if head is None:
             raise ObjectNotFound(f"{self.layout.head}: run {self.layout.run!r} has no HEAD yet")
         t0 = time.monotonic()
-        into = await self._writable_in_place()
-        state, manifest, vid, checked = await self._catch_up_state(head.version, into)
+        into = await self._writable_in_place() if in_place else None
+        state, manifest, vid, checked = await self._catch_up_state(head.version if version is None else version, into)
         stage_s = time.monotonic() - t0
         update = InPlace(state) if into is not None else FullUpdate(self.state, state)
         self._staged = Staged(manifest.version, vid, manifest, update, stage_s, full=True, digest_checked=checked)
@@ -205,6 +225,15 @@ class Subscriber:
             await asyncio.to_thread(self._digests.shutdown)
             self._digests = None
 
+    async def pause(self) -> None:
+        """Stop staging in the background (until :meth:`start`); anything staged stays."""
+        await self._stop_background()
+
+    @property
+    def running(self) -> bool:
+        """Whether the background loop is staging."""
+        return self._task is not None
+
     async def _stop_background(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -229,6 +258,7 @@ class Subscriber:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            self.attempts += 1
             try:
                 await self._stage_next()
                 quiet = failures = 0
@@ -236,13 +266,13 @@ class Subscriber:
                 raise
             except ObjectNotFound as err:  # not committed yet: relays held the poll, the origin answered at once
                 log.debug("nothing new yet (%s)", err)
-                await asyncio.sleep(POLL_BACKOFF.delay(quiet))
+                await self._sleep(POLL_BACKOFF.delay(quiet))
                 quiet += 1
             except TransferError as err:  # every source failed: back off, say so once per outage
                 (log.warning if failures == 0 else log.debug)("run %s: cannot reach any source (%s); retrying with backoff",
                                                               self.layout.run, err)
                 failures += 1
-                await asyncio.sleep(_OUTAGE_BACKOFF.delay(failures - 1))
+                await self._sleep(_OUTAGE_BACKOFF.delay(failures - 1))
             except RunReplaced as err:  # another tensor table under the same name: these weights can never follow it
                 self._stop_fatally(err)
                 return
@@ -254,15 +284,50 @@ class Subscriber:
                     self._stop_fatally(fatal)
                     return
                 except Exception as again:
-                    self._error = again
+                    self._set_error(again)
                     log.error("cannot catch up with run %s: %s", self.layout.run, again)
                     failures += 1
-                    await asyncio.sleep(_OUTAGE_BACKOFF.delay(failures - 1))
+                    await self._sleep(_OUTAGE_BACKOFF.delay(failures - 1))
             except Exception as err:  # a bad version: keep the error for the actor, retry later
                 (log.error if failures == 0 else log.debug)("cannot stage version %s: %s", (self.version or 0) + 1, err)
-                self._error = err
+                self._set_error(err)
                 failures += 1
-                await asyncio.sleep(_OUTAGE_BACKOFF.delay(failures - 1))
+                await self._sleep(_OUTAGE_BACKOFF.delay(failures - 1))
+
+    def _set_error(self, err: BaseException) -> None:
+        self._error, self.error_attempt = err, self.attempts
+
+    async def _sleep(self, seconds: float) -> None:
+        """A backoff that :meth:`retry_now` cuts short."""
+        if not self._kick.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), seconds)
+        self._kick.clear()
+
+    def retry_now(self) -> None:
+        """Start the next staging attempt now instead of after the current backoff."""
+        self._kick.set()
+
+    def catch_up_to(self, version: int) -> None:
+        """Stage ``version`` next, however far ahead of the held one: from the held state plus the
+        deltas up to it, or from the newest keyframe when that fetches less (a lagging engine
+        asked for ``"latest"``). A version staged below it is dropped."""
+        if self.version is not None and version <= self.version + 1:
+            return
+        self._aim = version
+        if self._staged is not None and self._staged.version < version:
+            self.drop_staged()
+        self.retry_now()
+
+    def drop_staged(self) -> None:
+        """Forget the staged version (it is not the one wanted: the run was replaced, or it lags);
+        the background loop stages again."""
+        self._staged = None
+        self._wake.set()
+
+    def forget(self) -> None:
+        """Drop every manifest read so far (the run's history may have changed under its name)."""
+        self._source.forget()
 
     def _stop_fatally(self, err: BaseException) -> None:
         log.error("%s", err)
@@ -303,10 +368,11 @@ class Subscriber:
         assert self.version is not None
         assert self.version_id is not None
         head = await self.head()
-        if head is not None and head.version - self.version > self.catch_up_after:
+        far = self._far_target(head)
+        if far is not None:
             await self._drop_speculation()
             t0 = time.monotonic()
-            state, manifest, vid, checked = await self._catch_up_state(head.version)
+            state, manifest, vid, checked = await self._catch_up_state(far)
             self._set_staged(Staged(manifest.version, vid, manifest, FullUpdate(self.state, state), time.monotonic() - t0,
                                      True, digest_checked=checked))
             return
@@ -320,7 +386,8 @@ class Subscriber:
                 key_of = await predicted_segment_keys(self.fetcher, self._source, target)
                 task = asyncio.ensure_future(staging.speculate(self.fetcher, key_of, window=window, wait_s=self.poll_wait_s))
             self._spec = (target, staging, task)
-        manifest, vid = await self.manifest(target, wait_s=self.poll_wait_s)  # ObjectNotFound: keep speculating
+        expect = head.version_id if head is not None and head.version == target else None  # a replaced run: re-read
+        manifest, vid = await self._source.manifest(target, wait_s=self.poll_wait_s, expect_id=expect)  # ObjectNotFound: keep speculating
         visible = time.monotonic()
         _, staging, task = self._spec
         if task is not None:  # let the speculative fetches of real segments finish, drop the others
@@ -343,6 +410,18 @@ class Subscriber:
                  target, update.changed_elements, len(staging.speculative), len(manifest.segments), staged.stage_s)  # fmt: skip
         self._set_staged(staged)
 
+    def _far_target(self, head: HeadRecord | None) -> int | None:
+        """The version to catch up to in one go (more than ``catch_up_after`` behind HEAD, or asked
+        for by :meth:`catch_up_to`), else None: the next version is staged as a delta."""
+        assert self.version is not None
+        if head is None:
+            return None
+        if self._aim is not None and self._aim <= self.version:
+            self._aim = None
+        if self._aim is not None and self.version + 1 < self._aim <= head.version:
+            return self._aim
+        return head.version if head.version - self.version > self.catch_up_after else None
+
     def _set_staged(self, staged: Staged) -> None:
         self._staged = staged
         if self.on_staged is not None:
@@ -353,6 +432,11 @@ class Subscriber:
     def ready(self) -> bool:
         """Whether a version is staged and can be committed now."""
         return self._staged is not None
+
+    @property
+    def staged(self) -> Staged | None:
+        """The version staged and ready to commit, or None."""
+        return self._staged
 
     @property
     def staged_version(self) -> int | None:
@@ -421,6 +505,7 @@ class Subscriber:
                 self._digests = ThreadPoolExecutor(1, thread_name_prefix="deltarl-digest")
             self._check = DigestCheck(staged, previous, info, self._digests.submit(timed_digest, self.state, staged.manifest.state_digest.algo))  # type: ignore[union-attr]  # recorded
         self.commits.append(info)
+        del self.commits[:-COMMITS_KEPT]  # bounded: a subscriber that runs for months stays flat
         self._wake.set()
         return info
 

@@ -7,7 +7,7 @@ The run namespace (layout, manifests and records), the writer claim, the :class:
 Importing this package imports neither torch nor numba.
 """
 
-from deltarl.pipeline.catch_up import catch_up
+from deltarl.pipeline.catch_up import HeldState, catch_up
 from deltarl.pipeline.claim import WriterClaim, WriterLease
 from deltarl.pipeline.gc import PENDING_GRACE_S, GcReport, gc
 from deltarl.pipeline.inspection import RunSummary, VersionRow, human_bytes, inspect_run, spans
@@ -52,6 +52,7 @@ __all__ = [
     "DeltaStatsRecord",
     "GcReport",
     "HeadRecord",
+    "HeldState",
     "Manifest",
     "ObjectRef",
     "PieceVerifier",

@@ -1,11 +1,8 @@
 """A rank that holds part of the model: deltas staged, keyframes loaded and digests hashed over only
 the :class:`~deltarl.updater.probe.Region` of each checkpoint tensor it holds.
 
-* :func:`stage_regions` decodes a delta's chunks into the rank's views. A chunk the rank's region
-  holds whole decodes with any codec against the rank's own base; a chunk that straddles the region
-  (a column block holds part of every row) decodes when its codec reads the base only at the changes
-  (``sparse``: elementwise, so positions outside the region are decoded against a placeholder and
-  dropped); anything else is refused (StagingError) before anything is written.
+* :func:`stage_regions` decodes a delta's chunks into the rank's views through the codec's regions
+  (:mod:`deltarl.codec.regions`: format 2's shard-grid cells decode against the rank's own base).
 * :func:`load_keyframe` copies each keyframe part's ranges that meet the rank's regions into its views.
 * :func:`owners` checks that the ranks' regions together cover every tensor exactly (replicated
   regions, such as KV heads on more ranks than heads, once) and names which rank hashes which part;
@@ -22,12 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from deltarl.codec import kernels, registry
-from deltarl.codec.apply import StagedUpdate, _Part
+from deltarl.codec.apply import StagedUpdate
 from deltarl.codec.hashing import BLOCK, leaves
-from deltarl.codec.segment import ChunkInfo, read_segment_header
+from deltarl.codec.regions import Region as CodecRegion
 from deltarl.codec.tensors import DTYPES, TensorSpec, flat_bits, stream_offsets, uint_dtype
-from deltarl.errors import BaseMismatch, StagingError, TensorMismatch
+from deltarl.errors import BaseMismatch, TensorMismatch
 from deltarl.pipeline.shard_digest import ShardHashes, TensorShardHashes
 from deltarl.updater.probe import Placement, Region
 
@@ -46,77 +42,31 @@ def _local_positions(region: Region, pos: np.ndarray) -> tuple[np.ndarray, np.nd
     return inside, (pos // row) * (region.stop - region.start) + col - region.start
 
 
-def _decode_chunk(c: ChunkInfo, payload: memoryview, region: Region, local: np.ndarray, udt: np.dtype) -> _Part | None:
-    """One chunk's changes inside the region, as a part of the rank's flat view ``local``."""
-    lo, hi = region.flat_range()
-    if c.start + c.count <= lo or c.start >= hi:
-        return None
-    if region.kind != "cols" and lo <= c.start and c.start + c.count <= hi:  # the region holds the chunk
-        old = local[c.start - lo : c.start - lo + c.count]
-        if c.codec in registry.GATHER_DECODERS:
-            dec = registry.GATHER_DECODERS[c.codec](lambda p: kernels.gather(old, p), c.count, payload, c.changed, udt)
-        else:
-            dec = registry.DECODERS[c.codec](old, payload, c.changed)
-        old_v = dec.old_values if dec.old_values is not None else kernels.gather(old, dec.positions)
-        pos = dec.positions + (c.start - lo)
-        return _Part(0, local.size, pos.astype(np.int64), old_v, dec.values)
-    gather = registry.GATHER_DECODERS.get(c.codec)
-    if gather is None:
-        raise StagingError(f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} ({c.codec}) straddles this rank's "
-                           f"part ({region.kind} [{region.start}, {region.stop})): its codec reads the whole chunk's "
-                           "base, which no rank holds alone (publish with codec 'sparse' for tensor-parallel engines)")
-
-    def read(p: np.ndarray) -> np.ndarray:
-        inside, where = _local_positions(region, p + c.start)
-        out = np.zeros(p.size, dtype=udt)  # outside the region: a placeholder, dropped below
-        out[inside] = kernels.gather(local, where[inside])
-        return out
-
-    dec = gather(read, c.count, payload, c.changed, udt)
-    inside, where = _local_positions(region, dec.positions + c.start)
-    old_v = dec.old_values if dec.old_values is not None else read(dec.positions)
-    return _Part(0, local.size, where[inside].astype(np.int64), old_v[inside], dec.values[inside])
+def codec_regions(placements: Sequence[Placement], table: Sequence[TensorSpec]) -> dict[str, CodecRegion]:
+    """The codec's regions (:mod:`deltarl.codec.regions`) of this rank: every tensor of ``table``,
+    ``none`` where the rank holds nothing of it."""
+    held = {p.name: p.region for p in placements}
+    out = {}
+    for spec in table:
+        r = held.get(spec.name)
+        out[spec.name] = CodecRegion.none() if r is None else (
+            CodecRegion.whole() if r.kind == "whole" else CodecRegion(r.kind, r.start, r.stop))  # type: ignore[arg-type]  # rows / cols
+    return out
 
 
 def stage_regions(views: Mapping[str, Any], placements: Sequence[Placement], table: Sequence[TensorSpec],
                   segments: Iterable[bytes], *, base: str) -> StagedUpdate:
     """Decode a delta's segments into this rank's ``views`` (nothing written): the staged update of
-    the rank's part. ``table`` is the run's tensor table (the segments name whole tensors).
+    the rank's part. ``table`` is the run's tensor table (the segments name whole tensors); the
+    chunks of other ranks' parts are skipped, and each region decodes against the rank's own base
+    (segment format 2's shard-grid cells, docs/FORMAT.md).
 
     Raises:
-        BaseMismatch, TensorMismatch, FormatError: as :func:`~deltarl.codec.stage_delta`.
-        StagingError: a chunk this rank cannot decode alone, or a delta that leaves a tensor uncovered.
+        BaseMismatch, TensorMismatch, FormatError, StagingError: as :func:`~deltarl.codec.stage_delta`.
     """
-    specs = {s.name: s for s in table}
-    where = {p.name: p.region for p in placements}
-    covered: dict[str, int] = {}
-    parts: dict[str, list[_Part]] = {}
-    for data in segments:
-        header = read_segment_header(data)
-        if header.base != base:
-            raise BaseMismatch(f"segment applies to base {header.base!r}, state holds {base!r}")
-        for spec in header.tensors:
-            if specs.get(spec.name) != spec:
-                raise TensorMismatch(f"segment names tensor {spec.name!r} as {spec.dtype}{list(spec.shape)}, "
-                                     "which is not the run's tensor")
-        mv = memoryview(data).cast("B")
-        off = header.payload_offset
-        for c in header.chunks:
-            covered[c.tensor] = covered.get(c.tensor, 0) + c.count
-            region = where.get(c.tensor)
-            if c.changed and region is not None:
-                udt = np.dtype(uint_dtype(specs[c.tensor].dtype))
-                part = _decode_chunk(c, mv[off : off + c.nbytes], region, flat_bits(c.tensor, views[c.tensor]), udt)
-                if part is not None and part.pos.size:
-                    parts.setdefault(c.tensor, []).append(part)
-            off += c.nbytes
-    short = [n for n, s in specs.items() if covered.get(n, 0) != s.numel]
-    if short:
-        raise StagingError(f"delta incomplete: tensor {short[0]!r} has {covered.get(short[0], 0)} of "
-                           f"{specs[short[0]].numel} elements covered (a segment is missing)")
-    local = {n: views[n] for n in where}
-    local_specs = {n: TensorSpec(n, specs[n].dtype, tuple(int(d) for d in views[n].shape)) for n in where}
-    return StagedUpdate(local, base, parts, local_specs)
+    from deltarl.codec import stage_delta
+
+    return stage_delta(views, segments, base=base, regions=codec_regions(placements, table), specs=table)
 
 
 async def load_keyframe(source: Any, manifest: Any, views: Mapping[str, Any], placements: Sequence[Placement],

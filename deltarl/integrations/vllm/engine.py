@@ -1,39 +1,46 @@
 """``DeltaRLEngine``: vLLM's weight-transfer engine ``deltarl``, running in each vLLM worker.
 
-The worker reads the run itself (relays, then the origin store, multi-stream, every piece checked
-against its manifest), decodes each version against its own live parameters and writes in place;
-only a few dozen bytes of control travel through vLLM's RPC. Lifecycle, as vLLM drives it:
+A thin adapter of vLLM's four calls onto the one in-place update mechanism every backend uses
+(:class:`~deltarl.actor.subscriber.Subscriber` on the engine's live parameters, read through the
+actor's fetcher: relays, then the origin store; every piece checked against its manifest). Only a
+few dozen bytes of control travel through vLLM's RPC. Lifecycle, as vLLM drives it:
 
 * ``init_transfer_engine({"store": URL, "run": RUN, ...})`` (:class:`DeltaRLInitInfo`): checkpoint
   names are mapped onto vLLM's parameters through the model's own ``load_weights``
-  (:mod:`.mapping`), then the engine loads ``version`` (default: HEAD) from the newest keyframe at
-  or before it plus the deltas after it, straight into those parameters, and checks the newest
-  state digest on the way. From then on the engine serves a known version of the run.
-* after the bootstrap and after each commit the engine stages the next version in the background
-  as soon as it is published (``prefetch``, on by default): vLLM keeps generating meanwhile, and
-  the update that asks for it finds it staged.
-* ``start_weight_update()`` drops anything staged.
-* ``update_weights({"update_info": {"version": N}})`` (or ``"latest"``): fetches version N's
-  manifest and segments and stages its delta against the served weights, nothing written. A
-  version whose parent is not the served version, that is missing, or whose bytes do not verify
-  is refused here (the call raises; vLLM ends the update session) and the weights are untouched.
-* ``finish_weight_update()`` commits the staged delta in place (the pause: a checked scatter);
-  where the manifest records a state digest it is then computed over the served weights and a
-  mismatch rolls the version back before raising. Call ``reset_prefix_cache()`` afterwards: KV
-  computed under the old weights is stale.
+  (:mod:`deltarl.updater.probe`; once per tensor table: a re-init on the same table maps nothing
+  again), then ``version`` (default: HEAD) is rebuilt from the newest keyframe plus the deltas after
+  it in fresh tensors, checked, and only then swapped into the parameters. A failed init (a missing
+  store, version or object, a chain that does not verify) raises before any served weight is
+  written: the engine goes on serving what it served, and its status says so.
+* after the bootstrap and after each commit the next version is staged in the background as soon
+  as it is published (its segments even before its manifest), while vLLM generates.
+* ``start_weight_update()`` opens an update session.
+* ``update_weights({"update_info": {"version": N}})`` (or ``"latest"``) takes the version staged in
+  the background. It never fetches or decodes inside the call (vLLM's engine does not generate
+  while a worker RPC runs): a version not staged yet is staged in the background and the call
+  answers ``[deltarl:NotStaged]`` at once (``[deltarl:NotPublished]`` for one not committed yet);
+  the client asks again (:func:`deltarl.actor.backends.vllm.take_update` does). ``"latest"`` two
+  or more versions behind stages HEAD in one go from the served weights plus the deltas up to it
+  (or from the newest keyframe when that fetches less), and is checked to be the id HEAD names.
+* ``finish_weight_update()`` commits the staged version in place (the pause: a checked scatter; a
+  catch-up of several versions is a whole-state swap); where the manifest records a state digest
+  it is computed over the served weights and a mismatch rolls the version back before raising.
+  Call ``reset_prefix_cache()`` afterwards: KV computed under the old weights is stale.
 
-:class:`~deltarl.integrations.vllm.worker.DeltaRLWorkerExtension` reads the served version (and
-its digest) back through ``collective_rpc``.
+Every error leaves the engine tagged with its kind, ``[deltarl:ClassName] message``
+(docs/integrations.md lists them), so a client tells "not published yet" from a failure without
+parsing prose. :class:`~deltarl.integrations.vllm.worker.DeltaRLWorkerExtension` reads the served
+version (and its digest) back through ``collective_rpc``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import functools
 import logging
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -43,13 +50,15 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from deltarl.errors import BaseMismatch, ConfigError, IntegrityError, ObjectNotFound, RunError, short_pair
+from deltarl.errors import BaseMismatch, ConfigError, NotPublished, NotStaged, ObjectNotFound, RunError
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
 
-#: how long one long-poll of the background prefetch waits for the next manifest
+#: how long one long-poll of the background staging waits for the next manifest
 PREFETCH_POLL_S = 5.0
+#: the longest ``update_weights`` holds vLLM's RPC (reading HEAD or a manifest), never a fetch
+RPC_HOLD_S = 2.0
 
 
 @dataclass
@@ -78,10 +87,12 @@ class DeltaRLInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class DeltaRLUpdateInfo(WeightTransferUpdateInfo):
-    """``update_info`` of the ``deltarl`` backend: the version to stage (``"latest"``: HEAD)."""
+    """``update_info`` of the ``deltarl`` backend: the version to take (``"latest"``: HEAD)."""
 
     version: int | str = "latest"
-    #: seconds to wait for a version that is not committed yet (long-polls the relays)
+    #: how long the client goes on asking for a version not committed yet: while it does (> 0) the
+    #: engine keeps waiting for it in the background; 0 is a refusal that stops background staging
+    #: until the next update
     wait_s: float = 0.0
 
 
@@ -91,13 +102,36 @@ class Served:
 
     version: int
     version_id: str
+    #: seconds from the manifest being visible to the version staged (fetch and decode overlap)
     fetch_s: float = 0.0
+    #: 0: segments are decoded as they arrive, inside ``fetch_s``
     decode_s: float = 0.0
     pause_s: float = 0.0
     digest_s: float = 0.0
     changed: int = 0
     #: whether the update was staged in the background before it was asked for
     prefetched: bool = False
+
+
+def tag(err: BaseException) -> BaseException:
+    """``err`` with its kind in front of its message, ``[deltarl:ClassName] …`` (once)."""
+    text = str(err)
+    if not text.startswith("[deltarl:"):
+        err.args = (f"[deltarl:{type(err).__name__}] {text}",)
+    return err
+
+
+def tagged(method: Callable[..., R]) -> Callable[..., R]:
+    """vLLM's call, with any error it raises tagged with its kind (:func:`tag`)."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> R:
+        try:
+            return method(*args, **kwargs)
+        except Exception as err:
+            raise tag(err) from err.__cause__
+
+    return call
 
 
 class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
@@ -111,205 +145,230 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         super().__init__(config, vllm_config, device, model)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._fetcher: Any = None
-        self._source: Any = None
-        self._store: Any = None
+        self._sub: Any = None  # the Subscriber keeping self.views at the run's versions
+        self._closing: list[Any] = []  # the fetcher and origin store the subscriber reads through
+        self._table: list[Any] | None = None  # the tensor table self.views were mapped for
         self.views: dict[str, Any] = {}
         self.placements: list[Any] = []
-        self.experts: Any = None  # LiveExperts: MoE layers whose kernel reads a packed copy
-        self.ranks: Any = None  # Ranks: the engine's workers, agreeing on every update
-        self.table: list[Any] = []  # the run's tensor table
         self.served: Served | None = None
-        self._staged: tuple[Any, Any, str, float, float] | None = None  # (staged, manifest, id, fetch_s, decode_s)
-        # the background staging of the next version: (version, base id, published, future)
-        self._ahead: tuple[int, str, threading.Event, concurrent.futures.Future[Any]] | None = None
         self.init_info: DeltaRLInitInfo | None = None
-        self._prefetched = False
+        self._take: tuple[Any, bool] | None = None  # (Staged, staged before it was asked for)
+        self._asked: tuple[int, int] | None = None  # (version, the subscriber's attempt when first asked)
+        self.experts: Any = None  # LiveExperts: MoE layers whose kernel reads a packed copy (CPU build)
+        self.ranks: Any = None  # Ranks: the engine's workers, agreeing on every update
 
-    # --- the event loop the fetcher runs on -------------------------------------------------------
-    def _call(self, coro: Coroutine[Any, Any, R]) -> R:
+    # --- the event loop the fetcher and the subscriber run on ---------------------------------------
+    def _call(self, coro: Coroutine[Any, Any, R], timeout: float | None = None) -> R:
         assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            fut.cancel()
+            raise
+
+    def _on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` on the event loop (the subscriber's events belong to it), waited for."""
+
+        async def run() -> None:
+            fn(*args)
+
+        self._call(run())
 
     def _tp(self) -> int:
         return int(getattr(self.parallel_config, "tensor_parallel_size", 1)) * int(
             getattr(self.parallel_config, "pipeline_parallel_size", 1))
 
-    # --- vLLM's interface ----------------------------------------------------------------------------
+    # --- init -------------------------------------------------------------------------------------
+    @tagged
     def init_transfer_engine(self, init_info: DeltaRLInitInfo) -> None:
         from deltarl.actor.fetcher import Fetcher
         from deltarl.actor.source import FetcherSource
-        from deltarl.codec import trim, warm_codec_quietly
-        from deltarl.integrations.vllm.experts import LiveExperts
         from deltarl.integrations.vllm.ranks import Ranks
-        from deltarl.integrations.vllm.sharded import sharded_bootstrap
-        from deltarl.pipeline.catch_up import catch_up
         from deltarl.storage.open import open_store
-        from deltarl.updater.probe import derive_views
 
         if int(getattr(self.parallel_config, "pipeline_parallel_size", 1)) != 1:
             raise ConfigError("deltarl's vLLM engine serves tensor and expert parallel ranks: pipeline parallel "
                               "size must be 1")
-        self.ranks = Ranks.of_vllm() if self._tp() > 1 else Ranks()
+        if self.ranks is None:
+            self.ranks = Ranks.of_vllm() if self._tp() > 1 else Ranks()
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="deltarl-vllm", daemon=True)
             self._thread.start()
-        self._close_source()
-        self.init_info = init_info
-        self._store = open_store(init_info.store, must_exist=True, **init_info.store_options)
+        store = open_store(init_info.store, must_exist=True, **init_info.store_options)  # nothing changed yet
+        fetcher = Fetcher([*init_info.relays, store], streams=init_info.streams, cooldown_s=5.0, token=init_info.token)
+        sub = None
+        try:
+            info = self._call(FetcherSource(fetcher, init_info.run).run_info())
+            self._map(list(info.tensors))
+            sub = self._subscriber(init_info, fetcher)
+            t0 = time.perf_counter()
+            done = self._call(sub.bootstrap(init_info.version, in_place=False))  # fresh tensors, swapped in when checked
+            self.experts.repack()  # MoE on the CPU build: the kernel's packed copy of every expert
+        except BaseException:
+            self._call(self._close_quietly(sub, fetcher, store))
+            raise
+        old, self._sub, self._closing = (self._sub, *self._closing), sub, [fetcher, store]
+        self._call(self._close_quietly(*old))
+        self.init_info, self._take, self._asked = init_info, None, None
+        self.served = Served(done.version, done.version_id, fetch_s=time.perf_counter() - t0, changed=done.changed_elements)
+        from deltarl.codec import trim
 
-        async def open_source() -> Any:
-            self._fetcher = Fetcher([*init_info.relays, self._store], streams=init_info.streams,
-                                    cooldown_s=5.0, token=init_info.token)
-            self._source = FetcherSource(self._fetcher, init_info.run)
-            return await self._source.run_info()
+        trim()  # the keyframe read's and the swap's buffers back to the OS
+        if init_info.prefetch:
+            self._call(self._start())
+        log.info("deltarl: serving %s version %d (%s)", init_info.run, done.version, done.version_id[:12])
 
-        info = self._call(open_source())
+    def _map(self, table: list[Any]) -> None:
+        """Views of the parameters by checkpoint name, found by probing ``load_weights`` once per table."""
+        from deltarl.codec import warm_codec_quietly
+        from deltarl.integrations.vllm.experts import LiveExperts
+        from deltarl.updater.probe import derive_views
+
+        if table == self._table:
+            return
+        self.served, self._table = None, None  # the probe writes the parameters: nothing known is served
         t0 = time.perf_counter()
-        if self.experts is None:  # MoE on the CPU build: live weights, the kernel's packed copy (kept across re-inits)
+        if self.experts is None:  # MoE on the CPU build: live expert weights beside the kernel's packed copy
             self.experts = LiveExperts(self.model)
         with self.experts.loading():
-            params = dict(self.model.named_parameters())
-            self.views, self.placements = derive_views(self.model.load_weights, params, list(info.tensors),
-                                                       sharded=self.ranks.size > 1)
-        self.table = list(info.tensors)
-        self.ranks.cover(self.table, self.placements)
-        warm_codec_quietly({t.dtype for t in info.tensors})  # numba's kernels, before the first delta
+            self.views, self.placements = derive_views(self.model.load_weights, dict(self.model.named_parameters()),
+                                                       table, sharded=self.ranks.size > 1)
+        self.ranks.cover(table, self.placements)  # the ranks' parts tile every tensor (every rank checks)
+        self._table = table
+        warm_codec_quietly({t.dtype for t in table})  # numba's kernels, before the first delta
         log.info("deltarl: %d checkpoint tensors mapped onto %d vLLM parameters in %.2f s",
                  len(self.views), len({p.param for p in self.placements}), time.perf_counter() - t0)
 
-        async def bootstrap() -> Any:
-            version = init_info.version
-            if version is None:
-                head = await self._source.head()
-                if head is None:
-                    raise RunError(f"run {init_info.run!r} has no HEAD: nothing to serve yet")
-                version = head.version
-            return await catch_up(self._source, version, into=self.views, verify=init_info.verify)
+    def _subscriber(self, init_info: DeltaRLInitInfo, fetcher: Any) -> Any:
+        from deltarl.actor.subscriber import Subscriber
+        from deltarl.integrations.vllm.sharded import ShardedUpdater
 
-        t0 = time.perf_counter()
-        if self.ranks.size > 1:
-            caught = sharded_bootstrap(self, init_info, self._call)
-        else:
-            caught = self._call(bootstrap())
-        self.experts.repack()
-        self.served = Served(caught.manifest.version, caught.version_id, fetch_s=time.perf_counter() - t0)
-        trim()  # the probes' and the keyframe read's buffers back to the OS
-        self._prefetch()
-        log.info("deltarl: serving %s version %d (%s) from keyframe %d + %d deltas",
-                 init_info.run, caught.manifest.version, caught.version_id[:12], caught.keyframe_version, caught.deltas)
+        if self.ranks.size > 1:  # each rank stages its part; every commit agreed by all
+            return ShardedUpdater(self.views, self.placements, list(self._table or []), init_info.run, fetcher,
+                                  self.ranks, verify=init_info.verify, poll_wait_s=PREFETCH_POLL_S)
+        # catch_up_after: never on its own; an update for "latest" asks for it (catch_up_to)
+        return Subscriber(self.views, init_info.run, fetcher, poll_wait_s=PREFETCH_POLL_S, catch_up_after=1 << 62,
+                          verify_digest=init_info.verify, speculate=False)
 
+    async def _start(self) -> None:
+        self._sub.start()
+
+    async def _close_quietly(self, *things: Any) -> None:
+        for thing in things:
+            if thing is None:
+                continue
+            try:
+                result = thing.close()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception as err:  # closing what a failed init opened must not hide its error
+                log.debug("deltarl: closing %r: %s", thing, err)
+
+    # --- an update ----------------------------------------------------------------------------------
+    @tagged
     def start_weight_update(self) -> None:
-        self._staged = None
+        self._take = None
 
-    async def _stage(self, served: Served, version: int, wait_s: float) -> tuple[Any, Any, str, float, float]:
-        """Fetch (verified) and stage ``version`` against ``served``: (staged, manifest, id, fetch_s, decode_s)."""
-        from deltarl.codec import stage_delta
-        from deltarl.updater.shards import stage_regions
+    @tagged
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        super().update_weights(update_info)  # parses update_info (its errors tagged too), then receive_weights
 
-        t0 = time.perf_counter()
-        manifest, vid = await self._source.manifest(version, wait_s=wait_s)
-        if manifest.parent != served.version_id:
-            named, has = short_pair(manifest.parent or "", served.version_id)
-            raise BaseMismatch(f"{manifest.key}: parent {named} is not the served version's id {has}")
-        segments = await self._source.segments(manifest)
-        t1 = time.perf_counter()
-        if self.ranks.size > 1:
-            staged = await asyncio.to_thread(stage_regions, self.views, self.placements, self.table, segments,
-                                             base=served.version_id)
-        else:
-            staged = await asyncio.to_thread(stage_delta, self.views, segments, base=served.version_id)
-        return staged, manifest, vid, t1 - t0, time.perf_counter() - t1
-
-    def _prefetch(self) -> None:
-        """Stage the version after the served one in the background, while vLLM generates (reads only:
-        the old values; the commit still checks every position). Long-polls until it is published."""
-        self._cancel_prefetch()
-        served, info = self.served, self.init_info
-        if served is None or info is None or not info.prefetch or self._loop is None:
-            return
-
-        published = threading.Event()
-
-        async def ahead() -> tuple[Any, Any, str, float, float]:
-            while True:
-                try:
-                    await self._source.manifest(served.version + 1, wait_s=PREFETCH_POLL_S)
-                except ObjectNotFound:  # not published yet: poll again (relays hold the request)
-                    continue
-                published.set()
-                return await self._stage(served, served.version + 1, 0.0)
-
-        fut = asyncio.run_coroutine_threadsafe(ahead(), self._loop)
-        self._ahead = (served.version + 1, served.version_id, published, fut)
-
-    def _cancel_prefetch(self) -> None:
-        if self._ahead is not None:
-            self._ahead[3].cancel()
-            self._ahead = None
-
+    @tagged
     def receive_weights(self, update_info: DeltaRLUpdateInfo) -> None:
         from deltarl.integrations.vllm.sharded import agreed
 
-        agreed(self, self._receive_one, update_info)  # every rank staged the same version, or none keeps it
+        agreed(self.ranks, lambda: self._receive_one(update_info),  # every rank takes the same version, or none
+               lambda: None if self._take is None else self._take[0].version_id)
 
     def _receive_one(self, update_info: DeltaRLUpdateInfo) -> None:
-        if self.served is None:
-            raise RunError("deltarl: init_weight_transfer_engine has not run: no version is served")
-        served = self.served
-        self._staged = None
-        self._prefetched = False
-        want = update_info.version
-        if want == "latest":
-            head = self._call(self._source.head())
-            want = served.version if head is None else head.version
-        if not isinstance(want, int):
-            raise ConfigError(f"update_info version must be an int or 'latest', not {want!r}")
-        if want == served.version:
-            return  # already served: nothing to stage
-        if want != served.version + 1:
-            raise BaseMismatch(f"version {want} does not apply to the served version {served.version}: "
-                               f"stage version {served.version + 1} next (one version an update)")
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[:2] == (want, served.version_id) and ahead[2].is_set():
-            self._staged = ahead[3].result()  # published: staged in the background, or about to be
-            self._prefetched = True
+        if self.served is None or self._sub is None:
+            raise RunError("deltarl: no version is served: init_weight_transfer_engine has not succeeded")
+        served, sub = self.served, self._sub
+        self._take = None
+        target, head_id = self._target(update_info.version)
+        if target == served.version:
+            return  # already served: nothing to take
+        if not isinstance(update_info.version, str) and target != served.version + 1:
+            raise BaseMismatch(f"version {target} does not apply to the served version {served.version}: "
+                               f"stage version {served.version + 1} next (one version an update; \"latest\" catches up)")
+        staged = sub.staged
+        if staged is not None and staged.version == target and head_id in (None, staged.version_id):
+            self._take, self._asked = (staged, self._asked is None or self._asked[0] != target), None
             return
-        if ahead is not None:
-            ahead[3].cancel()  # not published yet: ask directly (waiting wait_s, ObjectNotFound after)
-        self._staged = self._call(self._stage(served, want, update_info.wait_s))
+        if staged is not None and staged.version == target:  # HEAD names another id: the run was replaced
+            log.warning("deltarl: staged version %d is not the one HEAD names (the run was replaced): staging again", target)
+            self._on_loop(sub.drop_staged)
+            self._on_loop(sub.forget)
+        self._wait_for(target, update_info.wait_s)
 
+    def _target(self, version: int | str) -> tuple[int, str | None]:
+        """The version asked for, and the id HEAD names for it (None: not HEAD's)."""
+        if version != "latest":
+            if not isinstance(version, int) or isinstance(version, bool):
+                raise ConfigError(f"update_info version must be an int or 'latest', not {version!r}")
+            return version, None
+        head = self._call(self._sub.head(), timeout=RPC_HOLD_S)
+        if head is None:
+            raise NotPublished(f"run {self._sub.layout.run!r} has no HEAD")
+        if head.version > self.served.version + 1:  # type: ignore[union-attr]  # checked by the caller
+            self._on_loop(self._sub.catch_up_to, head.version)
+        return head.version, head.version_id
+
+    def _wait_for(self, target: int, wait_s: float) -> None:
+        """Raise what the caller should know about ``target``, not staged yet: the background
+        staging's error, NotPublished or NotStaged; the background staging goes on unless refused."""
+        sub = self._sub
+        if self._asked is None or self._asked[0] != target:
+            self._asked = (target, sub.attempts)
+            self._on_loop(sub.retry_now)
+        if not sub.running:
+            self._call(self._start())
+        err = sub.fatal or (sub.error if sub.error_attempt > self._asked[1] else None)
+        try:
+            if err is not None:
+                raise err
+            try:
+                self._call(sub.manifest(target), timeout=RPC_HOLD_S)
+            except ObjectNotFound as missing:
+                raise NotPublished(f"version {target} is not published yet ({missing})") from None
+            except TimeoutError:
+                pass  # the source is slow: the background staging will tell
+        except BaseException as refused:
+            if not (isinstance(refused, NotPublished) and wait_s > 0):  # a refusal: stage nothing until asked again
+                self._asked = None
+                self._call(sub.pause())
+            raise
+        raise NotStaged(f"version {target} is being staged in the background: ask again")
+
+    @tagged
     def finish_weight_update(self) -> None:
-        from deltarl.integrations.vllm.sharded import commit_on_every_rank
-
-        if self._staged is None:
+        if self._take is None:
             return
-        staged, manifest, vid, fetch_s, decode_s = self._staged
-        self._staged = None
-        t0 = time.perf_counter()
-        commit_on_every_rank(self.ranks, staged)
-        touched = self.experts.experts_of(self.placements, staged.tensors)
-        self.experts.repack(touched)
-        pause = time.perf_counter() - t0
-        digest_s = 0.0
-        if manifest.state_digest is not None and self.init_info is not None and self.init_info.verify:
-            t1 = time.perf_counter()
-            got = self.engine_digest()
-            digest_s = time.perf_counter() - t1
-            if got != manifest.state_digest.value:
-                staged.rollback()
-                self.experts.repack(touched)
-                shown_got, shown_rec = short_pair(got, manifest.state_digest.value)
-                raise IntegrityError(f"{manifest.key}: served weights hash to {shown_got}, the manifest records "
-                                     f"{shown_rec}; version {manifest.version} rolled back")
-        self.served = Served(manifest.version, vid, fetch_s, decode_s, pause, digest_s, staged.changed_elements,
-                             self._prefetched)
-        self._prefetch()
+        staged, prefetched = self._take
+        self._take = None
+        sub = self._sub
+        if sub.staged is not staged:
+            raise NotStaged(f"version {staged.version} was dropped before its commit (the run changed): ask again")
+        info = self._call(self._commit())
+        self.served = Served(info.version, info.version_id, fetch_s=staged.stage_s, pause_s=info.pause_s,
+                             digest_s=info.digest_s or 0.0, changed=info.changed_elements, prefetched=prefetched)
 
+    async def _commit(self) -> Any:
+        """Commit in place, then confirm a recorded digest (a mismatch is rolled back and raises)."""
+        staged = self._sub.staged
+        touched = self.experts.experts_of(self.placements, getattr(staged.update, "tensors", None) or self.views)
+        try:
+            info = self._sub.commit()
+            return await self._sub.confirm() or info
+        finally:
+            self.experts.repack(touched)  # the kernel's packed copy of the experts written (or rolled back)
+
+    # --- read back ----------------------------------------------------------------------------------
     def engine_digest(self) -> str:
         """The state digest of the whole engine's served weights (a collective: every rank calls it)."""
-        return str(self.ranks.engine_digest(self.table, self.placements, self.views))
+        return str(self.ranks.engine_digest(list(self._table or []), self.placements, self.views))
 
     def digest(self, algo: str | None = None) -> str:
         """The state digest of this rank's served weights by checkpoint name (hashed in place, no copy)."""
@@ -317,20 +376,20 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
 
         return state_digest(self.views, algo or DIGEST_ALGO)
 
-    def _close_source(self) -> None:
-        """Stop any prefetch and close the fetcher and the origin store (a re-attach, or shutdown)."""
-        self._cancel_prefetch()
-        fetcher, store, self._fetcher, self._store, self._source = self._fetcher, self._store, None, None, None
-        if fetcher is not None and self._loop is not None:
-            asyncio.run_coroutine_threadsafe(fetcher.close(), self._loop).result(timeout=30)
-        if store is not None:
-            store.close()
+    def background(self) -> dict[str, Any]:
+        """What the background staging holds: the staged version, and its last error with its kind."""
+        sub = self._sub
+        if sub is None:
+            return {"staged": None, "error": None}
+        err = sub.fatal or sub.error
+        return {"staged": sub.staged_version, "error": None if err is None else str(tag(err))}
 
     def shutdown(self) -> None:
         if self._loop is None:
             return
         try:
-            self._close_source()
+            self._call(self._close_quietly(self._sub, *self._closing), timeout=30)
+            self._sub, self._closing = None, []
         finally:
             loop, self._loop = self._loop, None
             loop.call_soon_threadsafe(loop.stop)

@@ -1,30 +1,60 @@
-"""The engine's ranks as one: a bootstrap, a stage and a commit that happen on every rank or on none.
+"""The in-place updater of a tensor- or expert-parallel vLLM rank: every rank stages its own part,
+and a version commits on every rank or on none.
 
-``DeltaRLEngine`` calls these where one worker would act alone; with one worker they reduce to it.
-Each is a collective over :class:`~deltarl.integrations.vllm.ranks.Ranks` (vLLM calls every
-weight-transfer method on every worker, in the same order).
+:class:`ShardedUpdater` answers the calls ``DeltaRLEngine`` makes of its subscriber (bootstrap,
+background staging of the next version, commit, confirm) for a rank that holds
+:class:`~deltarl.updater.probe.Region` s of the checkpoint tensors: it stages each delta over its
+regions only (:func:`deltarl.updater.shards.stage_regions`), builds a bootstrap in fresh tensors of
+its part and swaps them in once every rank has built its own and the ranks' joined digest matches,
+and agrees with the other ranks (:class:`~deltarl.integrations.vllm.ranks.Ranks`, vLLM's gloo group)
+before it keeps anything: a commit refused on one rank is rolled back on all, a digest that does not
+match rolls back every rank. Every collective runs in a call vLLM makes on every worker in the same
+order (``init_transfer_engine``, ``update_weights``, ``finish_weight_update``); the background
+staging never talks to the other ranks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from deltarl.errors import DeltaRLError, IntegrityError, RunError, StagingError, short_pair
+from deltarl.errors import (
+    DeltaRLError,
+    IntegrityError,
+    NotStaged,
+    ObjectNotFound,
+    RunError,
+    StagingError,
+    short_pair,
+)
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Bootstrapped:
-    """What a sharded bootstrap served (the fields of ``CaughtUp`` the engine reads)."""
+@dataclass
+class Staged:
+    """A version staged over this rank's regions."""
 
-    manifest: Any
+    version: int
     version_id: str
-    keyframe_version: int
-    deltas: int
+    manifest: Any
+    update: Any  # StagedUpdate
+    stage_s: float
+
+
+@dataclass
+class Committed:
+    """What a commit (or a bootstrap) did."""
+
+    version: int
+    version_id: str
+    pause_s: float = 0.0
+    changed_elements: int = 0
+    digest_s: float | None = None
 
 
 def _refusal(ranks: Any, err: BaseException | None, oks: list[bool], what: str) -> BaseException:
@@ -34,72 +64,197 @@ def _refusal(ranks: Any, err: BaseException | None, oks: list[bool], what: str) 
     return StagingError(f"{what} refused on rank(s) {bad} of {ranks.size}: no rank keeps it")
 
 
-def agreed(engine: Any, stage: Callable[[Any], None], update_info: Any) -> None:
-    """Run ``stage(update_info)`` on this rank; keep what it staged only if every rank staged the
-    same version (otherwise every rank drops it and raises: the failing rank its own error)."""
+def agreed(ranks: Any, fn: Callable[[], Any], key: Callable[[], Any]) -> None:
+    """Run ``fn()`` here; then every rank must have succeeded with the same ``key()`` (what it staged),
+    else every rank raises: its own error, or NotStaged (the client asks again) while another rank
+    is not there yet."""
     err: BaseException | None = None
     try:
-        stage(update_info)
+        fn()
     except Exception as e:  # reported to every rank before it is raised here
         err = e
-    staged = engine._staged
-    mine = (err is None, None if staged is None else staged[2])  # (ok, version id staged)
-    votes = engine.ranks.gather(mine)
-    if all(ok for ok, _ in votes) and len({vid for _, vid in votes}) == 1:
+    votes = ranks.gather((err is None, key() if err is None else None))
+    if all(ok for ok, _ in votes) and len({k for _, k in votes}) == 1:
         return
-    engine._staged = None
-    if err is None and engine.served is not None:
-        engine._prefetch()  # what this rank staged is dropped: stage the next version again
-    raise _refusal(engine.ranks, err, [ok and vid == votes[0][1] for ok, vid in votes], "the update")
+    if err is not None:
+        raise err
+    raise NotStaged(f"rank(s) {[r for r, (ok, k) in enumerate(votes) if not ok or k != votes[0][1]]} of {ranks.size} "
+                    "have not staged the same version yet: ask again")
 
 
-def commit_on_every_rank(ranks: Any, staged: Any) -> None:
-    """Commit ``staged`` here; if any rank's commit is refused, every rank that wrote rolls back."""
-    err: BaseException | None = None
-    try:
-        staged.commit()
-    except DeltaRLError as e:
-        err = e
-    oks = ranks.gather(err is None)
-    if all(oks):
-        return
-    if err is None:
-        staged.rollback()
-    raise _refusal(ranks, err, oks, "the commit")
+class ShardedUpdater:
+    """Keeps one rank's ``views`` (its parts of the checkpoint tensors) at the run's versions."""
 
+    def __init__(self, views: dict[str, Any], placements: list[Any], table: list[Any], run: str, fetcher: Any,
+                 ranks: Any, *, verify: bool = True, poll_wait_s: float = 5.0) -> None:
+        from deltarl.actor.source import FetcherSource
 
-def sharded_bootstrap(engine: Any, init_info: Any, call: Callable[[Any], Any]) -> Bootstrapped:
-    """Load the run's version into every rank's part (keyframe then deltas, each rank reading for its
-    regions), agree that every rank got there, and check the newest recorded state digest together."""
-    from deltarl.updater.shards import catch_up_regions
+        self.views, self.placements, self.table, self.ranks = views, placements, table, ranks
+        self.fetcher, self.verify, self.poll_wait_s = fetcher, verify, poll_wait_s
+        self._source = FetcherSource(fetcher, run)
+        self.layout = self._source.layout
+        self.version: int | None = None
+        self.version_id: str | None = None
+        self._staged: Staged | None = None
+        self._last: tuple[Staged, float] | None = None  # committed, not confirmed yet: (staged, pause_s)
+        self._task: asyncio.Task[None] | None = None
+        self.error: BaseException | None = None
+        self.fatal: BaseException | None = None
+        self.attempts = 0
+        self.error_attempt = 0
 
-    async def load() -> tuple[Any, str, Any, int]:
-        version = init_info.version
-        if version is None:
-            head = await engine._source.head()
-            if head is None:
-                raise RunError(f"run {init_info.run!r} has no HEAD: nothing to serve yet")
-            version = head.version
-        manifest, vid, digest_at = await catch_up_regions(engine._source, version, engine.views, engine.placements,
-                                                          engine.table, verify=init_info.verify)
-        return manifest, vid, digest_at, version
+    # --- reads --------------------------------------------------------------------------------------
+    async def head(self) -> Any:
+        return await self._source.head()
 
-    err: BaseException | None = None
-    got: tuple[Any, str, Any, int] | None = None
-    try:
-        got = call(load())
-    except Exception as e:  # every rank learns of it before it is raised
-        err = e
-    votes = engine.ranks.gather(None if got is None else got[1])
-    if err is not None or len(set(votes)) != 1 or votes[0] is None:
-        raise _refusal(engine.ranks, err, [v is not None and v == votes[0] for v in votes], "the bootstrap")
-    assert got is not None
-    manifest, vid, digest_at, _ = got
-    if init_info.verify and digest_at is not None:
-        have = engine.engine_digest()
-        if have != digest_at.state_digest.value:
-            shown_got, shown_rec = short_pair(have, digest_at.state_digest.value)
-            raise IntegrityError(f"{digest_at.key}: the ranks' rebuilt state hashes to {shown_got}, the manifest "
-                                 f"records {shown_rec}")
-    keyframe = manifest.version if manifest.keyframe is not None else -1
-    return Bootstrapped(manifest, vid, keyframe, 0)
+    async def manifest(self, version: int, *, wait_s: float = 0.0) -> Any:
+        return await self._source.manifest(version, wait_s=wait_s)
+
+    # --- bootstrap ----------------------------------------------------------------------------------
+    async def bootstrap(self, version: int | None = None, *, in_place: bool = False) -> Committed:
+        """Build ``version`` (default HEAD) in fresh tensors of this rank's part; swap it in only once
+        every rank built its own and their joined digest is the one the chain records."""
+        import torch
+
+        from deltarl.updater.shards import catch_up_regions
+
+        err: BaseException | None = None
+        fresh = {n: torch.empty_like(v) for n, v in self.views.items()}
+        got: tuple[Any, str, Any] | None = None
+        try:
+            if version is None:
+                head = await self.head()
+                if head is None:
+                    raise ObjectNotFound(f"{self.layout.head}: run {self.layout.run!r} has no HEAD yet")
+                version = head.version
+            got = await catch_up_regions(self._source, version, fresh, self.placements, self.table, verify=self.verify)
+        except Exception as e:  # every rank learns of it before it is raised
+            err = e
+        votes = await asyncio.to_thread(self.ranks.gather, None if got is None else got[1])
+        if err is not None or votes[0] is None or len(set(votes)) != 1:
+            raise _refusal(self.ranks, err, [v is not None and v == votes[0] for v in votes], "the bootstrap")
+        assert got is not None
+        manifest, vid, digest_at = got
+        if self.verify and digest_at is not None:
+            have = await asyncio.to_thread(self.ranks.engine_digest, self.table, self.placements, fresh)
+            if have != digest_at.state_digest.value:
+                shown = short_pair(have, digest_at.state_digest.value)
+                raise IntegrityError(f"{digest_at.key}: the ranks' rebuilt state hashes to {shown[0]}, the manifest "
+                                     f"records {shown[1]}")
+        for name, view in self.views.items():
+            view.copy_(fresh.pop(name))
+        self.version, self.version_id, self._staged = manifest.version, vid, None
+        return Committed(manifest.version, vid, changed_elements=sum(v.numel() for v in self.views.values()))
+
+    # --- the background staging of the next version -------------------------------------------------
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _run(self) -> None:
+        from deltarl.updater.shards import stage_regions
+
+        while self._staged is None and self.version is not None:
+            target, base = self.version + 1, self.version_id
+            self.attempts += 1
+            try:
+                manifest, vid = await self._source.manifest(target, wait_s=self.poll_wait_s)
+                if manifest.parent != base:
+                    raise RunError(f"{manifest.key}: parent {manifest.parent} is not the served version's id {base}")
+                t0 = time.monotonic()
+                segments = await self._source.segments(manifest)
+                update = await asyncio.to_thread(stage_regions, self.views, self.placements, self.table, segments, base=base)
+                if (self.version, self.version_id) == (target - 1, base):
+                    self._staged = Staged(target, vid, manifest, update, time.monotonic() - t0)
+                    self.error = None
+            except ObjectNotFound:
+                continue  # not published yet: poll again
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                self.error, self.error_attempt = err, self.attempts
+                log.warning("deltarl: staging version %d on rank %d: %s", target, self.ranks.rank, err)
+                await asyncio.sleep(1.0)
+
+    @property
+    def staged(self) -> Staged | None:
+        return self._staged
+
+    @property
+    def staged_version(self) -> int | None:
+        return None if self._staged is None else self._staged.version
+
+    def retry_now(self) -> None:
+        self.start()
+
+    def catch_up_to(self, version: int) -> None:
+        """Several versions behind: staged one delta at a time (each update takes the next)."""
+
+    def drop_staged(self) -> None:
+        self._staged = None
+
+    def forget(self) -> None:
+        self._source.forget()
+
+    async def pause(self) -> None:
+        await self._stop()
+
+    async def _stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def close(self) -> None:
+        await self._stop()
+
+    # --- the commit: every rank or none ----------------------------------------------------------
+    def commit(self) -> Committed:
+        """Write the staged version here; if any rank's commit is refused every rank that wrote rolls back."""
+        staged = self._staged
+        if staged is None:
+            raise StagingError("nothing staged")
+        t0 = time.perf_counter()
+        err: BaseException | None = None
+        try:
+            staged.update.commit()
+        except DeltaRLError as e:
+            err = e
+        pause = time.perf_counter() - t0
+        oks = self.ranks.gather(err is None)
+        self._staged = None
+        if not all(oks):
+            if err is None:
+                staged.update.rollback()
+            self.start()
+            raise _refusal(self.ranks, err, oks, "the commit")
+        self._last = (staged, pause)
+        self.version, self.version_id = staged.version, staged.version_id
+        return Committed(staged.version, staged.version_id, pause, staged.update.changed_elements)
+
+    async def confirm(self) -> Committed | None:
+        """Check a recorded state digest with every rank; a mismatch rolls every rank back."""
+        last, self._last = self._last, None
+        if last is None:
+            return None
+        staged, pause = last
+        recorded = staged.manifest.state_digest
+        digest_s = None
+        if self.verify and recorded is not None:
+            t0 = time.perf_counter()
+            got = await asyncio.to_thread(self.ranks.engine_digest, self.table, self.placements, self.views)
+            digest_s = time.perf_counter() - t0
+            if got != recorded.value:
+                await self._stop()
+                staged.update.rollback()
+                self.version, self.version_id = staged.manifest.version - 1, staged.manifest.parent
+                self.start()
+                shown = short_pair(got, recorded.value)
+                raise IntegrityError(f"{staged.manifest.key}: the ranks' served weights hash to {shown[0]}, the "
+                                     f"manifest records {shown[1]}; version {staged.version} rolled back on every rank")
+        self.start()
+        return Committed(staged.version, staged.version_id, pause, staged.update.changed_elements, digest_s)

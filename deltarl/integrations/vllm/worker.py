@@ -28,14 +28,29 @@ class DeltaRLWorkerExtension:
         return engine
 
     def deltarl_status(self, digest: bool = False) -> dict[str, Any]:
-        """The served version, its id and the last update's timings; with ``digest``, the state
-        digest of this rank's served weights (``digest``, hashed in place) and of the whole engine's
-        (``engine_digest``: every rank takes part, so ask every worker at once, as ``collective_rpc`` does)."""
+        """The served version, its id and the last update's timings (no ``version`` key: nothing
+        served), the version staged in the background and its last error (``[deltarl:Kind] …``),
+        the worker's resident memory; with ``digest``, the state digest of this rank's served weights
+        (``digest``, hashed in place) and of the whole engine's (``engine_digest``, joined from every rank)."""
         engine = self._deltarl_engine()
         out: dict[str, Any] = {} if engine.served is None else dataclasses.asdict(engine.served)
         out["tensors"] = len(engine.views)
+        out.update(engine.background())  # the version staged in the background, and its last error
+        out["rss_bytes"] = _rss_bytes()
         if digest and engine.views:
             out["digest"] = engine.digest()
-            out["engine_digest"] = engine.engine_digest()
-        out["rank"] = engine.ranks.rank if engine.ranks is not None else 0
+            out["engine_digest"] = engine.engine_digest()  # every rank takes part: ask every worker at once
+        out["rank"] = 0 if engine.ranks is None else engine.ranks.rank
         return out
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

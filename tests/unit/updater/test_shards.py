@@ -11,12 +11,12 @@ torch = pytest.importorskip("torch")
 
 from deltarl.codec import encode_delta, state_digest  # noqa: E402
 from deltarl.codec.tensors import TensorSpec  # noqa: E402
-from deltarl.errors import StagingError, TensorMismatch  # noqa: E402
+from deltarl.errors import TensorMismatch  # noqa: E402
 from deltarl.pipeline.shard_digest import combine_digest  # noqa: E402
 from deltarl.updater.probe import Placement, Region  # noqa: E402
 from deltarl.updater.shards import digest_shares, owners, stage_regions  # noqa: E402
 
-R, C, TP = 64, 96, 2
+R, C, TP = 256, 384, 2  # q and o past the size that format 2 cuts into shard-grid cells
 TABLE = [TensorSpec("k", "bfloat16", (4, C)), TensorSpec("o", "bfloat16", (R, C)), TensorSpec("q", "bfloat16", (R, C))]
 
 
@@ -52,9 +52,10 @@ def _states(changed: float) -> tuple[dict[str, Any], dict[str, Any]]:
     return old, new
 
 
-def test_every_rank_stages_its_part_and_the_digests_join() -> None:
+@pytest.mark.parametrize("codec", ["auto", "sparse", "ctx"])
+def test_every_rank_stages_its_part_and_the_digests_join(codec: str) -> None:
     old, new = _states(0.05)
-    segments = encode_delta(old, new, base="v0", codec="sparse")
+    segments = encode_delta(old, new, base="v0", codec=codec)
     ranks = [_rank(old, r) for r in range(TP)]
     for views, placements in ranks:
         stage_regions(views, placements, TABLE, segments, base="v0").commit()
@@ -65,16 +66,6 @@ def test_every_rank_stages_its_part_and_the_digests_join() -> None:
     shares = [s for (views, placements), mine in zip(ranks, owned, strict=True)
               for s in digest_shares(TABLE, placements, views, mine)]
     assert combine_digest(TABLE, shares) == state_digest(new)
-
-
-def test_a_chunk_no_rank_holds_alone_is_refused_before_anything_is_written() -> None:
-    old, new = _states(0.05)
-    segments = encode_delta(old, new, base="v0", codec="ctx")
-    views, placements = _rank(old, 1)
-    before = {n: v.clone() for n, v in views.items()}
-    with pytest.raises(StagingError, match="straddles"):
-        stage_regions(views, placements, TABLE, segments, base="v0")
-    assert all(torch.equal(views[n], before[n]) for n in views)
 
 
 def test_ranks_that_leave_a_gap_are_refused() -> None:
