@@ -29,6 +29,7 @@ from deltarl.codec.hashing import (
 from deltarl.codec.heap import trim
 from deltarl.codec.jit_warmup import warm_codec_quietly
 from deltarl.codec.kernels import worker_threads
+from deltarl.codec.regions import Region
 from deltarl.codec.segment import ChunkInfo, DeltaStats, SegmentHeader, delta_stats, read_segment_header
 from deltarl.codec.tensors import (
     BF16,
@@ -56,6 +57,7 @@ __all__ = [
     "SEGMENT_CHANGES",
     "ChunkInfo",
     "DeltaStats",
+    "Region",
     "SegmentHeader",
     "StagedUpdate",
     "Stager",

@@ -7,7 +7,7 @@ The run namespace (layout, manifests and records), the writer claim, the :class:
 Importing this package imports neither torch nor numba.
 """
 
-from deltarl.pipeline.catch_up import HeldState, catch_up
+from deltarl.pipeline.catch_up import HeldState, catch_up, check_up_to_head, walk_down
 from deltarl.pipeline.claim import WriterClaim, WriterLease
 from deltarl.pipeline.gc import PENDING_GRACE_S, GcReport, gc
 from deltarl.pipeline.inspection import RunSummary, VersionRow, human_bytes, inspect_run, spans
@@ -41,6 +41,7 @@ from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.publisher import Publisher, VersionInfo
 from deltarl.pipeline.reader import RunReader
 from deltarl.pipeline.replay import replay, roll_forward, squash
+from deltarl.pipeline.shard_digest import ShardHashes, TensorShardHashes, combine_digest
 from deltarl.pipeline.sharded import ShardedPublisher
 from deltarl.pipeline.state_file import write_state_file
 
@@ -62,14 +63,18 @@ __all__ = [
     "RunLayout",
     "RunReader",
     "RunSummary",
+    "ShardHashes",
     "ShardedPublisher",
     "TensorEntry",
+    "TensorShardHashes",
     "VersionInfo",
     "VersionRow",
     "WriterClaim",
     "WriterLease",
     "canonical_json",
     "catch_up",
+    "check_up_to_head",
+    "combine_digest",
     "empty_state",
     "gc",
     "hash_piece",
@@ -86,5 +91,6 @@ __all__ = [
     "squash",
     "validate_run_name",
     "version_id",
+    "walk_down",
     "write_state_file",
 ]

@@ -22,12 +22,14 @@ import numpy as np
 from deltarl.codec.apply import StagedUpdate
 from deltarl.codec.hashing import BLOCK, leaves
 from deltarl.codec.regions import Region as CodecRegion
-from deltarl.codec.tensors import DTYPES, TensorSpec, flat_bits, stream_offsets, uint_dtype
+from deltarl.codec.tensors import DTYPES, TensorSpec, flat_bits, stream_offsets
 from deltarl.errors import BaseMismatch, TensorMismatch
 from deltarl.pipeline.shard_digest import ShardHashes, TensorShardHashes
 from deltarl.updater.probe import Placement, Region
 
 RegionKey = tuple[str, str, int, int]  # (tensor, kind, start, stop)
+_HEADER_PROBE = 64 << 10  # a keyframe part's first read: its header, in one request mostly
+_UINT = {16: np.uint16, 32: np.uint32}
 
 
 def _local_positions(region: Region, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -73,15 +75,14 @@ async def load_keyframe(source: Any, manifest: Any, views: Mapping[str, Any], pl
                         table: Sequence[TensorSpec]) -> None:
     """Copy the keyframe of ``manifest`` into the rank's ``views``: each part is fetched (every byte
     checked by its pieces) into scratch, and the ranges that meet the rank's regions are copied."""
-    from deltarl.actor.source import HEADER_PROBE
     from deltarl.pipeline.keyframe import part_views
 
     fetcher = source.fetcher
     specs = {t.name: t for t in table}
     where = {p.name: p.region for p in placements}
     for part in manifest.keyframe.parts:
-        scratch = {name: np.empty(specs[name].numel, dtype=uint_dtype(specs[name].dtype)) for name, _, _ in part.tensors}
-        head = await fetcher.fetch_range(part.key, 0, min(part.size, HEADER_PROBE))
+        scratch = {name: np.empty(specs[name].numel, dtype=_UINT[DTYPES[specs[name].dtype][1]]) for name, _, _ in part.tensors}
+        head = await fetcher.fetch_range(part.key, 0, min(part.size, _HEADER_PROBE))
         pv = part_views(part, head, specs, scratch, named_by=manifest.key)
         if pv is None:
             head = await fetcher.fetch_range(part.key, 0, 8 + int.from_bytes(head[:8], "little"))
