@@ -71,6 +71,21 @@ def stage_regions(views: Mapping[str, Any], placements: Sequence[Placement], tab
     return stage_delta(views, segments, base=base, regions=codec_regions(placements, table), specs=table)
 
 
+def stage_region_reads(get_range: Any, manifest: Any, views: Mapping[str, Any], placements: Sequence[Placement],
+                       table: Sequence[TensorSpec], *, base: str) -> tuple[StagedUpdate, int]:
+    """Read only the pieces of ``manifest``'s segments that hold this rank's chunks (each verified;
+    :mod:`deltarl.pipeline.region_reads`) and stage them into ``views``; also the bytes read.
+    ``get_range(key, start, end)`` is any ranged read (a store's, the fetcher's)."""
+    from deltarl.codec import stage_delta
+    from deltarl.pipeline import read_segment_parts
+
+    regions = codec_regions(placements, table)
+    parts = read_segment_parts(get_range, manifest, regions)
+    staged = stage_delta(views, [p.data for p in parts], base=base, regions=regions, specs=table,
+                         headers=[p.header for p in parts])
+    return staged, sum(p.fetched_bytes for p in parts)
+
+
 async def load_keyframe(source: Any, manifest: Any, views: Mapping[str, Any], placements: Sequence[Placement],
                         table: Sequence[TensorSpec]) -> None:
     """Copy the keyframe of ``manifest`` into the rank's ``views``: each part is fetched (every byte

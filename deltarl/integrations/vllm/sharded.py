@@ -102,6 +102,7 @@ class ShardedUpdater:
         self.fatal: BaseException | None = None
         self.attempts = 0
         self.error_attempt = 0
+        self.fetched_bytes = 0  # bytes the last staged version read (only the pieces holding this rank's part)
 
     # --- reads --------------------------------------------------------------------------------------
     async def head(self) -> Any:
@@ -156,7 +157,12 @@ class ShardedUpdater:
         return self._task is not None and not self._task.done()
 
     async def _run(self) -> None:
-        from deltarl.updater.shards import stage_regions
+        from deltarl.updater.shards import stage_region_reads
+
+        loop = asyncio.get_running_loop()
+
+        def get_range(key: str, start: int, end: int) -> bytes:  # on the staging thread, through the fetcher
+            return asyncio.run_coroutine_threadsafe(self.fetcher.fetch_range(key, start, end), loop).result()
 
         while self._staged is None and self.version is not None:
             target, base = self.version + 1, self.version_id
@@ -166,10 +172,11 @@ class ShardedUpdater:
                 if manifest.parent != base:
                     raise RunError(f"{manifest.key}: parent {manifest.parent} is not the served version's id {base}")
                 t0 = time.monotonic()
-                segments = await self._source.segments(manifest)
-                update = await asyncio.to_thread(stage_regions, self.views, self.placements, self.table, segments, base=base)
+                update, fetched = await asyncio.to_thread(stage_region_reads, get_range, manifest, self.views,
+                                                          self.placements, self.table, base=base)
                 if (self.version, self.version_id) == (target - 1, base):
                     self._staged = Staged(target, vid, manifest, update, time.monotonic() - t0)
+                    self.fetched_bytes = fetched  # this rank's part of the version, and the headers
                     self.error = None
             except ObjectNotFound:
                 continue  # not published yet: poll again

@@ -41,6 +41,7 @@ class DeltaRLWorkerExtension:
             out["digest"] = engine.digest()
             out["engine_digest"] = engine.engine_digest()  # every rank takes part: ask every worker at once
         out["rank"] = 0 if engine.ranks is None else engine.ranks.rank
+        out["fetched_bytes"] = getattr(engine._sub, "fetched_bytes", None)  # a tensor/expert parallel rank's reads
         return out
 
 

@@ -43,7 +43,7 @@ class Layout:
     options: dict[str, Any]
 
 
-def _publish(root: Path, arch: str, tp: int) -> tuple[Path, list[dict[str, Any]]]:
+def _publish(root: Path, arch: str) -> tuple[Path, list[dict[str, Any]]]:
     from transformers import Qwen3Config, Qwen3MoeConfig
 
     from deltarl.integrations.vllm import request_amx
@@ -56,8 +56,7 @@ def _publish(root: Path, arch: str, tp: int) -> tuple[Path, list[dict[str, Any]]
     config = Qwen3MoeConfig(**COMMON, **MOE) if arch == "moe" else Qwen3Config(**COMMON, tie_word_embeddings=False)
     states = [write_checkpoint(root / "ckpt", ModelSpec(seed=7), config=config)]
     store = open_store(str(root / "store"))
-    codec = "sparse" if tp > 1 else "auto"  # a rank decodes a straddling chunk alone only with sparse (until tiles)
-    with Publisher(store, "r", keyframe_interval=1000, digest_interval=1, codec=codec) as pub:
+    with Publisher(store, "r", keyframe_interval=1000, digest_interval=1) as pub:  # auto: cells a rank decodes alone
         pub.publish(states[0], 0)
         for v in range(1, N + 1):
             states.append(evolve(states[-1], 0.01, seed=v))
@@ -72,7 +71,7 @@ def layout(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     if options.get("tensor_parallel_size", 1) > 1:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core a rank
     root = tmp_path_factory.mktemp(request.param)
-    ckpt, states = _publish(root, arch, options.get("tensor_parallel_size", 1))
+    ckpt, states = _publish(root, arch)
     yield Layout(root, ckpt, str(root / "store"), states, options)
     os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
 
@@ -121,3 +120,29 @@ def test_updates_equal_a_fresh_engine_of_the_same_layout(layout: Layout, served:
         assert greedy(fresh) == after
     finally:
         shut(fresh)
+
+
+def test_a_corrupt_piece_is_refused_on_every_rank_and_nothing_changes(layout: Layout, served: Any) -> None:
+    from deltarl.integrations.vllm import status, update
+    from deltarl.pipeline.publisher import Publisher
+    from deltarl.storage.open import open_store
+    from deltarl.testing.vllm_runs import evolve
+
+    before = status(served, digest=True)
+    tokens = greedy(served)
+    v = before[0]["version"]
+    store = open_store(layout.store)
+    with Publisher(store, "r", keyframe_interval=1000) as pub:
+        pub.publish(evolve(layout.states[v], 0.01, seed=500 + v), v + 1)
+    store.close()
+    segs = sorted((Path(layout.store) / "r" / "versions" / f"{v + 1:012d}").glob("*-seg-*.bin"))
+    seg = segs[-1]  # the last segment: the tensors sorted last (one rank's part of them, at TP 2)
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    seg.chmod(0o644)
+    seg.write_bytes(bytes(data))
+    with pytest.raises(Exception, match=r"no source delivered bytes matching its manifest|IntegrityError|hash"):
+        update(served, v + 1)
+    after = status(served, digest=True)
+    assert [(r["version"], r["digest"]) for r in after] == [(r["version"], r["digest"]) for r in before]  # every rank
+    assert greedy(served) == tokens
