@@ -81,8 +81,8 @@ def stage_region_reads(get_range: Any, manifest: Any, views: Mapping[str, Any], 
 
     regions = codec_regions(placements, table)
     parts = read_segment_parts(get_range, manifest, regions)
-    staged = stage_delta(views, [p.data for p in parts], base=base, regions=regions, specs=table,
-                         headers=[p.header for p in parts])
+    data: list[Any] = [p.data for p in parts]  # the segments' buffers, only the verified pieces read (no copy)
+    staged = stage_delta(views, data, base=base, regions=regions, specs=table, headers=[p.header for p in parts])
     return staged, sum(p.fetched_bytes for p in parts)
 
 
@@ -174,7 +174,7 @@ def digest_shares(table: Sequence[TensorSpec], placements: Sequence[Placement], 
         if pl.name not in owned:
             continue
         size = views[pl.name].element_size()
-        raw = memoryview(flat_bits(pl.name, views[pl.name])).cast("B")
+        raw = memoryview(flat_bits(pl.name, views[pl.name])).cast("B")  # type: ignore[arg-type]  # numpy: a buffer
         r = pl.region
         lo, _ = r.flat_range()
         if r.kind != "cols":

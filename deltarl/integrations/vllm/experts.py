@@ -53,7 +53,7 @@ class LiveExperts:
 
         self.layers: list[_Layer] = []
         for name, module in model.named_modules():
-            packed = getattr(module, "w13_weight", None)
+            packed: Any = getattr(module, "w13_weight", None)
             experts = None if packed is None else _packing_experts(module)
             if experts is None:
                 continue
@@ -98,7 +98,7 @@ class LiveExperts:
         for name in names:
             pl = where.get(name)
             owner = None if pl is None else self._owner.get(pl.param)
-            if owner is None:
+            if pl is None or owner is None:
                 continue
             layer, which = owner
             live = layer.w13 if which == "w13" else layer.w2

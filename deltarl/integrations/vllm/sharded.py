@@ -165,7 +165,7 @@ class ShardedUpdater:
             return asyncio.run_coroutine_threadsafe(self.fetcher.fetch_range(key, start, end), loop).result()
 
         while self._staged is None and self.version is not None:
-            target, base = self.version + 1, self.version_id
+            target, base = self.version + 1, str(self.version_id)
             self.attempts += 1
             try:
                 manifest, vid = await self._source.manifest(target, wait_s=self.poll_wait_s)
