@@ -29,7 +29,6 @@ from deltarl.updater.probe import Placement, Region
 
 RegionKey = tuple[str, str, int, int]  # (tensor, kind, start, stop)
 _HEADER_PROBE = 64 << 10  # a keyframe part's first read: its header, in one request mostly
-_UINT = {16: np.uint16, 32: np.uint32}
 
 
 def _local_positions(region: Region, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -90,13 +89,15 @@ async def load_keyframe(source: Any, manifest: Any, views: Mapping[str, Any], pl
                         table: Sequence[TensorSpec]) -> None:
     """Copy the keyframe of ``manifest`` into the rank's ``views``: each part is fetched (every byte
     checked by its pieces) into scratch, and the ranges that meet the rank's regions are copied."""
+    import torch
+
     from deltarl.pipeline.keyframe import part_views
 
     fetcher = source.fetcher
     specs = {t.name: t for t in table}
     where = {p.name: p.region for p in placements}
     for part in manifest.keyframe.parts:
-        scratch = {name: np.empty(specs[name].numel, dtype=_UINT[DTYPES[specs[name].dtype][1]]) for name, _, _ in part.tensors}
+        scratch = {name: torch.empty(specs[name].numel, dtype=getattr(torch, specs[name].dtype)) for name, _, _ in part.tensors}
         head = await fetcher.fetch_range(part.key, 0, min(part.size, _HEADER_PROBE))
         pv = part_views(part, head, specs, scratch, named_by=manifest.key)
         if pv is None:
@@ -107,7 +108,7 @@ async def load_keyframe(source: Any, manifest: Any, views: Mapping[str, Any], pl
         await asyncio.to_thread(_copy_ranges, part.tensors, scratch, views, where)
 
 
-def _copy_ranges(ranges: Iterable[tuple[str, int, int]], scratch: Mapping[str, np.ndarray], views: Mapping[str, Any],
+def _copy_ranges(ranges: Iterable[tuple[str, int, int]], scratch: Mapping[str, Any], views: Mapping[str, Any],
                  where: Mapping[str, Region]) -> None:
     for name, start, count in ranges:
         region = where.get(name)
@@ -116,7 +117,7 @@ def _copy_ranges(ranges: Iterable[tuple[str, int, int]], scratch: Mapping[str, n
         pos = np.arange(start, start + count, dtype=np.int64)
         inside, local = _local_positions(region, pos)
         flat = flat_bits(name, views[name], writable=True)
-        flat[local[inside]] = scratch[name][start : start + count][inside]
+        flat[local[inside]] = flat_bits(name, scratch[name])[start : start + count][inside]
 
 
 def owners(table: Sequence[TensorSpec], regions: Sequence[Mapping[str, Region]]) -> list[set[str]]:
