@@ -180,6 +180,9 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     final = status(llm, digest=True)[0]
     mem_deltarl = _memory(llm)
     whole_model_paths = tp == 1 and not moe  # vLLM's sparse path and the dense reload read the model whole
+    # the plain scatter in the worker, on the cores vLLM gives it (the fair floor of the pause; the
+    # driver's scatter above runs on every core of the host)
+    in_worker = llm.collective_rpc(vllm_runs.worker_scatter, args=(str(tmp / f"changes-{args.versions}.pt"),))[0] if tp == 1 else None
     for row in rows if whole_model_paths else []:  # vLLM's own paths on the same engine, the same changes (they rewrite values already there)
         v = row["version"]
         row["vllm_sparse_s"] = llm.collective_rpc(vllm_runs.worker_vllm_sparse, args=(str(tmp / f"changes-{v}.pt"),))[0]
@@ -193,11 +196,13 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     med["vllm_sparse_s"] = med.get("vllm_sparse_s", float("nan"))
     med["dense_reload_s"] = dense
     med["rank_stage_s"] = statistics.median(max(r["rank_stage_s"]) for r in rows)
+    med["worker_scatter_s"] = in_worker["scatter_s"] if in_worker else float("nan")
     med["rank_fetched_over_delta"] = statistics.median(max(r["rank_fetched_bytes"]) / r["delta_bytes"] for r in rows)
     res = {
         "shape": args.shape, "tp": tp, "model_bytes": model_bytes, "fraction": args.fraction, "versions": rows,
         "engine_load_s": load_s, "attach_s": attach_s, "median": med,
-        "pause_over_scatter": med["pause_s"] / med["scatter_s"], "pause_over_vllm_sparse": med["pause_s"] / med["vllm_sparse_s"],
+        "pause_over_scatter": med["pause_s"] / med["scatter_s"],
+        "pause_over_worker_scatter": med["pause_s"] / med["worker_scatter_s"], "worker_cpus": in_worker, "pause_over_vllm_sparse": med["pause_s"] / med["vllm_sparse_s"],
         "worker_rss_vllm": mem0["VmRSS"], "worker_rss_attached": mem1["VmRSS"], "worker_rss_deltarl": mem_deltarl["VmRSS"],
         "worker_peak_rss_vllm": mem0["VmHWM"], "worker_peak_rss_deltarl": mem_deltarl["VmHWM"],
         "worker_rss_end": mem2["VmRSS"], "worker_peak_rss_end": mem2["VmHWM"],
@@ -220,11 +225,13 @@ def _table(res: dict[str, Any], fraction: float, versions: int) -> None:
           f"{fraction:.1%} changed, medians of {versions} versions")
     print(f"{'what':40s} {'ms':>10s}")
     for label, key in (("fetch + decode + stage, slowest rank", "rank_stage_s"), ("deltarl pause (commit)", "pause_s"),
-                       ("plain torch index_copy_ (whole model)", "scatter_s"),
+                       ("plain torch index_copy_ (driver, all cores)", "scatter_s"),
+                       ("plain torch index_copy_ (in the worker)", "worker_scatter_s"),
                        ("vLLM load_checkpoint_weight_patches", "vllm_sparse_s"), ("dense load_weights", "dense_reload_s")):
         print(f"{label:40s} {m[key] * 1e3:10.1f}")
     print(f"bytes a rank fetched / the version's delta bytes: {m['rank_fetched_over_delta']:.3f}")
-    print(f"pause / plain scatter: {res['pause_over_scatter']:.2f}x   pause / vLLM sparse: {res['pause_over_vllm_sparse']:.3f}x")
+    print(f"pause / plain scatter in the worker: {res['pause_over_worker_scatter']:.2f}x (worker: {res['worker_cpus']}), "
+          f"in the driver: {res['pause_over_scatter']:.2f}x   pause / vLLM sparse: {res['pause_over_vllm_sparse']:.3f}x")
     print(f"worker memory beyond vLLM's own: {res['extra_copies_steady']:.3f} copies of a rank's part (steady), peak "
           f"{res['extra_copies_peak']:.3f} (with vLLM's sparse path and the dense reload: {res['extra_copies_peak_all_paths']:.3f})")
     print(f"RPC per update: {res['rpc_bytes_per_update']} B")
