@@ -57,6 +57,27 @@ class Committed:
     digest_s: float | None = None
 
 
+class _Swap:
+    """A version built whole for this rank's part in fresh tensors: the commit copies it in (keeping
+    the old part for a rollback)."""
+
+    def __init__(self, views: dict[str, Any], fresh: dict[str, Any]) -> None:
+        self.views, self.fresh = views, fresh
+        self.old: dict[str, Any] | None = None
+        self.tensors = tuple(sorted(fresh))
+        self.changed_elements = sum(int(t.numel()) for t in fresh.values())
+
+    def commit(self) -> None:
+        self.old = {n: v.clone() for n, v in self.views.items()}
+        for n, v in self.views.items():
+            v.copy_(self.fresh[n])
+
+    def rollback(self) -> None:
+        if self.old is not None:
+            for n, v in self.views.items():
+                v.copy_(self.old[n])
+
+
 def _refusal(ranks: Any, err: BaseException | None, oks: list[bool], what: str) -> BaseException:
     if err is not None:
         return err
@@ -96,13 +117,14 @@ class ShardedUpdater:
         self.version: int | None = None
         self.version_id: str | None = None
         self._staged: Staged | None = None
-        self._last: tuple[Staged, float] | None = None  # committed, not confirmed yet: (staged, pause_s)
+        self._last: tuple[Staged, float, Any] | None = None  # committed, not confirmed: (staged, pause_s, previous)
         self._task: asyncio.Task[None] | None = None
         self.error: BaseException | None = None
         self.fatal: BaseException | None = None
         self.attempts = 0
         self.error_attempt = 0
         self.fetched_bytes = 0  # bytes the last staged version read (only the pieces holding this rank's part)
+        self._aim: int | None = None  # a version several ahead asked for ("latest" far behind)
 
     # --- reads --------------------------------------------------------------------------------------
     async def head(self) -> Any:
@@ -168,6 +190,9 @@ class ShardedUpdater:
             target, base = self.version + 1, str(self.version_id)
             self.attempts += 1
             try:
+                if self._aim is not None and self._aim > target:
+                    await self._stage_far(self._aim, base)
+                    continue
                 manifest, vid = await self._source.manifest(target, wait_s=self.poll_wait_s)
                 if manifest.parent != base:
                     raise RunError(f"{manifest.key}: parent {manifest.parent} is not the served version's id {base}")
@@ -187,6 +212,20 @@ class ShardedUpdater:
                 log.warning("deltarl: staging version %d on rank %d: %s", target, self.ranks.rank, err)
                 await asyncio.sleep(1.0)
 
+    async def _stage_far(self, target: int, base: str) -> None:
+        """Several versions ahead: the rank's part of ``target`` built whole in fresh tensors."""
+        import torch
+
+        from deltarl.updater.shards import catch_up_regions
+
+        t0 = time.monotonic()
+        fresh = {n: torch.empty_like(v) for n, v in self.views.items()}
+        manifest, vid, _ = await catch_up_regions(self._source, target, fresh, self.placements, self.table,
+                                                  verify=self.verify)
+        if self.version_id == base:
+            self._staged = Staged(target, vid, manifest, _Swap(self.views, fresh), time.monotonic() - t0)
+            self._aim, self.error = None, None
+
     @property
     def staged(self) -> Staged | None:
         return self._staged
@@ -199,7 +238,12 @@ class ShardedUpdater:
         self.start()
 
     def catch_up_to(self, version: int) -> None:
-        """Several versions behind: staged one delta at a time (each update takes the next)."""
+        """Stage ``version`` (several ahead) next: the rank's part rebuilt from the newest keyframe."""
+        if self.version is not None and version > self.version + 1:
+            self._aim = version
+            if self._staged is not None and self._staged.version != version:
+                self._staged = None
+            self.start()
 
     def drop_staged(self) -> None:
         self._staged = None
@@ -239,7 +283,7 @@ class ShardedUpdater:
                 staged.update.rollback()
             self.start()
             raise _refusal(self.ranks, err, oks, "the commit")
-        self._last = (staged, pause)
+        self._last = (staged, pause, (self.version, self.version_id))
         self.version, self.version_id = staged.version, staged.version_id
         return Committed(staged.version, staged.version_id, pause, staged.update.changed_elements)
 
@@ -248,7 +292,7 @@ class ShardedUpdater:
         last, self._last = self._last, None
         if last is None:
             return None
-        staged, pause = last
+        staged, pause, previous = last
         recorded = staged.manifest.state_digest
         digest_s = None
         if self.verify and recorded is not None:
@@ -258,7 +302,7 @@ class ShardedUpdater:
             if got != recorded.value:
                 await self._stop()
                 staged.update.rollback()
-                self.version, self.version_id = staged.manifest.version - 1, staged.manifest.parent
+                self.version, self.version_id = previous
                 self.start()
                 shown = short_pair(got, recorded.value)
                 raise IntegrityError(f"{staged.manifest.key}: the ranks' served weights hash to {shown[0]}, the "

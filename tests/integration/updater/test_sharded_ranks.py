@@ -1,7 +1,7 @@
 """Two real ranks (gloo, spawned processes) each holding part of every tensor, kept at a run's
 versions by :class:`~deltarl.integrations.vllm.sharded.ShardedUpdater` (no vLLM needed): the
-bootstrap and each update land on every rank, and a commit refused on one rank leaves every rank
-bit-identical to the version before."""
+bootstrap and each update land on every rank (one version, or several at once), and a commit refused
+on one rank leaves every rank bit-identical to the version before."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ async def _serve(rank: int, root: str, case: str) -> None:
     from deltarl.updater.probe import Placement, Region
 
     states = [_state(0)]
-    states.append(evolve(states[0], 0.02, seed=1))
+    for v in (1, 2):
+        states.append(evolve(states[-1], 0.02, seed=v))
     regions = {"q": Region("rows", rank * R // TP, (rank + 1) * R // TP, (R, C)),
                "o": Region("cols", rank * C // TP, (rank + 1) * C // TP, (R, C)), "k": Region("whole", 0, 4, (4, C))}
     views = {n: torch.zeros(r.local_shape, dtype=torch.bfloat16) for n, r in regions.items()}
@@ -69,8 +70,11 @@ async def _serve(rank: int, root: str, case: str) -> None:
         up = ShardedUpdater(views, placements, table, "r", fetcher, ranks, poll_wait_s=0.2)
         await up.bootstrap(0)
         assert all(torch.equal(views[n], _part(states[0][n], r)) for n, r in regions.items())
+        want = 2 if case == "far" else 1
         up.start()
-        while up.staged is None:
+        if case == "far":  # "latest" two versions behind: the rank's part rebuilt from the keyframe
+            up.catch_up_to(2)
+        while up.staged is None or up.staged.version != want:
             await asyncio.sleep(0.05)
         if case == "refused" and rank == 1:  # this rank's weights moved under the staged update: its commit refuses
             changed = up.staged.update.changes()["q"][0]
@@ -79,9 +83,9 @@ async def _serve(rank: int, root: str, case: str) -> None:
         try:
             up.commit()
             await up.confirm()
-            assert case == "ok"
-            assert all(torch.equal(views[n], _part(states[1][n], r)) for n, r in regions.items())
-            assert ranks.engine_digest(table, placements, views) == _digest(states[1])
+            assert case != "refused"
+            assert all(torch.equal(views[n], _part(states[want][n], r)) for n, r in regions.items())
+            assert ranks.engine_digest(table, placements, views) == _digest(states[want])
         except StagingError:
             assert case == "refused"
             assert all(torch.equal(views[n], before[n]) for n in views)  # every rank: bit-identical
@@ -96,7 +100,7 @@ def _digest(state: dict[str, Any]) -> str:
     return state_digest(state)
 
 
-@pytest.mark.parametrize("case", ["ok", "refused"])
+@pytest.mark.parametrize("case", ["ok", "refused", "far"])
 def test_two_ranks_update_together_or_not_at_all(tmp_path: Path, case: str) -> None:
     import socket
 
@@ -106,7 +110,8 @@ def test_two_ranks_update_together_or_not_at_all(tmp_path: Path, case: str) -> N
     from deltarl.testing.vllm_runs import evolve
 
     states = [_state(0)]
-    states.append(evolve(states[0], 0.02, seed=1))
+    for v in (1, 2):
+        states.append(evolve(states[-1], 0.02, seed=v))
     store = open_store(str(tmp_path / "store"))
     with Publisher(store, "r", keyframe_interval=1000, digest_interval=1) as pub:
         for v, s in enumerate(states):
