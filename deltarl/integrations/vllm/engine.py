@@ -357,13 +357,16 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
 
     async def _commit(self) -> Any:
         """Commit in place, then confirm a recorded digest (a mismatch is rolled back and raises)."""
-        staged = self._sub.staged
-        touched = self.experts.experts_of(self.placements, getattr(staged.update, "tensors", None) or self.views)
+        update = self._sub.staged.update
+        changes = update.changes() if self.experts and hasattr(update, "changes") else None
         try:
             info = self._sub.commit()
             return await self._sub.confirm() or info
-        finally:
-            self.experts.repack(touched)  # the kernel's packed copy of the experts written (or rolled back)
+        finally:  # MoE on the CPU build: the kernel's packed copy follows what was written (or rolled back)
+            if changes is not None:
+                self.experts.mirror(self.placements, changes)
+            elif self.experts:
+                self.experts.repack()
 
     # --- read back ----------------------------------------------------------------------------------
     def engine_digest(self) -> str:
