@@ -232,10 +232,19 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         t0 = time.perf_counter()
         if self.experts is None:  # MoE on the CPU build: live expert weights beside the kernel's packed copy
             self.experts = LiveExperts(self.model)
+        failed: BaseException | None = None
         with self.experts.loading():
-            self.views, self.placements = derive_views(self.model.load_weights, dict(self.model.named_parameters()),
-                                                       table, sharded=self.ranks.size > 1)
-        self.ranks.cover(table, self.placements)  # the ranks' parts tile every tensor (every rank checks)
+            try:
+                self.views, self.placements = derive_views(self.model.load_weights, dict(self.model.named_parameters()),
+                                                           table, sharded=self.ranks.size > 1)
+            except Exception as err:  # the other ranks hear of it before it is raised (no rank waits forever)
+                failed = err
+        try:
+            self.ranks.cover(table, None if failed else self.placements)  # the ranks' parts tile every tensor
+        except Exception:
+            if failed is not None:
+                raise failed from None
+            raise
         self._table = table
         warm_codec_quietly({t.dtype for t in table})  # numba's kernels, before the first delta
         log.info("deltarl: %d checkpoint tensors mapped onto %d vLLM parameters in %.2f s",
@@ -279,8 +288,11 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
     def receive_weights(self, update_info: DeltaRLUpdateInfo) -> None:
         from deltarl.integrations.vllm.sharded import agreed
 
+        def drop() -> None:
+            self._take = None
+
         agreed(self.ranks, lambda: self._receive_one(update_info),  # every rank takes the same version, or none
-               lambda: None if self._take is None else self._take[0].version_id)
+               lambda: None if self._take is None else self._take[0].version_id, drop)
 
     def _receive_one(self, update_info: DeltaRLUpdateInfo) -> None:
         if self.served is None or self._sub is None:
@@ -349,7 +361,7 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         staged, prefetched = self._take
         self._take = None
         sub = self._sub
-        if sub.staged is not staged:
+        if not self.ranks.all_ok(sub.staged is staged):  # every rank still holds what it took, or none commits
             raise NotStaged(f"version {staged.version} was dropped before its commit (the run changed): ask again")
         info = self._call(self._commit())
         self.served = Served(info.version, info.version_id, fetch_s=staged.stage_s, pause_s=info.pause_s,

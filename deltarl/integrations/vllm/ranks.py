@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deltarl.codec.tensors import TensorSpec
+from deltarl.errors import TensorMismatch
 from deltarl.updater.probe import Placement
 
 
@@ -43,13 +44,18 @@ class Ranks:
         """Whether every rank says ``ok``."""
         return all(self.gather(bool(ok)))
 
-    def cover(self, table: Sequence[TensorSpec], placements: Sequence[Placement]) -> None:
+    def cover(self, table: Sequence[TensorSpec], placements: Sequence[Placement] | None) -> None:
         """Check that the ranks' regions tile every tensor (TensorMismatch on every rank if not) and
-        note which tensors this rank hashes for the engine's digest."""
+        note which tensors this rank hashes for the engine's digest. ``placements`` None: this rank's
+        probe failed (the others raise too, instead of waiting for it)."""
         from deltarl.updater.shards import owners
 
-        mine = {p.name: p.region for p in placements}
-        self.owned = owners(table, self.gather(mine))[self.rank]
+        mine = None if placements is None else {p.name: p.region for p in placements}
+        every = self.gather(mine)
+        failed = [r for r, regions in enumerate(every) if regions is None]
+        if failed:
+            raise TensorMismatch(f"the load_weights probe failed on rank(s) {failed} of {self.size}")
+        self.owned = owners(table, every)[self.rank]
 
     def engine_digest(self, table: Sequence[TensorSpec], placements: Sequence[Placement], views: Mapping[str, Any]) -> str:
         """The state digest of the whole engine's served weights (each rank hashes the parts it owns;

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from deltarl.errors import (
-    DeltaRLError,
     IntegrityError,
     NotStaged,
     ObjectNotFound,
@@ -85,10 +84,10 @@ def _refusal(ranks: Any, err: BaseException | None, oks: list[bool], what: str) 
     return StagingError(f"{what} refused on rank(s) {bad} of {ranks.size}: no rank keeps it")
 
 
-def agreed(ranks: Any, fn: Callable[[], Any], key: Callable[[], Any]) -> None:
-    """Run ``fn()`` here; then every rank must have succeeded with the same ``key()`` (what it staged),
-    else every rank raises: its own error, or NotStaged (the client asks again) while another rank
-    is not there yet."""
+def agreed(ranks: Any, fn: Callable[[], Any], key: Callable[[], Any], drop: Callable[[], None]) -> None:
+    """Run ``fn()`` here; then every rank must have succeeded with the same ``key()`` (what it took),
+    else every rank ``drop()`` s what it took and raises: its own error, or NotStaged (the client asks
+    again) while another rank is not there yet."""
     err: BaseException | None = None
     try:
         fn()
@@ -97,6 +96,7 @@ def agreed(ranks: Any, fn: Callable[[], Any], key: Callable[[], Any]) -> None:
     votes = ranks.gather((err is None, key() if err is None else None))
     if all(ok for ok, _ in votes) and len({k for _, k in votes}) == 1:
         return
+    drop()
     if err is not None:
         raise err
     raise NotStaged(f"rank(s) {[r for r, (ok, k) in enumerate(votes) if not ok or k != votes[0][1]]} of {ranks.size} "
@@ -273,7 +273,7 @@ class ShardedUpdater:
         err: BaseException | None = None
         try:
             staged.update.commit()
-        except DeltaRLError as e:
+        except Exception as e:  # the other ranks hear of it before it is raised (none waits forever)
             err = e
         pause = time.perf_counter() - t0
         oks = self.ranks.gather(err is None)
