@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from deltarl.codec import kernels, registry
-from deltarl.codec.chunk_codecs import Decoded
+from deltarl.codec.chunk import Decoded
 from deltarl.codec.device_apply import DeviceBatch, DevicePlan, device_flat
 from deltarl.codec.device_apply import first_stale as device_first_stale
 from deltarl.codec.device_apply import write as device_write
@@ -411,7 +411,7 @@ class Stager:
         single: list[tuple[int, ...]] = []
         pairable: list[int] = []
         for i, (c, _) in enumerate(jobs):
-            if c.codec in registry.PAIR_DECODERS and uint_dtype(self._specs[c.tensor].dtype).itemsize == 2:
+            if registry.BY_NAME[c.codec].decode_pair is not None and uint_dtype(self._specs[c.tensor].dtype).itemsize == 2:
                 pairable.append(i)
             else:
                 single.append((i,))
@@ -431,7 +431,9 @@ class Stager:
         if ca.codec != cb.codec:
             return [self._decode(ca, pa), self._decode(cb, pb)]
         olds = [self._old(c) for c in (ca, cb)]
-        da, db = registry.PAIR_DECODERS[ca.codec]((olds[0], pa, ca.changed), (olds[1], pb, cb.changed))
+        decode_pair = registry.BY_NAME[ca.codec].decode_pair
+        assert decode_pair is not None  # _tasks pairs only chunks of a codec with a pair decoder
+        da, db = decode_pair((olds[0], pa, ca.changed), (olds[1], pb, cb.changed))
         return [self._checked(ca, olds[0], da), self._checked(cb, olds[1], db)]
 
     def _old(self, c: ChunkInfo) -> np.ndarray:
@@ -443,7 +445,8 @@ class Stager:
 
     def _decode(self, c: ChunkInfo, payload: memoryview) -> tuple[str, _Part]:
         place = self._place[c.tensor]
-        gather = registry.GATHER_DECODERS.get(c.codec)
+        codec = registry.BY_NAME[c.codec]
+        gather = codec.decode_gather
         if gather is not None:  # the base is read at the changed positions only
             udt = np.dtype(uint_dtype(self._specs[c.tensor].dtype))
             if place.whole and c.cell == FLAT:
@@ -457,7 +460,7 @@ class Stager:
             old = np.zeros(c.count, dtype=uint_dtype(self._specs[c.tensor].dtype))
             mask, offs = place.offsets(c, np.arange(c.count, dtype=np.int64))
             old[mask if mask is not None else slice(None)] = _old_reader(c.tensor, place.span, 0, None)(offs)
-        return self._checked(c, old, registry.DECODERS[c.codec](old, payload, c.changed))
+        return self._checked(c, old, codec.decode(old, payload, c.changed))
 
     def _region_reader(self, place: Placement, c: ChunkInfo) -> Callable[[np.ndarray], np.ndarray]:
         span_read = _old_reader(c.tensor, place.span, 0, None)
@@ -531,7 +534,7 @@ _POOL_MIN_WORK = 1 << 22
 def _work(c: ChunkInfo) -> int:
     """A chunk's decode cost in elements scanned: its elements, or for a gather codec its changes
     (one change costs about as much as scanning 64 elements)."""
-    return 64 * c.changed if c.codec in registry.GATHER_DECODERS else c.count
+    return 64 * c.changed if registry.BY_NAME[c.codec].reads_changes_only else c.count
 
 
 def stage_delta(
