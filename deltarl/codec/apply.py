@@ -304,7 +304,7 @@ class Stager:
         self._regions = regions
         if regions is None:
             self._specs: dict[str, TensorSpec] = {s.name: s for s in tensor_table(state)}
-            self._place = {n: Placement(n, sp, Region.whole(), state[n]) for n, sp in self._specs.items()}
+            self._place: dict[str, Placement] = {}  # made when a tensor's first change is decoded
         else:
             if specs is None:
                 raise RegionError("staging regions needs the global tensor table (specs)")
@@ -319,6 +319,7 @@ class Stager:
         self._parts: dict[str, list[_Part]] = {}
         self._covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self._counted: dict[str, int] = {}
+        self._cells: dict[str, set[bool]] = {}  # per tensor: whether its chunks were cells, row-major, or both
         self._finished = False
 
     def add_segment(self, data: bytes, *, header: SegmentHeader | None = None) -> None:
@@ -349,8 +350,11 @@ class Stager:
                 how = self._overlap(c)
                 if how is not None:
                     staged.setdefault(key, []).append((c.start, c.start + c.count))
-                    place = self._place[c.tensor]
-                    n = c.count if how == "all" else in_region_count(place.grid, c, place.bounds)
+                    if how == "all":
+                        n = c.count
+                    else:
+                        place = self._place[c.tensor]
+                        n = in_region_count(place.grid, c, place.bounds)
                     counted[c.tensor] = counted.get(c.tensor, 0) + n
                     if c.changed and how != "none":
                         jobs.append((c, mv[off : off + c.nbytes]))
@@ -358,6 +362,7 @@ class Stager:
         self._decode_all(jobs)
         for key, ranges in staged.items():
             self._covered.setdefault(key, []).extend(ranges)
+            self._cells.setdefault(key[0], set()).add(key[1] != FLAT)
         for name, n in counted.items():
             self._counted[name] = self._counted.get(name, 0) + n
 
@@ -376,6 +381,8 @@ class Stager:
 
     def _overlap(self, c: ChunkInfo) -> str | None:
         """How a chunk meets its tensor's region: "all", "part", "none", or None (no region)."""
+        if self._regions is None:
+            return "all"
         place = self._place.get(c.tensor)
         if place is None:
             return None
@@ -388,6 +395,13 @@ class Stager:
                 f"base elements outside the region {place.region}"
             )
         return how
+
+    def _placement(self, name: str) -> Placement:
+        """Where ``name`` is staged into (made on first use when whole tensors are staged)."""
+        place = self._place.get(name)
+        if place is None:
+            place = self._place[name] = Placement(name, self._specs[name], _WHOLE, self._state[name])
+        return place
 
     def _decode_all(self, jobs: list[tuple[ChunkInfo, memoryview]]) -> None:
         threads = worker_threads()
@@ -438,13 +452,13 @@ class Stager:
 
     def _old(self, c: ChunkInfo) -> np.ndarray:
         """Contiguous old bits of a chunk that lies wholly in its region."""
-        place = self._place[c.tensor]
+        place = self._placement(c.tensor)
         if place.whole and c.cell == FLAT:
             return _old_range(c.tensor, place.span, c.start, c.start + c.count)
         return place.old_bits(c)
 
     def _decode(self, c: ChunkInfo, payload: memoryview) -> tuple[str, _Part]:
-        place = self._place[c.tensor]
+        place = self._placement(c.tensor)
         codec = registry.BY_NAME[c.codec]
         gather = codec.decode_gather
         if gather is not None:  # the base is read at the changed positions only
@@ -488,7 +502,7 @@ class Stager:
         else:
             assert old is not None  # a decoder handed the chunk's base range
             old_v = kernels.gather(old, dec.positions)
-        place = self._place[c.tensor]
+        place = self._placement(c.tensor)
         if place.whole and c.cell == FLAT:
             # relative to the chunk: 4 bytes a position (a chunk of 2**32 elements or more keeps int64)
             pos = dec.positions.astype(np.uint32) if c.count <= 1 << 32 else dec.positions
@@ -507,11 +521,11 @@ class Stager:
         """Check that the delta covers every element of every tensor (region) exactly once; return the update."""
         if self._finished:
             raise StagingError("stager already finished")
-        for name, place in self._place.items():
-            want = place.region.numel(place.spec.shape)
+        for name in self._specs if self._regions is None else self._place:
+            place = self._place.get(name)
+            want = self._specs[name].numel if place is None else place.region.numel(place.spec.shape)
             covered = self._counted.get(name, 0)
-            cells = {cell for (t, cell) in self._covered if t == name} if covered else set()
-            if covered != want or (FLAT in cells and len(cells) > 1):
+            if covered != want or len(self._cells.get(name, ())) > 1:
                 raise StagingError(
                     f"delta incomplete: tensor {name!r} has {covered} of {want} elements covered "
                     "(a segment is missing)"
@@ -527,6 +541,7 @@ class Stager:
         return StagedUpdate(spans, self._base, parts, specs, torch_scatter=self._torch_scatter)
 
 
+_WHOLE = Region.whole()
 # Decode work (in elements scanned) below which staging runs on the calling thread.
 _POOL_MIN_WORK = 1 << 22
 
