@@ -119,7 +119,7 @@ def class_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int) -> tupl
 
 @njit(cache=True, nogil=True)
 def rice_k(total, count):
-    """Integer Rice parameter rule shared with the numpy path (see ctx.rice_k)."""
+    """Integer Rice parameter rule shared with the numpy path (see bitio.rice_k)."""
     if count == 0:
         return 0
     x = (total * 11) // (count * 16)
@@ -140,7 +140,7 @@ def ctx_arrays(old: np.ndarray, new: np.ndarray, shift: int, mask: int, width: i
 
 @njit(cache=True, nogil=True)
 def _ctx_arrays(old, new, a64, b64, shift, mask, width):
-    """Everything the ctx encoder codes, in class-major order (mirrors ctx._arrays_numpy)."""
+    """Everything the ctx encoder codes, in class-major order (mirrors classes._arrays_numpy)."""
     n = old.size
     nclass = mask + 1
     pos = np.empty(n, np.int64)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from deltarl.codec import kernels, registry
-from deltarl.codec.chunk_codecs import Decoded
+from deltarl.codec.chunk import Decoded
 from deltarl.codec.device_apply import DeviceBatch, DevicePlan, device_flat
 from deltarl.codec.device_apply import first_stale as device_first_stale
 from deltarl.codec.device_apply import write as device_write
@@ -304,7 +304,7 @@ class Stager:
         self._regions = regions
         if regions is None:
             self._specs: dict[str, TensorSpec] = {s.name: s for s in tensor_table(state)}
-            self._place = {n: Placement(n, sp, Region.whole(), state[n]) for n, sp in self._specs.items()}
+            self._place: dict[str, Placement] = {}  # made when a tensor's first change is decoded
         else:
             if specs is None:
                 raise RegionError("staging regions needs the global tensor table (specs)")
@@ -319,6 +319,7 @@ class Stager:
         self._parts: dict[str, list[_Part]] = {}
         self._covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self._counted: dict[str, int] = {}
+        self._cells: dict[str, set[bool]] = {}  # per tensor: whether its chunks were cells, row-major, or both
         self._finished = False
 
     def add_segment(self, data: bytes, *, header: SegmentHeader | None = None) -> None:
@@ -349,8 +350,11 @@ class Stager:
                 how = self._overlap(c)
                 if how is not None:
                     staged.setdefault(key, []).append((c.start, c.start + c.count))
-                    place = self._place[c.tensor]
-                    n = c.count if how == "all" else in_region_count(place.grid, c, place.bounds)
+                    if how == "all":
+                        n = c.count
+                    else:
+                        place = self._place[c.tensor]
+                        n = in_region_count(place.grid, c, place.bounds)
                     counted[c.tensor] = counted.get(c.tensor, 0) + n
                     if c.changed and how != "none":
                         jobs.append((c, mv[off : off + c.nbytes]))
@@ -358,6 +362,7 @@ class Stager:
         self._decode_all(jobs)
         for key, ranges in staged.items():
             self._covered.setdefault(key, []).extend(ranges)
+            self._cells.setdefault(key[0], set()).add(key[1] != FLAT)
         for name, n in counted.items():
             self._counted[name] = self._counted.get(name, 0) + n
 
@@ -376,6 +381,8 @@ class Stager:
 
     def _overlap(self, c: ChunkInfo) -> str | None:
         """How a chunk meets its tensor's region: "all", "part", "none", or None (no region)."""
+        if self._regions is None:
+            return "all"
         place = self._place.get(c.tensor)
         if place is None:
             return None
@@ -388,6 +395,13 @@ class Stager:
                 f"base elements outside the region {place.region}"
             )
         return how
+
+    def _placement(self, name: str) -> Placement:
+        """Where ``name`` is staged into (made on first use when whole tensors are staged)."""
+        place = self._place.get(name)
+        if place is None:
+            place = self._place[name] = Placement(name, self._specs[name], _WHOLE, self._state[name])
+        return place
 
     def _decode_all(self, jobs: list[tuple[ChunkInfo, memoryview]]) -> None:
         threads = worker_threads()
@@ -411,7 +425,7 @@ class Stager:
         single: list[tuple[int, ...]] = []
         pairable: list[int] = []
         for i, (c, _) in enumerate(jobs):
-            if c.codec in registry.PAIR_DECODERS and uint_dtype(self._specs[c.tensor].dtype).itemsize == 2:
+            if registry.BY_NAME[c.codec].decode_pair is not None and uint_dtype(self._specs[c.tensor].dtype).itemsize == 2:
                 pairable.append(i)
             else:
                 single.append((i,))
@@ -431,19 +445,22 @@ class Stager:
         if ca.codec != cb.codec:
             return [self._decode(ca, pa), self._decode(cb, pb)]
         olds = [self._old(c) for c in (ca, cb)]
-        da, db = registry.PAIR_DECODERS[ca.codec]((olds[0], pa, ca.changed), (olds[1], pb, cb.changed))
+        decode_pair = registry.BY_NAME[ca.codec].decode_pair
+        assert decode_pair is not None  # _tasks pairs only chunks of a codec with a pair decoder
+        da, db = decode_pair((olds[0], pa, ca.changed), (olds[1], pb, cb.changed))
         return [self._checked(ca, olds[0], da), self._checked(cb, olds[1], db)]
 
     def _old(self, c: ChunkInfo) -> np.ndarray:
         """Contiguous old bits of a chunk that lies wholly in its region."""
-        place = self._place[c.tensor]
+        place = self._placement(c.tensor)
         if place.whole and c.cell == FLAT:
             return _old_range(c.tensor, place.span, c.start, c.start + c.count)
         return place.old_bits(c)
 
     def _decode(self, c: ChunkInfo, payload: memoryview) -> tuple[str, _Part]:
-        place = self._place[c.tensor]
-        gather = registry.GATHER_DECODERS.get(c.codec)
+        place = self._placement(c.tensor)
+        codec = registry.BY_NAME[c.codec]
+        gather = codec.decode_gather
         if gather is not None:  # the base is read at the changed positions only
             udt = np.dtype(uint_dtype(self._specs[c.tensor].dtype))
             if place.whole and c.cell == FLAT:
@@ -457,7 +474,7 @@ class Stager:
             old = np.zeros(c.count, dtype=uint_dtype(self._specs[c.tensor].dtype))
             mask, offs = place.offsets(c, np.arange(c.count, dtype=np.int64))
             old[mask if mask is not None else slice(None)] = _old_reader(c.tensor, place.span, 0, None)(offs)
-        return self._checked(c, old, registry.DECODERS[c.codec](old, payload, c.changed))
+        return self._checked(c, old, codec.decode(old, payload, c.changed))
 
     def _region_reader(self, place: Placement, c: ChunkInfo) -> Callable[[np.ndarray], np.ndarray]:
         span_read = _old_reader(c.tensor, place.span, 0, None)
@@ -485,7 +502,7 @@ class Stager:
         else:
             assert old is not None  # a decoder handed the chunk's base range
             old_v = kernels.gather(old, dec.positions)
-        place = self._place[c.tensor]
+        place = self._placement(c.tensor)
         if place.whole and c.cell == FLAT:
             # relative to the chunk: 4 bytes a position (a chunk of 2**32 elements or more keeps int64)
             pos = dec.positions.astype(np.uint32) if c.count <= 1 << 32 else dec.positions
@@ -504,11 +521,11 @@ class Stager:
         """Check that the delta covers every element of every tensor (region) exactly once; return the update."""
         if self._finished:
             raise StagingError("stager already finished")
-        for name, place in self._place.items():
-            want = place.region.numel(place.spec.shape)
+        for name in self._specs if self._regions is None else self._place:
+            place = self._place.get(name)
+            want = self._specs[name].numel if place is None else place.region.numel(place.spec.shape)
             covered = self._counted.get(name, 0)
-            cells = {cell for (t, cell) in self._covered if t == name} if covered else set()
-            if covered != want or (FLAT in cells and len(cells) > 1):
+            if covered != want or len(self._cells.get(name, ())) > 1:
                 raise StagingError(
                     f"delta incomplete: tensor {name!r} has {covered} of {want} elements covered "
                     "(a segment is missing)"
@@ -524,6 +541,7 @@ class Stager:
         return StagedUpdate(spans, self._base, parts, specs, torch_scatter=self._torch_scatter)
 
 
+_WHOLE = Region.whole()
 # Decode work (in elements scanned) below which staging runs on the calling thread.
 _POOL_MIN_WORK = 1 << 22
 
@@ -531,7 +549,7 @@ _POOL_MIN_WORK = 1 << 22
 def _work(c: ChunkInfo) -> int:
     """A chunk's decode cost in elements scanned: its elements, or for a gather codec its changes
     (one change costs about as much as scanning 64 elements)."""
-    return 64 * c.changed if c.codec in registry.GATHER_DECODERS else c.count
+    return 64 * c.changed if registry.BY_NAME[c.codec].reads_changes_only else c.count
 
 
 def stage_delta(

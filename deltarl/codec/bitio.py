@@ -30,6 +30,21 @@ def rice_param(values: np.ndarray) -> int:
     return max(0, min(32, k))
 
 
+def rice_k(total: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Integer Rice parameter per group: ceil(log2(mean * ~ln2)) in exact integer arithmetic.
+
+    x = (total * 11) // (count * 16); k = bit_length(x - 1) for x > 1, else 0; capped at 32.
+    Integer-only so the numba and numpy encoders always choose the same parameters.
+    """
+    x = (total.astype(np.int64) * 11) // np.maximum(count.astype(np.int64) * 16, 1)
+    k = np.zeros(x.shape, dtype=np.int64)
+    y = np.maximum(x - 1, 0)
+    while bool((y > 0).any()):
+        k += y > 0
+        y >>= 1
+    return np.minimum(k, 32)
+
+
 def pack_bits(values: np.ndarray, widths: np.ndarray | int) -> bytes:
     """Pack unsigned ``values[i]`` (< 2**widths[i]) as consecutive bit fields, MSB-first, zero padded."""
     v = values.astype(_U64, copy=False)

@@ -6,12 +6,13 @@ import logging
 from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from deltarl.codec import exponent_classes, registry
+from deltarl.codec import registry
+from deltarl.codec.chunk import Changes
+from deltarl.codec.classes import rank_classes
 from deltarl.codec.finite import nonfinite_bits
 from deltarl.codec.grid import MORTON_ORDER, Grid
 from deltarl.codec.kernels import worker_threads
@@ -21,13 +22,9 @@ from deltarl.errors import NonFiniteChunk, NonFiniteTensor, TensorMismatch
 
 log = logging.getLogger(__name__)
 
-CODECS = ("auto", *registry.ENCODABLE)
+CODECS = ("auto", *(c.name for c in sorted(registry.CODECS, key=lambda c: c.id)))
 MAX_CHUNK_ELEMENTS = 1 << 22
 MIN_CHUNK_ELEMENTS = 1 << 12
-DENSE_MIN_FRACTION = 1 / 2  # auto tries the dense codec only above this changed fraction
-# Below this changed fraction auto uses ``sparse`` (decode reads the base only at the changes);
-# above it ``ctx``, whose exponent-class ranks save bytes but whose decode scans the whole chunk.
-SPARSE_MAX_FRACTION = 1 / 400
 # A segment also ends once its chunks hold this many changed elements: a 1% delta of a 1.7B model
 # (~17M changes, ~14 MB encoded) is then ~17 segments of ~0.9 MB instead of one 16 MiB one, so
 # uploads start while the rest is still being encoded and actors fetch and stage meanwhile.
@@ -41,8 +38,6 @@ TILE_MIN_ELEMENTS = 1 << 16
 # A cell chunk with fewer changes codes ctx classes of two exponents (CELL_CLASS_FIELDS): its class
 # table is then half as long, which outweighs the coarser context below this many changes.
 CELL_COARSE_CHANGES = 4096
-# Codecs whose decoder needs the chunk's whole base to find the changes (not a part's).
-BASE_CODECS = frozenset({"ctx"})
 
 
 def chunk_elements(segment_bytes: int) -> int:
@@ -57,41 +52,45 @@ def encode_chunk(
     """Encode one chunk's changes: (codec used, changed count, payload).
 
     ``auto`` first finds the changes (a comparison at memory speed; a chunk without one costs
-    nothing more). Below ``SPARSE_MAX_FRACTION`` changed it uses ``sparse``, whose decode reads the
-    base only at the changes; above, ``ctx`` (smaller at RL densities, but its decode scans the
-    chunk), and from half of the chunk changed also ``dense``, keeping the smaller (``rice`` and
-    ``aurora`` are only used when asked for by name). ``finite``: refuse (``NonFiniteChunk``) if a
-    changed value is NaN or Inf, before encoding it. ``part_safe``: ``auto`` never picks a codec in
-    ``BASE_CODECS``. ``cell``: the chunk is a grid cell's (``ctx`` classes from ``CELL_CLASS_FIELDS``).
+    nothing more), then encodes them with every codec of the registry whose ``auto`` range holds
+    the chunk's changed fraction, keeping the smallest payload (the first listed on a tie): at RL
+    densities ``sparse`` below ``SPARSE_MAX_FRACTION`` changed (its decode reads the base only at
+    the changes), ``ctx`` above, and ``dense`` too from half of the chunk changed. ``finite``:
+    refuse (``NonFiniteChunk``) if a changed value is NaN or Inf, before encoding it.
+    ``part_safe``: ``auto`` uses no codec that ``needs_classes`` (``sparse`` in their range), so any
+    part of the chunk decodes alone. ``cell``: the chunk is a grid cell's; with fewer than
+    ``CELL_COARSE_CHANGES`` changes its ``ctx`` classes come from ``CELL_CLASS_FIELDS``.
     """
-
-    def detect(with_classes: bool) -> SimpleNamespace:
-        if with_classes and cell:  # positions first: the class field depends on their number
-            few = registry.detect(old, new, dtype, False).pos.size < CELL_COARSE_CHANGES
-            return exponent_classes.prepare(old, new, dtype, cell=few)
-        return registry.detect(old, new, dtype, with_classes)
-
-    ch = detect(not cell and (codec == "ctx" or (codec == "auto" and _looks_dense(old, new))))
-    changed = int(ch.pos.size)
+    named = None if codec == "auto" else registry.by_name(codec)
+    classes = named.needs_classes if named else _looks_dense(old, new)
+    ch = registry.detect(old, new, dtype, classes and not cell)
+    changed = ch.count
     if changed == 0:
-        return "none", 0, b""
+        return registry.NONE, 0, b""
     if finite and (bad := nonfinite_bits(new[ch.pos], dtype)):
         raise NonFiniteChunk(bad, changed)
-    if codec != "auto":
-        return codec, changed, registry.ENCODERS[codec](old, new, dtype, ch)
-    if changed < SPARSE_MAX_FRACTION * old.size or (part_safe and changed < DENSE_MIN_FRACTION * old.size):
-        if hasattr(ch, "k_pos"):  # the sample guessed dense: ctx's positions are in class order
-            ch = SimpleNamespace(pos=np.sort(ch.pos))
-        return "sparse", changed, registry.ENCODERS["sparse"](old, new, dtype, ch)
-    if part_safe:
-        return "dense", changed, registry.ENCODERS["dense"](old, new, dtype, ch)
-    prep = ch if hasattr(ch, "k_pos") else detect(True)
-    best = ("ctx", registry.ENCODERS["ctx"](old, new, dtype, prep))
-    if changed >= DENSE_MIN_FRACTION * old.size:
-        dense = registry.ENCODERS["dense"](old, new, dtype, ch)
-        if len(dense) < len(best[1]):
-            best = ("dense", dense)
-    return best[0], changed, best[1]
+    if named is not None:
+        return named.name, changed, named.encode(old, new, dtype, _classes(old, new, dtype, ch, cell) if named.needs_classes else ch)
+    tried = [c for c in registry.AUTO if c.auto_tries(changed, old.size) and not (part_safe and c.needs_classes)]
+    if not tried:  # part_safe between sparse's and dense's ranges
+        tried = [registry.by_name("sparse")]
+    if ch.classes is None and any(c.needs_classes for c in tried):
+        ch = _classes(old, new, dtype, ch, cell)
+    elif ch.classes is not None and not any(c.needs_classes for c in tried):
+        ch = Changes(ch.positions())
+    coded = [(c.name, c.encode(old, new, dtype, ch)) for c in tried]
+    used, payload = min(coded, key=lambda item: len(item[1]))  # the first listed on a tie
+    return used, changed, payload
+
+
+def _classes(old: np.ndarray, new: np.ndarray, dtype: str, ch: Changes, cell: bool) -> Changes:
+    """The changes with their exponent classes ranked (a cell with few changes: coarse classes)."""
+    if ch.classes is not None:
+        return ch
+    if not cell:
+        return registry.detect(old, new, dtype, True)
+    code = rank_classes(old, new, dtype, cell=ch.count < CELL_COARSE_CHANGES)
+    return Changes(code.pos, code)
 
 
 _SAMPLE_BLOCKS, _SAMPLE_BLOCK = 32, 512
@@ -99,30 +98,34 @@ _SAMPLE_BLOCKS, _SAMPLE_BLOCK = 32, 512
 
 def _looks_dense(old: np.ndarray, new: np.ndarray) -> bool:
     """A sample (32 evenly spaced runs of 512 elements, 0.4% of a full chunk, contiguous so it reads
-    no more memory than it compares) changed at twice ``SPARSE_MAX_FRACTION`` or more: the chunk
-    will most likely be coded ``ctx``, so detection ranks classes in the same pass. Only the work
-    path depends on it; the codec is chosen by the exact count, so the bytes do not."""
+    no more memory than it compares) changed at twice the low end of the ``auto`` range of a codec
+    that ``needs_classes`` (``ctx``) or more: the chunk will most likely be coded with it, so
+    detection ranks classes in the same pass. Only the work path depends on it; the codec is
+    chosen by the exact count, so the bytes do not."""
     if old.size < 8 * _SAMPLE_BLOCKS * _SAMPLE_BLOCK:
         return False
     step = old.size // _SAMPLE_BLOCKS
     a = old[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :_SAMPLE_BLOCK]
     b = new[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :_SAMPLE_BLOCK]
     hits = int(np.count_nonzero(a != b))
-    return hits >= 2 * SPARSE_MAX_FRACTION * _SAMPLE_BLOCKS * _SAMPLE_BLOCK
+    n = _SAMPLE_BLOCKS * _SAMPLE_BLOCK
+    return any(c.auto is not None and c.needs_classes and 2 * c.auto[0] * n <= hits < c.auto[1] * n
+               for c in registry.AUTO)
 
 
 def _tiles(numel: int, old: np.ndarray, new: np.ndarray, codec: str) -> bool:
-    """Whether a tensor is cut into grid cells: large, and coded by a codec in ``BASE_CODECS`` (for
-    ``auto``: a sample of 32 evenly spaced runs changed at ``SPARSE_MAX_FRACTION`` or more)."""
-    if numel < TILE_MIN_ELEMENTS or codec not in ("auto", *BASE_CODECS):
+    """Whether a tensor is cut into grid cells: large, and coded by a codec that needs the base's
+    classes (for ``auto``: a sample of 32 evenly spaced runs changed at ``SPARSE_MAX_FRACTION`` or
+    more, where ``auto`` tries ``ctx``)."""
+    if numel < TILE_MIN_ELEMENTS:
         return False
     if codec != "auto":
-        return True
+        return registry.by_name(codec).needs_classes
     step = old.size // _SAMPLE_BLOCKS
     run = min(_SAMPLE_BLOCK, step)
     a = old[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :run]
     b = new[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :run]
-    return int(np.count_nonzero(a != b)) >= SPARSE_MAX_FRACTION * _SAMPLE_BLOCKS * run
+    return int(np.count_nonzero(a != b)) >= registry.SPARSE_MAX_FRACTION * _SAMPLE_BLOCKS * run
 
 
 def _cpu(value: Any) -> Any:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -61,7 +60,7 @@ def jit() -> Any:
 def _compiled_ctx() -> Any:
     if _compiled() is None:
         return None
-    from deltarl.codec import _numba_exponent_classes as _numba_ctx
+    from deltarl.codec import _numba_ctx
 
     return _numba_ctx
 
@@ -84,12 +83,12 @@ def classes(bits: np.ndarray, shift: int, mask: int) -> np.ndarray:
     return ((bits >> bits.dtype.type(shift)) & bits.dtype.type(mask)).astype(np.int64)
 
 
-def class_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int) -> SimpleNamespace:
+def class_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Changed positions (sorted), their class, and their rank among same-class elements of the chunk."""
     k = jit()
     if k is not None:
         pos, cls, rank = k.class_ranks(old, new, shift, mask)
-        return SimpleNamespace(pos=pos, cls=cls, rank=rank)
+        return pos, cls, rank
     pos = np.flatnonzero(old != new)
     c_all = ((old >> old.dtype.type(shift)) & old.dtype.type(mask)).astype(
         np.uint8 if mask < 256 else np.uint16
@@ -99,7 +98,7 @@ def class_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int) -> Simp
     inv = np.empty(old.size, dtype=np.int64)
     inv[order] = np.arange(old.size, dtype=np.int64)
     cls = c_all[pos].astype(np.int64)
-    return SimpleNamespace(pos=pos, cls=cls, rank=inv[pos] - starts[cls])
+    return pos, cls, inv[pos] - starts[cls]
 
 
 def class_select(old: np.ndarray, shift: int, mask: int, targets: np.ndarray, tptr: np.ndarray) -> np.ndarray:

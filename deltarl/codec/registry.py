@@ -1,65 +1,70 @@
-"""Codec ids (the byte in a segment's chunk table) and the encode/decode dispatch for each."""
+"""The table of chunk codecs: one :class:`~deltarl.codec.chunk.Codec` per codec, by name and by id.
+
+A codec's id is the byte in a segment's chunk table (docs/FORMAT.md); id 0 (:data:`NONE`) is a
+chunk without changes and has no codec. ``auto`` (see :func:`deltarl.codec.encode.encode_chunk`)
+tries, on each chunk, every codec whose ``auto`` range holds the chunk's changed fraction and keeps
+the smallest payload; on a tie, the one listed first here.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from types import SimpleNamespace
+import math
 
 import numpy as np
 
-from deltarl.codec import chunk_codecs as codecs
-from deltarl.codec import exponent_classes as ctx
-from deltarl.codec import kernels
-from deltarl.codec import sparse as sparse_codec
-from deltarl.codec.chunk_codecs import Decoded
+from deltarl.codec import aurora, ctx, dense, kernels, rice, sparse
+from deltarl.codec.chunk import Changes, Codec
+from deltarl.codec.classes import rank_classes
+from deltarl.errors import FormatError
 
-CODEC_IDS: dict[str, int] = {"none": 0, "aurora": 1, "rice": 2, "dense": 3, "ctx": 4, "sparse": 5}
-CODEC_NAMES: dict[int, str] = {v: k for k, v in CODEC_IDS.items()}
-ENCODABLE = ("aurora", "rice", "dense", "ctx", "sparse")
+# Below this changed fraction auto uses ``sparse`` (decode reads the base only at the changes);
+# above it ``ctx``, whose exponent-class ranks save bytes but whose decode scans the whole chunk.
+SPARSE_MAX_FRACTION = 1 / 400
+DENSE_MIN_FRACTION = 1 / 2  # auto tries the dense codec only above this changed fraction
 
-Encoder = Callable[[np.ndarray, np.ndarray, str, SimpleNamespace], bytes]
+CODECS: tuple[Codec, ...] = (
+    Codec(5, "sparse", sparse.encode, sparse.decode, decode_gather=sparse.decode_gather,
+          auto=(0.0, SPARSE_MAX_FRACTION)),
+    Codec(4, "ctx", ctx.encode, ctx.decode, decode_pair=ctx.decode_pair, needs_classes=True,
+          auto=(SPARSE_MAX_FRACTION, math.inf)),
+    Codec(3, "dense", dense.encode, dense.decode, auto=(DENSE_MIN_FRACTION, math.inf)),
+    Codec(2, "rice", rice.encode, rice.decode),
+    Codec(1, "aurora", aurora.encode, aurora.decode),
+)
 
-
-def _ctx(old: np.ndarray, new: np.ndarray, dtype: str, ch: SimpleNamespace) -> bytes:
-    return ctx.encode_ctx(old, new, dtype, ch if hasattr(ch, "k_pos") else None)
-
-
-ENCODERS: dict[str, Encoder] = {
-    "aurora": lambda o, n, _d, ch: codecs.encode_aurora(o, n, ch.pos),
-    "rice": lambda o, n, _d, ch: codecs.encode_rice(o, n, ch.pos),
-    "dense": lambda o, n, _d, ch: codecs.encode_dense(o, n, ch.pos),
-    "ctx": _ctx,
-    "sparse": lambda o, n, _d, ch: sparse_codec.encode_sparse(o, n, ch.pos),
-}
-DECODERS: dict[str, Callable[[np.ndarray, memoryview, int], Decoded]] = {
-    "aurora": codecs.decode_aurora,
-    "rice": codecs.decode_rice,
-    "dense": codecs.decode_dense,
-    "ctx": ctx.decode_ctx,
-    "sparse": lambda old, payload, changed: sparse_codec.decode_sparse(
-        lambda pos: kernels.gather(old, pos), old.size, payload, changed, old.dtype
-    ),
-}
-
-# Decoders that read the base only at the changed positions: ``(read_old, count, payload, changed,
-# bit dtype)``, where ``read_old(positions)`` returns the old bits there (host or device gather).
-# The stager never hands them the chunk's base range, so their cost follows the changes.
-GATHER_DECODERS: dict[str, Callable[[sparse_codec.OldReader, int, memoryview, int, np.dtype], Decoded]] = {
-    "sparse": sparse_codec.decode_sparse,
-}
+NONE = "none"  # the name of codec id 0: a chunk without changes, no payload
+BY_NAME: dict[str, Codec] = {c.name: c for c in CODECS}
+BY_ID: dict[int, Codec] = {c.id: c for c in CODECS}
+AUTO: tuple[Codec, ...] = tuple(c for c in CODECS if c.auto is not None)
 
 
-# Decoders of two chunks at once (same result as two DECODERS calls, faster).
-PAIR_DECODERS: dict[
-    str,
-    Callable[
-        [tuple[np.ndarray, memoryview, int], tuple[np.ndarray, memoryview, int]], tuple[Decoded, Decoded]
-    ],
-] = {"ctx": ctx.decode_ctx_pair}
+def by_name(name: str) -> Codec:
+    """The codec called ``name``; ValueError if there is none."""
+    codec = BY_NAME.get(name)
+    if codec is None:
+        raise ValueError(f"unknown codec {name!r}; choose one of {sorted(BY_NAME)}")
+    return codec
 
 
-def detect(old: np.ndarray, new: np.ndarray, dtype: str, with_classes: bool) -> SimpleNamespace:
-    """Changed positions of a chunk, plus per-class ranks when a ctx encode will need them."""
+def codec_id(name: str) -> int:
+    """The chunk-table byte of a chunk coded ``name`` (``"none"``: 0)."""
+    return 0 if name == NONE else by_name(name).id
+
+
+def codec_name(byte: int) -> str:
+    """The name of chunk-table codec byte ``byte``; FormatError for an unknown one."""
+    if byte == 0:
+        return NONE
+    codec = BY_ID.get(byte)
+    if codec is None:
+        raise FormatError(f"unknown chunk codec {byte}")
+    return codec.name
+
+
+def detect(old: np.ndarray, new: np.ndarray, dtype: str, with_classes: bool) -> Changes:
+    """A chunk's changes, with their exponent classes ranked in the same pass when ``with_classes``
+    (a codec that ``needs_classes`` will encode them)."""
     if with_classes:
-        return ctx.prepare(old, new, dtype)
-    return SimpleNamespace(pos=kernels.changed_positions(old, new))
+        code = rank_classes(old, new, dtype)
+        return Changes(code.pos, code)
+    return Changes(kernels.changed_positions(old, new))

@@ -24,7 +24,7 @@ import numpy as np
 
 from deltarl.codec.bitio import leb128_decode, leb128_encode
 from deltarl.codec.grid import CELLS, Grid
-from deltarl.codec.registry import CODEC_IDS, CODEC_NAMES
+from deltarl.codec.registry import NONE, codec_id, codec_name
 from deltarl.codec.tensors import DTYPE_BY_CODE, DTYPES, TensorSpec
 from deltarl.errors import FormatError, IntegrityError, UnsupportedFormatVersion
 
@@ -84,7 +84,7 @@ def _unchanged_whole(tensors: list[TensorSpec], chunks: list[ChunkInfo]) -> set[
     changed: set[str] = set()
     for c in chunks:
         spans.setdefault(c.tensor, []).append((c.start, c.count))
-        if c.changed or c.codec != "none" or c.cell != FLAT:
+        if c.changed or c.codec != NONE or c.cell != FLAT:
             changed.add(c.tensor)
     out = set()
     for spec in tensors:
@@ -124,7 +124,7 @@ def pack_segment(
         prev = name
     kept = [(c, p) for c, p in zip(chunks, payloads, strict=True) if c.tensor not in whole]
     fields = np.array(
-        [(index[c.tensor], 8 * (c.cell + 1) + CODEC_IDS[c.codec], c.start, c.count, c.changed, c.nbytes) for c, _ in kept],
+        [(index[c.tensor], 8 * (c.cell + 1) + codec_id(c.codec), c.start, c.count, c.changed, c.nbytes) for c, _ in kept],
         dtype=np.uint64,
     )
     table = leb128_encode(fields.reshape(-1))
@@ -227,7 +227,7 @@ def read_segment_header(data: bytes | bytearray | memoryview, *, partial: bool =
     listed = {c.tensor for c in chunks}
     for spec in tensors:  # a tensor without a chunk is covered whole, unchanged, by this segment
         if spec.name not in listed and spec.numel:
-            chunks.append(ChunkInfo(spec.name, 0, spec.numel, 0, "none", 0))
+            chunks.append(ChunkInfo(spec.name, 0, spec.numel, 0, NONE, 0))
     if r.off != len(body):
         raise FormatError("segment header has trailing bytes")
     if _PREFIX.size + hlen + total + 4 != len(mv):
@@ -250,8 +250,9 @@ def _chunk_table(raw: memoryview, nchunks: int, tensors: list[TensorSpec]) -> li
     chunks: list[ChunkInfo] = []
     for ti, kind, start, count, changed, nbytes in v.tolist():
         tile, codec = divmod(kind, 8)
-        if codec not in CODEC_NAMES or tile > CELLS:
-            raise FormatError(f"unknown chunk codec {codec} or tile {tile}")
+        name = codec_name(codec)
+        if tile > CELLS:
+            raise FormatError(f"unknown chunk tile {tile}")
         spec = tensors[ti]
         if tile:
             grid = grids.get(ti) or grids.setdefault(ti, Grid(spec.shape))
@@ -262,7 +263,7 @@ def _chunk_table(raw: memoryview, nchunks: int, tensors: list[TensorSpec]) -> li
             raise FormatError(f"chunk [{start}, {start + count}) outside tensor {spec.name!r} (tile {tile}) of {limit}")
         if changed > count or (codec == 0) != (changed == 0) or (codec == 0 and nbytes):
             raise FormatError(f"chunk of {spec.name!r}: inconsistent changed={changed} codec={codec}")
-        chunks.append(ChunkInfo(spec.name, start, count, changed, CODEC_NAMES[codec], nbytes, tile - 1))
+        chunks.append(ChunkInfo(spec.name, start, count, changed, name, nbytes, tile - 1))
     return chunks
 
 

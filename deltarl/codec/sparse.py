@@ -1,4 +1,4 @@
-"""The ``sparse`` codec: a low-density chunk whose decode reads the base only where it changed.
+"""The ``sparse`` codec (id 5): a low-density chunk whose decode reads the base only where it changed.
 
 ``ctx`` ranks each change among the chunk's elements of its exponent class, so its decoder scans
 the whole chunk of the base: at 0.02% density that scan is ~5000 elements read per change. This
@@ -12,28 +12,24 @@ changes, not the chunk. Layout: docs/FORMAT.md, codec 5.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 
 import numpy as np
 
 from deltarl.codec import bitio, kernels
-from deltarl.codec.chunk_codecs import Decoded, pack_streams, unpack_streams
-from deltarl.codec.exponent_classes import rice_k
+from deltarl.codec.chunk import Changes, Decoded, OldReader, pack_streams, unpack_streams
 from deltarl.errors import FormatError
 
 _PARAMS = "<BBBQ"  # k_pos, k_big_gap, k_big_val, n_big
 NSTREAMS = 10
 
-#: Reads the old bits at sorted, in-range positions (relative to the chunk start).
-OldReader = Callable[[np.ndarray], np.ndarray]
-
 
 def _k(values: np.ndarray) -> int:
-    return int(rice_k(np.array([int(values.sum(dtype=np.uint64))]), np.array([values.size]))[0])
+    return int(bitio.rice_k(np.array([int(values.sum(dtype=np.uint64))]), np.array([values.size]))[0])
 
 
-def encode_sparse(old: np.ndarray, new: np.ndarray, pos: np.ndarray) -> bytes:
-    """Encode the changes at ``pos`` (sorted, non-empty): work in proportion to the changes."""
+def encode(old: np.ndarray, new: np.ndarray, dtype: str, changes: Changes) -> bytes:
+    """Encode the changes (non-empty): work in proportion to the changes."""
+    pos = changes.positions()
     width = old.dtype.itemsize * 8
     o, n = kernels.gather(old, pos), kernels.gather(new, pos)
     d = (n.astype(np.int64) - o.astype(np.int64)) % (1 << width)
@@ -67,7 +63,12 @@ def _increasing(gaps: np.ndarray, limit: int, what: str) -> np.ndarray:
     return out
 
 
-def decode_sparse(read_old: OldReader, count: int, payload: memoryview, changed: int, udt: np.dtype) -> Decoded:
+def decode(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
+    """Positions and new bits of one chunk whose base is at hand (read at the changes only)."""
+    return decode_gather(lambda pos: kernels.gather(old, pos), old.size, payload, changed, old.dtype)
+
+
+def decode_gather(read_old: OldReader, count: int, payload: memoryview, changed: int, udt: np.dtype) -> Decoded:
     """Positions and new bits of one chunk; the base is read only through ``read_old(positions)``."""
     (k_pos, k_bg, k_bv, n_big), st = unpack_streams(payload, _PARAMS, NSTREAMS)
     width = udt.itemsize * 8

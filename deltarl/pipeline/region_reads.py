@@ -99,17 +99,21 @@ def plan_segment(part: SegmentPart, regions: Mapping[str, Region], grids: dict[s
 
 
 def read_segment_parts(
-    get_range: GetRange, manifest: Manifest, regions: Mapping[str, Region], *, workers: int = 1
+    get_range: GetRange, manifest: Manifest | Sequence[ObjectRef], regions: Mapping[str, Region], *,
+    named_by: str | None = None,
 ) -> list[SegmentPart]:
-    """Every segment of ``manifest`` as the ``regions`` need it: headers, then the needed pieces.
+    """Every segment of ``manifest`` (or of a list of segment refs) as the ``regions`` need it:
+    headers, then the needed pieces, every piece verified.
 
     Segments whose chunks the regions do not need are returned too (their header only): staging
     checks from them that the regions are covered exactly once.
     """
+    refs = manifest.segments if isinstance(manifest, Manifest) else tuple(manifest)
+    where = named_by or (manifest.key if isinstance(manifest, Manifest) else "the manifest")
     grids: dict[str, Grid] = {}
-    parts = [read_header(get_range, ref, manifest.key) for ref in manifest.segments]
+    parts = [read_header(get_range, ref, where) for ref in refs]
     for part in parts:
-        _read_pieces(get_range, part, plan_segment(part, regions, grids), manifest.key)
+        _read_pieces(get_range, part, plan_segment(part, regions, grids), where)
     return parts
 
 

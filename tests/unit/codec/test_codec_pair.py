@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltarl.codec import BF16, Stager, encode_delta, stage_delta, state_digest
-from deltarl.codec import exponent_classes as ctx
+from deltarl.codec import BF16, Stager, ctx, encode_delta, stage_delta, state_digest
 from deltarl.codec.encode import encode_chunk
 from deltarl.errors import BaseMismatch, FormatError, TensorMismatch
 
@@ -66,9 +65,9 @@ def test_pair_decoder_equals_two_single_decodes(kernel_path: str, case: str) -> 
     (da, na, fa, ua), (db, nb, fb, ub) = CASES[case]
     a = _chunk(rng, na, fa, da, ua)
     b = _chunk(rng, nb, fb, db, ub)
-    got = ctx.decode_ctx_pair(a[:3], b[:3])
+    got = ctx.decode_pair(a[:3], b[:3])
     for (old, payload, changed, new), dec in zip((a, b), got, strict=True):
-        single = ctx.decode_ctx(old, payload, changed)
+        single = ctx.decode(old, payload, changed)
         pos, o, n = _expect(old, new)
         for d in (dec, single):
             assert np.array_equal(d.positions, pos)
@@ -83,7 +82,7 @@ def test_pair_decoder_on_unaligned_chunks(kernel_path: str) -> None:
     b = _chunk(rng, 20_001, 0.02)
     olds = [np.concatenate((c[0][:1], c[0]))[1:] for c in (a, b)]  # not 8-byte aligned: no word views
     assert all(o.ctypes.data % 8 for o in olds)
-    got = ctx.decode_ctx_pair((olds[0], a[1], a[2]), (olds[1], b[1], b[2]))
+    got = ctx.decode_pair((olds[0], a[1], a[2]), (olds[1], b[1], b[2]))
     for c, dec in zip((a, b), got, strict=True):
         assert np.array_equal(dec.values, _expect(c[0], c[3])[2])
 
@@ -94,9 +93,9 @@ def test_pair_decoder_rejects_either_corrupt_chunk(kernel_path: str) -> None:
     b = _chunk(rng, 30_000, 0.02)
     short = a[0][:1000]  # ranks now run past the chunk's same-class elements
     with pytest.raises(FormatError):
-        ctx.decode_ctx_pair((short, a[1], a[2]), b[:3])
+        ctx.decode_pair((short, a[1], a[2]), b[:3])
     with pytest.raises(FormatError):
-        ctx.decode_ctx_pair(a[:3], (b[0][:1000], b[1], b[2]))
+        ctx.decode_pair(a[:3], (b[0][:1000], b[1], b[2]))
 
 
 def _many(seed: int, tensors: int = 24, n: int = 5_000) -> tuple[dict, dict]:

@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deltarl.codec import BF16, apply, encode_delta, read_segment_header, registry, stage_delta, state_digest
-from deltarl.codec.encode import SPARSE_MAX_FRACTION, encode_chunk
+from deltarl.codec.encode import encode_chunk
+from deltarl.codec.registry import SPARSE_MAX_FRACTION
 from deltarl.errors import FormatError
 
 SPECIAL = [0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x807F, 0x7F80, 0xFF80, 0x7FC0, 0x7FC1, 0xFFFF, 0x7F7F]
@@ -48,7 +49,7 @@ def test_sparse_decode_reads_the_base_only_at_the_changes(dtype: str) -> None:
         asked.append(pos.copy())
         return old[pos]
 
-    dec = registry.GATHER_DECODERS["sparse"](read, old.size, memoryview(payload), changed, np.dtype(udt))
+    dec = registry.BY_NAME["sparse"].decode_gather(read, old.size, memoryview(payload), changed, np.dtype(udt))
     assert (used, changed) == ("sparse", where.size)
     assert len(asked) == 1
     assert asked[0].tolist() == where.tolist()
@@ -107,7 +108,7 @@ def test_sparse_rejects_a_position_beyond_the_chunk() -> None:
     old, new = _changed(1000, 100)
     _, changed, payload = encode_chunk(old, new, "bfloat16", "sparse")
     with pytest.raises(FormatError):
-        registry.GATHER_DECODERS["sparse"](lambda p: old[p], 900, memoryview(payload), changed, np.dtype(np.uint16))
+        registry.BY_NAME["sparse"].decode_gather(lambda p: old[p], 900, memoryview(payload), changed, np.dtype(np.uint16))
 
 
 @pytest.mark.torch

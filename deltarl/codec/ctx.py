@@ -1,144 +1,28 @@
-"""The ``ctx`` codec: positions and values coded with the old value's exponent as context.
+"""The ``ctx`` codec (id 4): positions and values coded with the old value's exponent as context.
 
 The receiver holds the base, so both sides know every element's *class* (its exponent field).
 Small weights have a small ULP and change far more often than large ones, so each class gets its
 own Rice parameter for position gaps, counted in same-class elements (the rank gap), and for value
 magnitudes. Values are the exact wrapped integer difference of bit patterns: a raw sign bit plus
-Rice(|d| - 1). Layout: docs/FORMAT.md.
+Rice(|d| - 1). The classes are ranked during change detection (:mod:`deltarl.codec.classes`); the
+decoder scans the whole chunk of the base (numba: :mod:`deltarl.codec._numba_ctx`). Layout:
+docs/FORMAT.md.
 """
 
 from __future__ import annotations
 
 import struct
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from deltarl.codec import bitio, kernels
-from deltarl.codec.chunk_codecs import Decoded, pack_streams, unpack_streams
+from deltarl.codec.chunk import Changes, Decoded, pack_streams, unpack_streams
+from deltarl.codec.classes import rank_classes, ranks_in_groups
 from deltarl.errors import FormatError
 
 _PARAMS = "<BB"  # class shift, class bits
 NSTREAMS = 11
-
-# Exponent field of each bit width's float formats: 16 bit -> set by caller (bf16 vs fp16).
-CLASS_FIELDS = {"bfloat16": (7, 8), "float16": (10, 5), "float32": (23, 8)}
-# A grid cell's chunk is small (often a few hundred changes): classes of two exponents each halve
-# its class table for the same rank-gap code (-10..-25% bytes per cell at 1% changed).
-CELL_CLASS_FIELDS = {"bfloat16": (8, 7), "float16": (11, 4), "float32": (24, 7)}
-
-
-def rice_k(total: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """Integer Rice parameter per group: ceil(log2(mean * ~ln2)) in exact integer arithmetic.
-
-    x = (total * 11) // (count * 16); k = bit_length(x - 1) for x > 1, else 0; capped at 32.
-    Integer-only so the numba and numpy encoders always choose the same parameters.
-    """
-    x = (total.astype(np.int64) * 11) // np.maximum(count.astype(np.int64) * 16, 1)
-    k = np.zeros(x.shape, dtype=np.int64)
-    y = np.maximum(x - 1, 0)
-    while bool((y > 0).any()):
-        k += y > 0
-        y >>= 1
-    return np.minimum(k, 32)
-
-
-def _group_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    cs = np.concatenate(([0], np.cumsum(values.astype(np.int64))))
-    ends = np.cumsum(counts)
-    return cs[ends] - cs[ends - counts]
-
-
-def _gaps_in_groups(ranks: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Gaps (r_i - r_{i-1} - 1, first r_0) of increasing ranks, restarting at each group of ``counts``."""
-    prev = np.empty_like(ranks)
-    prev[1:] = ranks[:-1]
-    starts = np.cumsum(counts) - counts
-    prev[starts[counts > 0]] = -1
-    return ranks - prev - 1
-
-
-def _ranks_in_groups(gaps: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`_gaps_in_groups`."""
-    if gaps.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    cs = np.cumsum(gaps.astype(np.int64) + 1)
-    starts = np.cumsum(counts) - counts
-    base = np.where(starts > 0, cs[np.maximum(starts - 1, 0)], 0)
-    return cs - 1 - np.repeat(base, counts)
-
-
-_FIELDS = [
-    "active",
-    "counts",
-    "n_big",
-    "k_pos",
-    "k_bg",
-    "k_bv",
-    "gaps",
-    "ks_pos",
-    "big_gaps",
-    "big_vals",
-    "ks_big",
-    "ks_val",
-    "neg",
-    "pos",
-]
-
-
-def _arrays_numpy(
-    old: np.ndarray, new: np.ndarray, shift: int, mask: int, width: int
-) -> tuple[np.ndarray, ...]:
-    """Everything the encoder codes, in class-major order (the numba kernel ctx_arrays mirrors this)."""
-    ch = kernels.class_ranks(old, new, shift, mask)
-    order = np.argsort(ch.cls, kind="stable")
-    pos, cls, rank = ch.pos[order], ch.cls[order], ch.rank[order]
-    active, counts = np.unique(cls, return_counts=True)
-    idx = np.repeat(np.arange(active.size), counts)
-    gaps = _gaps_in_groups(rank, counts)
-    d = (new[pos].astype(np.int64) - old[pos].astype(np.int64)) % (1 << width)
-    neg = d >= (1 << (width - 1))
-    mag = np.where(neg, (1 << width) - d, d) - 1  # |d| - 1 >= 0; mostly 0
-    big = np.flatnonzero(mag > 0)
-    big_idx = idx[big]
-    n_big = np.bincount(big_idx, minlength=active.size).astype(np.int64)
-    within = np.arange(idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    big_gaps = _gaps_in_groups(within[big], n_big)
-    big_vals = mag[big] - 1
-    k_pos = rice_k(_group_sums(gaps, counts), counts)
-    k_bg = rice_k(_group_sums(big_gaps, n_big), n_big)
-    k_bv = rice_k(_group_sums(big_vals, n_big), n_big)
-    u64 = np.uint64
-    return (
-        active.astype(np.int64),
-        counts.astype(np.int64),
-        n_big,
-        k_pos,
-        k_bg,
-        k_bv,
-        gaps.astype(u64),
-        k_pos[idx],
-        big_gaps.astype(u64),
-        big_vals.astype(u64),
-        k_bg[big_idx],
-        k_bv[big_idx],
-        neg.astype(np.uint8),
-        pos,
-    )
-
-
-def prepare(old: np.ndarray, new: np.ndarray, dtype: str, *, cell: bool = False) -> SimpleNamespace:
-    """Detect the chunk's changes and compute the ctx code arrays (``.pos`` holds the positions);
-    ``cell``: the class field of a grid cell's chunk (``CELL_CLASS_FIELDS``)."""
-    shift, cbits = (CELL_CLASS_FIELDS if cell else CLASS_FIELDS)[dtype]
-    width = old.dtype.itemsize * 8
-    jit = kernels.jit()
-    if jit is not None:
-        arrays = jit.ctx_arrays(old, new, shift, (1 << cbits) - 1, width)
-    else:
-        arrays = _arrays_numpy(old, new, shift, (1 << cbits) - 1, width)
-    return SimpleNamespace(shift=shift, cbits=cbits, **dict(zip(_FIELDS, arrays, strict=True)))
 
 
 def _varint(n: int) -> bytes:
@@ -153,9 +37,9 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def encode_ctx(old: np.ndarray, new: np.ndarray, dtype: str, prep: SimpleNamespace | None = None) -> bytes:
-    """Encode the changes of one chunk (``prep`` from :func:`prepare`, computed if not given)."""
-    a = prep if prep is not None else prepare(old, new, dtype)
+def encode(old: np.ndarray, new: np.ndarray, dtype: str, changes: Changes) -> bytes:
+    """Encode the changes of one chunk (their classes ranked during detection, or here if not)."""
+    a = changes.classes if changes.classes is not None else rank_classes(old, new, dtype)
     table = b"".join(
         struct.pack("<BBBB", c, kp, kb, kv) + _varint(n) + _varint(m)
         for c, kp, kb, kv, n, m in zip(
@@ -225,7 +109,8 @@ def _streams(old: np.ndarray, payload: memoryview, changed: int) -> tuple[int, i
     return shift, (1 << cbits) - 1, width, st
 
 
-def decode_ctx(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
+def decode(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
+    """Positions and new bits of one chunk (a scan of the chunk's base)."""
     shift, mask, width, st = _streams(old, payload, changed)
     jit = kernels.ctx_jit()
     if jit is not None:
@@ -237,19 +122,19 @@ def decode_ctx(old: np.ndarray, payload: memoryview, changed: int) -> Decoded:
     return _decode_numpy(old, shift, mask, width, changed, st)
 
 
-def decode_ctx_pair(
+def decode_pair(
     a: tuple[np.ndarray, memoryview, int], b: tuple[np.ndarray, memoryview, int]
 ) -> tuple[Decoded, Decoded]:
-    """``(decode_ctx(*a), decode_ctx(*b))``, with the two 16-bit chunks scanned interleaved (faster)."""
+    """``(decode(*a), decode(*b))``, with the two 16-bit chunks scanned interleaved (faster)."""
     jit = kernels.ctx_jit()
     if jit is None:
-        return decode_ctx(*a), decode_ctx(*b)
+        return decode(*a), decode(*b)
     (old_a, payload_a, changed_a), (old_b, payload_b, changed_b) = a, b
     shift, mask, width, st_a = _streams(old_a, payload_a, changed_a)
     params_b = _streams(old_b, payload_b, changed_b)
     (a64_a,), (a64_b,) = jit.words16(old_a), jit.words16(old_b)
     if params_b[:3] != (shift, mask, width) or width != 16 or not a64_a.size or not a64_b.size:
-        return decode_ctx(*a), decode_ctx(*b)
+        return decode(*a), decode(*b)
     state_a = _prepare_jit(jit, old_a, shift, mask, width, changed_a, st_a)
     state_b = _prepare_jit(jit, old_b, shift, mask, width, changed_b, params_b[3])
     err_a, pos_a, oa, na, err_b, pos_b, ob, nb = jit.ctx_scan2(
@@ -263,7 +148,7 @@ def decode_ctx_pair(
 def _prepare_jit(
     jit: Any, old: np.ndarray, shift: int, mask: int, width: int, changed: int, st: list[memoryview]
 ) -> tuple[np.ndarray, ...]:
-    """Scan state of one chunk from the numba decoder (deltarl.codec._numba_exponent_classes)."""
+    """Scan state of one chunk from the numba decoder (deltarl.codec._numba_ctx)."""
     u8 = [np.frombuffer(s, dtype=np.uint8) for s in st]
     u64 = [np.frombuffer(st[i], dtype="<u8") for i in (3, 6, 9)]
     err, *state = jit.ctx_prepare(
@@ -296,13 +181,13 @@ def _decode_numpy(
     if bv.size and int(bv.max()) >= (1 << (width - 1)) - 1:
         raise FormatError("ctx value difference out of range")
     neg = np.unpackbits(np.frombuffer(st[10], dtype=np.uint8), count=changed)
-    ranks = _ranks_in_groups(gaps, counts)
+    ranks = ranks_in_groups(gaps, counts)
     tptr = np.zeros(mask + 2, dtype=np.int64)
     per_class = np.zeros(mask + 1, dtype=np.int64)
     per_class[active] = counts
     tptr[1:] = np.cumsum(per_class)
     pos, cm_index = kernels.class_select_sorted(old, shift, mask, ranks, tptr)
-    within = _ranks_in_groups(bg, n_big)
+    within = ranks_in_groups(bg, n_big)
     if nb and bool((within >= counts[big_idx]).any()):
         raise FormatError(_DECODE_ERRORS[2])
     m = np.ones(changed, dtype=np.int64)

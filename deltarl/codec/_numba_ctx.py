@@ -1,6 +1,6 @@
 """numba ctx decoder: payload streams -> scan state (ctx_prepare) -> (positions, old, new) (ctx_scan).
 
-It mirrors the numpy decoder in :mod:`deltarl.codec.exponent_classes` (same validation, same result) but
+It mirrors the numpy decoder in :mod:`deltarl.codec.ctx` (same validation, same result) but
 never materialises ranks: the class table is parsed here, the Rice streams are read through a
 64-bit bit buffer, and the scan that counts each class down to its next target writes the
 position, the old bits it just read and the new bits of every hit, so the stager needs no gather
