@@ -271,6 +271,7 @@ class Subscriber:
             except TransferError as err:  # every source failed: back off, say so once per outage
                 (log.warning if failures == 0 else log.debug)("run %s: cannot reach any source (%s); retrying with backoff",
                                                               self.layout.run, err)
+                self._set_error(err)
                 failures += 1
                 await self._sleep(_OUTAGE_BACKOFF.delay(failures - 1))
             except RunReplaced as err:  # another tensor table under the same name: these weights can never follow it
