@@ -36,7 +36,7 @@ SURFACE: dict[str, str] = {
                         "RolloutResult,Sample,StepSpec records:Ack,ActorRecord,HeartbeatRequest,LeaseGrant,LeaseRequest,LeaseResponse,MAX_STEP,Record,RegisterRequest,Registered,StepManifest,StepOpened,StepResults,decode,encode,sha256_of",
     "deltarl.testing": "faults:CrashAt fleet:Fleet,simulate ranks:leave_process_group,spawn_ranks "
                        "store_tests:StoreTests wan:EmulatedLink,LinkStats",
-    "deltarl.updater": "probe:Placement,derive_views shards:catch_up_regions,digest_shares,owners,stage_regions",
+    "deltarl.updater": "inplace:InPlaceUpdater,Served,tag probe:Placement,derive_views ranks:Ranks shards:catch_up_regions,digest_shares,owners,stage_regions",
     "deltarl.trainer": "config:TrainerConfig grpo:GRPOConfig,GRPOTrainer,TrainStats loop:StepReport,TrainerLoop "
                        "rescore:rescore_rollouts config:SPARSE_GRPO,SPARSE_WARMUP loop:ClientCoordinator metrics:TrainerMetrics rescore:RescoreFinding sinks:SinkConfig,Sinks",
 }

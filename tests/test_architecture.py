@@ -27,9 +27,9 @@ ALLOWED: dict[str, set[str]] = {
     "model": BASE | {"storage", "codec", "pipeline"},
     "protocol": BASE | {"storage", "codec", "pipeline", "model"},
     "relay": BASE | {"storage", "codec", "pipeline"},
-    # the in-place updater of an engine's live parameters: any engine (vLLM, the HF actor) adapts it
-    "updater": BASE | {"storage", "codec", "pipeline", "model"},
-    "actor": BASE | {"storage", "codec", "pipeline", "model", "protocol", "relay", "updater"},
+    "actor": BASE | {"storage", "codec", "pipeline", "model", "protocol", "relay"},
+    # the in-place updater every engine adapter drives (over the actor's subscriber and fetcher)
+    "updater": BASE | {"storage", "codec", "pipeline", "model", "actor"},
     "coordinator": BASE | {"storage", "codec", "pipeline", "model", "protocol"},
     "trainer": BASE | {"storage", "codec", "pipeline", "model", "protocol"},
     # integrations.vllm runs inside vLLM's workers and reads the run through the actor's fetcher

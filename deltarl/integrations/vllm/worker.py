@@ -40,8 +40,8 @@ class DeltaRLWorkerExtension:
         if digest and engine.views:
             out["digest"] = engine.digest()
             out["engine_digest"] = engine.engine_digest()  # every rank takes part: ask every worker at once
-        out["rank"] = 0 if engine.ranks is None else engine.ranks.rank
-        out["fetched_bytes"] = getattr(engine._sub, "fetched_bytes", None)  # a tensor/expert parallel rank's reads
+        out["rank"] = engine.updater.ranks.rank
+        out["fetched_bytes"] = getattr(engine.updater._sub, "fetched_bytes", None)  # a tensor/expert parallel rank's reads
         return out
 
 

@@ -1,5 +1,5 @@
 """Two real ranks (gloo, spawned processes) each holding part of every tensor, kept at a run's
-versions by :class:`~deltarl.integrations.vllm.sharded.ShardedUpdater` (no vLLM needed): the
+versions by :class:`~deltarl.updater.sharded.ShardedUpdater` (no vLLM needed): the
 bootstrap and each update land on every rank (one version, or several at once), and a commit refused
 on one rank leaves every rank bit-identical to the version before."""
 
@@ -49,11 +49,11 @@ async def _serve(rank: int, root: str, case: str) -> None:
     from deltarl.actor.fetcher import Fetcher
     from deltarl.codec.tensors import TensorSpec
     from deltarl.errors import StagingError
-    from deltarl.integrations.vllm.ranks import Ranks
-    from deltarl.integrations.vllm.sharded import ShardedUpdater
     from deltarl.storage.open import open_store
     from deltarl.testing.vllm_runs import evolve
     from deltarl.updater.probe import Placement, Region
+    from deltarl.updater.ranks import Ranks
+    from deltarl.updater.sharded import ShardedUpdater
 
     states = [_state(0)]
     for v in (1, 2):

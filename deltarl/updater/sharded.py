@@ -1,15 +1,15 @@
-"""The in-place updater of a tensor- or expert-parallel vLLM rank: every rank stages its own part,
+"""The in-place updater of a tensor- or expert-parallel engine rank: every rank stages its own part,
 and a version commits on every rank or on none.
 
-:class:`ShardedUpdater` answers the calls ``DeltaRLEngine`` makes of its subscriber (bootstrap,
+:class:`ShardedUpdater` answers the calls :class:`~deltarl.updater.inplace.InPlaceUpdater` makes of its subscriber (bootstrap,
 background staging of the next version, commit, confirm) for a rank that holds
 :class:`~deltarl.updater.probe.Region` s of the checkpoint tensors: it stages each delta over its
 regions only (:func:`deltarl.updater.shards.stage_regions`), builds a bootstrap in fresh tensors of
 its part and swaps them in once every rank has built its own and the ranks' joined digest matches,
-and agrees with the other ranks (:class:`~deltarl.integrations.vllm.ranks.Ranks`, vLLM's gloo group)
+and agrees with the other ranks (:class:`~deltarl.updater.ranks.Ranks`, e.g. vLLM's gloo group)
 before it keeps anything: a commit refused on one rank is rolled back on all, a digest that does not
 match rolls back every rank. Every collective runs in a call vLLM makes on every worker in the same
-order (``init_transfer_engine``, ``update_weights``, ``finish_weight_update``); the background
+order (vLLM: ``init_transfer_engine``, ``update_weights``, ``finish_weight_update``); the background
 staging never talks to the other ranks.
 """
 

@@ -1,5 +1,5 @@
-"""The engine's workers as one group: deltarl's agreements and digests over vLLM's own CPU process
-group (gloo), so that an update commits on every rank or on none.
+"""An engine's workers as one group: deltarl's agreements and digests over the engine's own CPU
+process group (vLLM's gloo group), so that an update commits on every rank or on none.
 
 Every call here is a collective: each of the engine's workers makes it, in the same order (vLLM's
 ``collective_rpc`` runs each weight-transfer call on every worker). With one worker they cost nothing.
@@ -21,14 +21,6 @@ class Ranks:
     def __init__(self, group: Any = None, rank: int = 0, size: int = 1) -> None:
         self.group, self.rank, self.size = group, rank, size
         self.owned: set[str] | None = None  # the tensors whose part this rank hashes (None: all it holds)
-
-    @classmethod
-    def of_vllm(cls) -> Ranks:
-        """The engine's workers, from vLLM's world group (tensor x pipeline parallel ranks)."""
-        from vllm.distributed.parallel_state import get_world_group
-
-        g = get_world_group()
-        return cls(g.cpu_group, int(g.rank_in_group), int(g.world_size))
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (small, picklable), in rank order, on every rank."""
