@@ -40,6 +40,7 @@ from deltarl.pipeline.pieces import (
 from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.publisher import Publisher, VersionInfo
 from deltarl.pipeline.reader import RunReader
+from deltarl.pipeline.region_reads import SegmentPart, read_segment_parts
 from deltarl.pipeline.replay import replay, roll_forward, squash
 from deltarl.pipeline.sharded import ShardedPublisher
 from deltarl.pipeline.state_file import write_state_file
@@ -61,6 +62,7 @@ __all__ = [
     "RunLayout",
     "RunReader",
     "RunSummary",
+    "SegmentPart",
     "ShardedPublisher",
     "TensorEntry",
     "VersionInfo",
@@ -79,6 +81,7 @@ __all__ = [
     "manifest_key_for",
     "part_views",
     "pieces_of_blocks",
+    "read_segment_parts",
     "replay",
     "roll_forward",
     "spans",
