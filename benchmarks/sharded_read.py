@@ -162,10 +162,10 @@ def run_dense(model: str, layers: int, repeat: int) -> dict[str, Any]:
     changes = step(base, 0.01, None, np.random.default_rng(1))
     target = {}
     for n, b in base.items():
-        t = b.copy().reshape(-1)
+        bits = b.copy().reshape(-1)
         if n in changes:
-            t[changes[n][0]] = changes[n][1]
-        target[n] = t.reshape(b.shape)
+            bits[changes[n][0]] = changes[n][1]
+        target[n] = bits.reshape(b.shape)
     old, new = {n: BF16(b) for n, b in base.items()}, {n: BF16(b) for n, b in target.items()}
     t = time.perf_counter()
     segs = encode_delta(old, new, base="b")
