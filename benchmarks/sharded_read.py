@@ -41,7 +41,13 @@ from deltarl.pipeline.region_reads import read_segment_parts
 
 OUT = Path(__file__).parent / "results" / "sharded_read.json"
 PIECE = 1 << 16
-_LAYOUT = {"ctx": ("<BB", 11), "sparse": ("<BBBQ", 10), "dense": ("", 1), "rice": ("<B", 5), "aurora": ("", 2)}
+_LAYOUT = {
+    "ctx": ("<BB", 11),
+    "sparse": ("<BBBQ", 10),
+    "dense": ("", 1),
+    "rice": ("<B", 5),
+    "aurora": ("", 2),
+}
 ROWS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head", "mlp.gate.")
 COLS = ("o_proj", "down_proj")
 
@@ -83,7 +89,9 @@ def build(model: str, layers: int, seed: int) -> dict[str, np.ndarray]:
             continue
         src = norm if spec.name.endswith("norm.weight") else pool
         s0 = int(rng.integers(src.size - spec.numel + 1)) if spec.numel <= src.size else 0
-        out[spec.name] = (np.resize(src[s0:], spec.numel) ^ rng.integers(0, 4, spec.numel, dtype=np.uint16)).reshape(spec.shape)
+        out[spec.name] = (
+            np.resize(src[s0:], spec.numel) ^ rng.integers(0, 4, spec.numel, dtype=np.uint16)
+        ).reshape(spec.shape)
     return out
 
 
@@ -115,17 +123,33 @@ def measure_ranks(base: dict[str, np.ndarray], segs: list[bytes], target: dict[s
         views = {}
         for n, r in regions.items():
             v = state[n]
-            views[n] = v if r.kind == "whole" else v.narrow(0 if r.kind == "rows" else 1, r.start, r.stop - r.start)
+            views[n] = (
+                v if r.kind == "whole" else v.narrow(0 if r.kind == "rows" else 1, r.start, r.stop - r.start)
+            )
 
-        def stage(views: dict[str, Any] = views, regions: dict[str, Region] = regions, parts: Any = parts) -> Any:
-            return stage_delta(views, [p.data for p in parts], base="b", regions=regions, specs=specs,
-                               headers=[p.header for p in parts])
+        def stage(
+            views: dict[str, Any] = views, regions: dict[str, Region] = regions, parts: Any = parts
+        ) -> Any:
+            return stage_delta(
+                views,
+                [p.data for p in parts],
+                base="b",
+                regions=regions,
+                specs=specs,
+                headers=[p.header for p in parts],
+            )
 
         secs, upd = _best(stage, repeat)
         upd.commit()
         for n, r in regions.items():  # its part equals the target, bit for bit
             got, want = state[n].view(torch.int16).numpy().view(np.uint16), target[n]
-            sl = (slice(r.start, r.stop),) if r.kind == "rows" else (slice(None), slice(r.start, r.stop)) if r.kind == "cols" else ()
+            sl = (
+                (slice(r.start, r.stop),)
+                if r.kind == "rows"
+                else (slice(None), slice(r.start, r.stop))
+                if r.kind == "cols"
+                else ()
+            )
             if not np.array_equal(got[sl], want[sl]):
                 raise AssertionError(f"rank {rank}: {n} differs from the target")
         ranks.append({"rank": rank, "fetched_bytes": fetched, "fetched_vs_delta": round(fetched / delta, 4),
@@ -138,10 +162,10 @@ def run_dense(model: str, layers: int, repeat: int) -> dict[str, Any]:
     changes = step(base, 0.01, None, np.random.default_rng(1))
     target = {}
     for n, b in base.items():
-        t = b.copy().reshape(-1)
+        bits = b.copy().reshape(-1)
         if n in changes:
-            t[changes[n][0]] = changes[n][1]
-        target[n] = t.reshape(b.shape)
+            bits[changes[n][0]] = changes[n][1]
+        target[n] = bits.reshape(b.shape)
     old, new = {n: BF16(b) for n, b in base.items()}, {n: BF16(b) for n, b in target.items()}
     t = time.perf_counter()
     segs = encode_delta(old, new, base="b")
@@ -157,7 +181,7 @@ def run_dense(model: str, layers: int, repeat: int) -> dict[str, Any]:
     }  # fmt: skip
     out["format2_vs_format1"] = round(out["bytes_format2"] / out["bytes_format1"], 4)
     state = _torch(base)
-    whole, upd = _best(lambda: stage_delta(state, segs, base="b"), repeat)
+    whole, _ = _best(lambda: stage_delta(state, segs, base="b"), repeat)
     whole_flat, _ = _best(lambda: stage_delta(state, flat, base="b"), repeat)
     out["tp1_stage_s"], out["tp1_stage_s_no_cells"] = round(whole, 4), round(whole_flat, 4)
     out["tp2"] = measure_ranks(base, segs, target, 2, repeat)
@@ -173,7 +197,9 @@ def run_plan(layers: int, seed: int = 0) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     shapes: dict[str, tuple[int, ...]] = {}
     for i in range(layers):
-        shapes |= layer_shapes(i, **{k: BIG[k] for k in ("hidden", "experts", "moe_inter", "heads", "kv_heads", "head_dim")})
+        shapes |= layer_shapes(
+            i, **{k: BIG[k] for k in ("hidden", "experts", "moe_inter", "heads", "kv_heads", "head_dim")}
+        )
     specs = [TensorSpec(n, "bfloat16", s) for n, s in sorted(shapes.items())]
     chunks: list[tuple[TensorSpec, ChunkInfo]] = []
     for spec in specs:
@@ -191,7 +217,9 @@ def run_plan(layers: int, seed: int = 0) -> dict[str, Any]:
         cur_chunks.append(c)
         size += c.nbytes
         if size >= 1 << 20:
-            segs.append(pack_segment("b", list(cur_specs.values()), cur_chunks, [bytes(x.nbytes) for x in cur_chunks]))
+            segs.append(
+                pack_segment("b", list(cur_specs.values()), cur_chunks, [bytes(x.nbytes) for x in cur_chunks])
+            )
             cur_specs, cur_chunks, size = {}, [], 0
     rest = [s for s in specs if not any(s.name == c.tensor for c in cur_chunks)]
     segs.append(pack_segment("b", [*cur_specs.values(), *[s for s in rest if s.name not in cur_specs]], cur_chunks,
@@ -242,7 +270,9 @@ def main() -> None:
           f"{dense['changed'] / dense['elements']:.2%} changed")  # fmt: skip
     print(f"  bytes: format 2 {dense['bytes_format2']:,}  format 2 without cells {dense['bytes_format2_no_cells']:,}  "
           f"format 1 {dense['bytes_format1']:,}  -> {dense['format2_vs_format1']:.3f}x format 1 (target <= 1.03)")  # fmt: skip
-    print(f"  TP 1 stage {dense['tp1_stage_s'] * 1e3:.0f} ms (without cells {dense['tp1_stage_s_no_cells'] * 1e3:.0f} ms)")
+    print(
+        f"  TP 1 stage {dense['tp1_stage_s'] * 1e3:.0f} ms (without cells {dense['tp1_stage_s_no_cells'] * 1e3:.0f} ms)"
+    )
     for r in dense["tp2"]["ranks"]:
         print(f"  TP 2 rank {r['rank']}: fetched {r['fetched_bytes']:,} B = {r['fetched_vs_delta']:.3f}x the delta "
               f"(target <= 0.65), stage {r['stage_s'] * 1e3:.0f} ms")  # fmt: skip

@@ -5,6 +5,8 @@
 * the apply transaction: :func:`stage_delta` decodes segments against the base into a
   :class:`StagedUpdate` (nothing written), whose ``commit`` / ``rollback`` write in place;
   :func:`apply_delta` does both;
+* parts of tensors a tensor- or expert-parallel rank holds (:class:`Region`, :func:`plan_chunks`,
+  ``stage_delta(..., regions=...)``; the shard grid :class:`Grid`);
 * bit views of tensors (:class:`BF16`, :class:`TensorSpec`, :func:`tensor_table`,
   :func:`check_compatible`) and the whole-state digest (:func:`state_digest`).
 
@@ -16,6 +18,7 @@ first use (set ``DELTARL_NO_NUMBA=1`` for the pure-numpy path).
 from deltarl.codec.apply import StagedUpdate, Stager, apply_delta, stage_delta
 from deltarl.codec.encode import SEGMENT_CHANGES, encode_delta, iter_encode_delta, iter_encode_rows
 from deltarl.codec.finite import check_before_encode, check_finite, is_finite
+from deltarl.codec.grid import Grid
 from deltarl.codec.hashing import (
     BLOCK,
     HASH_BYTES,
@@ -29,7 +32,7 @@ from deltarl.codec.hashing import (
 from deltarl.codec.heap import trim
 from deltarl.codec.jit_warmup import warm_codec_quietly
 from deltarl.codec.kernels import worker_threads
-from deltarl.codec.regions import Region
+from deltarl.codec.regions import ChunkRef, Region, byte_ranges, plan_chunks
 from deltarl.codec.segment import ChunkInfo, DeltaStats, SegmentHeader, delta_stats, read_segment_header
 from deltarl.codec.tensors import (
     BF16,
@@ -56,7 +59,9 @@ __all__ = [
     "HASH_BYTES",
     "SEGMENT_CHANGES",
     "ChunkInfo",
+    "ChunkRef",
     "DeltaStats",
+    "Grid",
     "Region",
     "SegmentHeader",
     "StagedUpdate",
@@ -64,6 +69,7 @@ __all__ = [
     "TensorSpec",
     "apply_delta",
     "block_hash",
+    "byte_ranges",
     "check_before_encode",
     "check_compatible",
     "check_finite",
@@ -79,6 +85,7 @@ __all__ = [
     "leaves",
     "object_root",
     "piece_hash",
+    "plan_chunks",
     "read_segment_header",
     "stage_delta",
     "state_digest",

@@ -224,7 +224,9 @@ def span_of(name: str, value: Any, shape: tuple[int, ...]) -> tuple[Any, int]:
     its last (rows of a column block are ``row stride`` elements apart), the same kind of object as
     ``value`` (torch tensor, numpy array or BF16)."""
     if tuple(int(d) for d in value.shape) != tuple(shape):
-        raise RegionError(f"tensor {name!r}: view of shape {list(value.shape)}, region has shape {list(shape)}")
+        raise RegionError(
+            f"tensor {name!r}: view of shape {list(value.shape)}, region has shape {list(shape)}"
+        )
     dtype_of(name, value)
     rows = shape[0] if shape else 1
     row_elems = 1
@@ -261,7 +263,9 @@ def block_of(span: Any, s0: int, rows: int, width: int, r: tuple[int, int], x: t
     from deltarl.codec.tensors import flat_bits
 
     arr = flat_bits("span", span)
-    view = np.lib.stride_tricks.as_strided(arr, shape=(rows, width), strides=(s0 * arr.itemsize, arr.itemsize))
+    view = np.lib.stride_tricks.as_strided(
+        arr, shape=(rows, width), strides=(s0 * arr.itemsize, arr.itemsize)
+    )
     return np.ascontiguousarray(view[r[0] : r[1], x[0] : x[1]]).reshape(-1)
 
 
@@ -301,7 +305,9 @@ class Placement:
             r0, _, cc0, cc1 = g.rect(c.cell)
             x0, width = cc0 * g.inner, (cc1 - cc0) * g.inner
         qa, qb = c.start // width, (c.start + c.count - 1) // width
-        block = block_of(self.span, self.s0, rb - ra, cb - ca, (r0 + qa - ra, r0 + qb + 1 - ra), (x0 - ca, x0 + width - ca))
+        block = block_of(
+            self.span, self.s0, rb - ra, cb - ca, (r0 + qa - ra, r0 + qb + 1 - ra), (x0 - ca, x0 + width - ca)
+        )
         first = c.start - qa * width
         return block[first : first + c.count]
 

@@ -40,7 +40,7 @@ from deltarl.pipeline.pieces import (
 from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.publisher import Publisher, VersionInfo
 from deltarl.pipeline.reader import RunReader
-from deltarl.pipeline.region_reads import read_segment_parts
+from deltarl.pipeline.region_reads import SegmentPart, read_segment_parts
 from deltarl.pipeline.replay import replay, roll_forward, squash
 from deltarl.pipeline.shard_digest import ShardHashes, TensorShardHashes, combine_digest
 from deltarl.pipeline.sharded import ShardedPublisher
@@ -64,6 +64,7 @@ __all__ = [
     "RunLayout",
     "RunReader",
     "RunSummary",
+    "SegmentPart",
     "ShardHashes",
     "ShardedPublisher",
     "TensorEntry",

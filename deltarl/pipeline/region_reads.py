@@ -20,9 +20,7 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from deltarl.codec.grid import Grid
-from deltarl.codec.regions import ChunkRef, Region, byte_ranges, plan_chunks
-from deltarl.codec.segment import SegmentHeader, read_segment_header
+from deltarl.codec import ChunkRef, Grid, Region, SegmentHeader, byte_ranges, plan_chunks, read_segment_header
 from deltarl.errors import FormatError, IntegrityError, short_pair
 from deltarl.pipeline.manifest import Manifest, ObjectRef
 from deltarl.pipeline.pieces import hash_piece
@@ -69,7 +67,9 @@ def _read_pieces(get_range: GetRange, part: SegmentPart, wanted: Sequence[int], 
             got = hash_piece(mv[i * ps - start : min(end, (i + 1) * ps) - start])
             if got != ref.pieces[i]:
                 shown = short_pair(got, ref.pieces[i])
-                raise IntegrityError(f"{ref.key}: piece {i} has hash {shown[0]}, {named_by} records {shown[1]}")
+                raise IntegrityError(
+                    f"{ref.key}: piece {i} has hash {shown[0]}, {named_by} records {shown[1]}"
+                )
         part.data[start:end] = data
         part.pieces.update(run)
 
@@ -88,7 +88,9 @@ def read_header(get_range: GetRange, ref: ObjectRef, named_by: str) -> SegmentPa
     return part
 
 
-def plan_segment(part: SegmentPart, regions: Mapping[str, Region], grids: dict[str, Grid] | None = None) -> list[int]:
+def plan_segment(
+    part: SegmentPart, regions: Mapping[str, Region], grids: dict[str, Grid] | None = None
+) -> list[int]:
     """Pick the chunks of one segment the regions need; return the pieces that hold them."""
     part.chunks = plan_chunks(part.header, dict(regions), grids=grids)
     ps = part.ref.piece_size
@@ -99,7 +101,10 @@ def plan_segment(part: SegmentPart, regions: Mapping[str, Region], grids: dict[s
 
 
 def read_segment_parts(
-    get_range: GetRange, manifest: Manifest | Sequence[ObjectRef], regions: Mapping[str, Region], *,
+    get_range: GetRange,
+    manifest: Manifest | Sequence[ObjectRef],
+    regions: Mapping[str, Region],
+    *,
     named_by: str | None = None,
 ) -> list[SegmentPart]:
     """Every segment of ``manifest`` (or of a list of segment refs) as the ``regions`` need it:
