@@ -301,6 +301,7 @@ def derive_views(
         finally:
             for n, p in wide.items():
                 p.detach().copy_(saved.pop(n))
-    views = {pl.name: wide[pl.param].view(-1)[pl.start : pl.start + pl.numel].view(pl.region.local_shape)
+    # detached: writes reach the parameters' memory, autograd never sees them (vLLM's may require grad)
+    views = {pl.name: wide[pl.param].detach().view(-1)[pl.start : pl.start + pl.numel].view(pl.region.local_shape)
              for pl in placements}
     return views, placements
