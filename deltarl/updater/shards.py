@@ -23,7 +23,7 @@ from deltarl.codec.apply import StagedUpdate
 from deltarl.codec.hashing import BLOCK, leaves
 from deltarl.codec.regions import Region as CodecRegion
 from deltarl.codec.tensors import DTYPES, TensorSpec, flat_bits, stream_offsets
-from deltarl.errors import BaseMismatch, TensorMismatch
+from deltarl.errors import BaseMismatch, FormatError, IntegrityError, TensorMismatch
 from deltarl.pipeline.shard_digest import ShardHashes, TensorShardHashes
 from deltarl.updater.probe import Placement, Region
 
@@ -86,38 +86,78 @@ def stage_region_reads(get_range: Any, manifest: Any, views: Mapping[str, Any], 
 
 
 async def load_keyframe(source: Any, manifest: Any, views: Mapping[str, Any], placements: Sequence[Placement],
-                        table: Sequence[TensorSpec]) -> None:
-    """Copy the keyframe of ``manifest`` into the rank's ``views``: each part is fetched (every byte
-    checked by its pieces) into scratch, and the ranges that meet the rank's regions are copied."""
+                        table: Sequence[TensorSpec]) -> int:
+    """Copy the keyframe of ``manifest`` into the rank's ``views``, reading of each part only the
+    pieces that hold its header and the ranges meeting the rank's regions (each piece checked
+    against the manifest's hash before a byte of it is used). Returns the bytes read."""
     import torch
 
     from deltarl.pipeline.keyframe import part_views
 
-    fetcher = source.fetcher
     specs = {t.name: t for t in table}
     where = {p.name: p.region for p in placements}
+    read = 0
     for part in manifest.keyframe.parts:
-        scratch = {name: torch.empty(specs[name].numel, dtype=getattr(torch, specs[name].dtype)) for name, _, _ in part.tensors}
-        head = await fetcher.fetch_range(part.key, 0, min(part.size, _HEADER_PROBE))
-        pv = part_views(part, head, specs, scratch, named_by=manifest.key)
-        if pv is None:
-            head = await fetcher.fetch_range(part.key, 0, 8 + int.from_bytes(head[:8], "little"))
-            pv = part_views(part, head, specs, scratch, named_by=manifest.key)
-            assert pv is not None
-        await fetcher.fetch_into(part, pv)
-        await asyncio.to_thread(_copy_ranges, part.tensors, scratch, views, where)
+        data = bytearray(part.size)  # zero pages until written: only the pieces read take memory
+        have: set[int] = set()
+        read += await _read_pieces(source.fetcher, part, data, have, 0, min(part.size, _HEADER_PROBE), manifest.key)
+        hlen = int.from_bytes(data[:8], "little")
+        read += await _read_pieces(source.fetcher, part, data, have, 0, min(part.size, 8 + hlen), manifest.key)
+        # the header checked against the ranges the manifest records (the views are never written: no page is touched)
+        lazy = {name: torch.empty(specs[name].numel, dtype=getattr(torch, specs[name].dtype)) for name, _, _ in part.tensors}
+        if part_views(part, bytes(data[: 8 + hlen]), specs, lazy, named_by=manifest.key) is None:
+            raise FormatError(f"{part.key}: header of {hlen} bytes not read")
+        pos, spans = 8 + hlen, []
+        for name, start, count in part.tensors:
+            size = DTYPES[specs[name].dtype][1] // 8
+            region = where.get(name)
+            if region is not None:
+                lo, hi = region.flat_range()
+                a, b = max(start, lo), min(start + count, hi)
+                if a < b:
+                    read += await _read_pieces(source.fetcher, part, data, have, pos + (a - start) * size,
+                                               pos + (b - start) * size, manifest.key)
+                    spans.append((name, start, count, pos))
+            pos += count * size
+        await asyncio.to_thread(_copy_ranges, spans, data, specs, views, where)
+    return read
 
 
-def _copy_ranges(ranges: Iterable[tuple[str, int, int]], scratch: Mapping[str, Any], views: Mapping[str, Any],
-                 where: Mapping[str, Region]) -> None:
-    for name, start, count in ranges:
-        region = where.get(name)
-        if region is None:
-            continue
-        pos = np.arange(start, start + count, dtype=np.int64)
-        inside, local = _local_positions(region, pos)
-        flat = flat_bits(name, views[name], writable=True)
-        flat[local[inside]] = flat_bits(name, scratch[name])[start : start + count][inside]
+async def _read_pieces(fetcher: Any, ref: Any, data: bytearray, have: set[int], start: int, end: int, named_by: str) -> int:
+    """Read the pieces of ``ref`` holding bytes ``[start, end)`` into ``data`` (each verified); the bytes read."""
+    from deltarl.pipeline.pieces import hash_piece
+
+    ps = ref.piece_size
+    todo = [i for i in range(start // ps, -(-end // ps)) if i not in have] if end > start else []
+    read = 0
+    while todo:
+        run = [todo.pop(0)]
+        while todo and todo[0] == run[-1] + 1:
+            run.append(todo.pop(0))
+        a, b = run[0] * ps, min(ref.size, (run[-1] + 1) * ps)
+        got = memoryview(await fetcher.fetch_range(ref.key, a, b))
+        if len(got) != b - a:
+            raise IntegrityError(f"{ref.key}: bytes {a}..{b}: got {len(got)}")
+        for i in run:
+            piece = got[i * ps - a : min(b, (i + 1) * ps) - a]
+            if hash_piece(piece) != ref.pieces[i]:
+                raise IntegrityError(f"{ref.key}: piece {i} does not match the hash {named_by} records")
+        data[a:b] = got
+        have.update(run)
+        read += b - a
+    return read
+
+
+def _copy_ranges(spans: Iterable[tuple[str, int, int, int]], data: bytearray, specs: Mapping[str, TensorSpec],
+                 views: Mapping[str, Any], where: Mapping[str, Region]) -> None:
+    """Copy the elements of each keyframe range ``(name, start, count, part offset)`` in the rank's
+    region from the part's bytes into its view."""
+    for name, start, count, pos in spans:
+        region = where[name]
+        size = DTYPES[specs[name].dtype][1] // 8
+        src = np.frombuffer(data, dtype=np.uint16 if size == 2 else np.uint32, count=count, offset=pos)
+        inside, local = _local_positions(region, np.arange(start, start + count, dtype=np.int64))
+        flat_bits(name, views[name], writable=True)[local[inside]] = src[inside]
 
 
 def owners(table: Sequence[TensorSpec], regions: Sequence[Mapping[str, Region]]) -> list[set[str]]:
