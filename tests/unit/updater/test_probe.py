@@ -119,3 +119,18 @@ def test_a_partial_tensor_is_refused_unless_sharded() -> None:
               "k": torch.zeros(2, H, dtype=torch.bfloat16), "w13": torch.zeros(2, 4, H, dtype=torch.bfloat16)}
     with pytest.raises(TensorMismatch, match="holds rows"):
         derive_views(_tp_loader(params, 0, 2), params, TP_SPECS)
+
+
+def test_tensors_past_one_index_digit_are_located_by_two() -> None:
+    """A tensor of more elements than one probe code tells apart (61440): a high digit pass first."""
+    rows, cols = 320, 256  # 81920 elements
+    spec = TensorSpec("big.weight", "bfloat16", (rows, cols))
+    params = {"big": torch.zeros(rows, cols // 2, dtype=torch.bfloat16)}
+
+    def load(weights: Iterable[tuple[str, Any]]) -> None:
+        for _, t in weights:
+            params["big"].copy_(t[:, cols // 2 :])  # the second column block (a row-parallel rank 1)
+
+    views, placements = derive_views(load, params, [spec], sharded=True)
+    assert (placements[0].region.kind, placements[0].region.start, placements[0].region.stop) == ("cols", cols // 2, cols)
+    assert views["big.weight"].shape == (rows, cols // 2)
