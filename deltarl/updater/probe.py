@@ -31,6 +31,7 @@ leaves the engine serving what it served.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ _CHUNK = 1 << 24  # elements a scan reads at once (bounded temporaries)
 LoadWeights = Callable[[Iterable[tuple[str, "torch.Tensor"]]], Any]
 
 
+@functools.lru_cache(maxsize=1)
 def _code_table() -> Any:
     """The int16 bit patterns that are finite normal numbers in BF16 and in FP16, ascending."""
     import numpy as np
@@ -139,10 +141,14 @@ def _probe(specs: Sequence[TensorSpec], fill: Callable[[int, TensorSpec], torch.
 
 def _digits(index: torch.Tensor, digit: int) -> torch.Tensor:
     """Codes of one base-_M digit of int64 checkpoint indices."""
+    return _torch_codes()[(index // (_M**digit)) % _M]
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_codes() -> torch.Tensor:
     import torch
 
-    codes = torch.from_numpy(_code_table())
-    return codes[(index // (_M**digit)) % _M]
+    return torch.from_numpy(_code_table())
 
 
 def _runs(bits: torch.Tensor) -> list[tuple[int, int, int]]:
