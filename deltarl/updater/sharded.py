@@ -24,6 +24,7 @@ from typing import Any
 
 from deltarl.errors import (
     IntegrityError,
+    NotPublished,
     NotStaged,
     ObjectNotFound,
     RunError,
@@ -84,23 +85,34 @@ def _refusal(ranks: Any, err: BaseException | None, oks: list[bool], what: str) 
     return StagingError(f"{what} refused on rank(s) {bad} of {ranks.size}: no rank keeps it")
 
 
+#: the refusals a client answers by asking again: another rank's is raised here as the same kind
+_ASK_AGAIN = {"NotStaged": NotStaged, "NotPublished": NotPublished}
+
+
 def agreed(ranks: Any, fn: Callable[[], Any], key: Callable[[], Any], drop: Callable[[], None]) -> None:
     """Run ``fn()`` here; then every rank must have succeeded with the same ``key()`` (what it took),
-    else every rank ``drop()`` s what it took and raises: its own error, or NotStaged (the client asks
-    again) while another rank is not there yet."""
+    else every rank ``drop()`` s what it took and raises: its own error; a rank that succeeded raises
+    the first failing rank's kind when the client should ask again (NotStaged, NotPublished), else a
+    StagingError carrying that rank's message; NotStaged while ranks hold different versions."""
     err: BaseException | None = None
     try:
         fn()
     except Exception as e:  # reported to every rank before it is raised here
         err = e
-    votes = ranks.gather((err is None, key() if err is None else None))
-    if all(ok for ok, _ in votes) and len({k for _, k in votes}) == 1:
+    mine = (True, key(), "", "") if err is None else (False, None, type(err).__name__, str(err))
+    votes = ranks.gather(mine)
+    if all(v[0] for v in votes) and len({v[1] for v in votes}) == 1:
         return
     drop()
     if err is not None:
         raise err
-    raise NotStaged(f"rank(s) {[r for r, (ok, k) in enumerate(votes) if not ok or k != votes[0][1]]} of {ranks.size} "
-                    "have not staged the same version yet: ask again")
+    failed = [(r, v) for r, v in enumerate(votes) if not v[0]]
+    if not failed:
+        raise NotStaged(f"the {ranks.size} ranks have staged different versions: ask again")
+    rank, (_, _, kind, text) = failed[0]
+    if kind in _ASK_AGAIN:
+        raise _ASK_AGAIN[kind](f"rank {rank}: {text}")
+    raise StagingError(f"refused on rank {rank} of {ranks.size} ({kind}): {text}")
 
 
 class ShardedUpdater:
