@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -96,9 +98,23 @@ def tagged(method: Callable[..., R]) -> Callable[..., R]:
         try:
             return method(*args, **kwargs)
         except Exception as err:
-            raise tag(err) from err.__cause__
+            tag(err)
+            if args and isinstance(args[0], DeltaRLEngine) and args[0].leave_to_last_rank(err):
+                return None  # type: ignore[return-value]  # the last rank raises it for every rank
+            raise err from err.__cause__
 
     return call
+
+
+def _calling_worker() -> Any:
+    """The vLLM worker creating this engine (found on the call stack), weakly, or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        obj = frame.f_locals.get("self")
+        if obj is not None and hasattr(obj, "_check_weight_transfer_engine"):
+            return weakref.ref(obj)
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
 
 
 def _vllm_ranks() -> Any:
@@ -124,6 +140,23 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
         self.placements: list[Any] = []
         self.init_info: DeltaRLInitInfo | None = None
         self.experts: Any = None  # LiveExperts: MoE layers whose kernel reads a packed copy (CPU build)
+        self._worker = _calling_worker()
+
+    def leave_to_last_rank(self, err: BaseException) -> bool:
+        """Whether this rank leaves an agreed refusal to the engine's last rank to raise (True: it
+        returns). vLLM's multiprocess executor raises at the first worker whose reply is an error
+        and leaves the later workers' replies queued, so that the next call of every rank would read
+        a stale reply; every refusal here is agreed by all ranks, so only the last one raises it.
+        This rank's worker ends its update session as vLLM does on an error."""
+        ranks = self.updater.ranks
+        if ranks.size == 1 or ranks.rank == ranks.size - 1:
+            return False
+        log.info("deltarl: rank %d: %s (the last rank reports it)", ranks.rank, err)
+        worker = None if self._worker is None else self._worker()
+        if worker is not None and getattr(worker, "_weight_update_active", False):
+            worker._weight_update_active = False
+            self.reset_weight_update_target()
+        return True
 
     @property
     def views(self) -> dict[str, Any]:
