@@ -1,13 +1,14 @@
-"""The commit pause on a GPU, at Qwen3-1.7B shapes: the HF backend's live CUDA weights, and (where
-vLLM is installed) the vLLM worker extension on a tiny Qwen3 saved locally. Bit-exact against the
-CPU result.
+"""deltarl's own staging and commit on a GPU, at dense (Qwen3-1.7B) and MoE (two Qwen3-30B-A3B
+layers: 128 experts of gate/up/down each) shapes, from weights made on the device with torch alone;
+also, where installed, the HF backend's live CUDA weights and the vLLM worker extension. Bit-exact
+against the CPU result.
 
-Run: ``python -m benchmarks.gpu`` (about five minutes on one GPU). Without CUDA it prints
-``skipped: no CUDA`` and exits 0; ``--allow-cpu`` runs the same torch scatter path on CPU tensors
-instead (a smoke run of this script: ``--allow-cpu --quick``).
+Needs only PyTorch with CUDA and deltarl's small wheels (numpy, blake3, zstandard): the GPU hosts
+have no vLLM, no transformers and no network. Run: ``python -m benchmarks.gpu`` (a few minutes on one
+GPU). Without CUDA it prints ``skipped: no CUDA`` and exits 0; ``--allow-cpu`` runs the same torch
+scatter path on CPU tensors instead (a smoke run of this script: ``--allow-cpu --quick``, in CI).
 
-The FP8 case (``serve_as="fp8-block128"``'s state: E4M3 codes and block scales) stages and commits
-one quantized version on the device the same way. Per case: staging (decode against the live weights, positions and values moved to the device),
+Per case: staging (decode against the live weights, positions and values moved to the device),
 the commit pause (a check and ``index_copy_`` in place, synchronised), a plain ``index_copy_`` of
 the same device indices and values, and a plain numpy scatter on the host, best of ``--repeat``
 with a rollback in between. Writes benchmarks/results/gpu.json (not in ``--quick`` or CPU runs).
@@ -30,6 +31,10 @@ from benchmarks._synth import load, step_in_place
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu.json"
 QWEN3_1_7B = {"hidden_size": 2048, "intermediate_size": 6144, "num_layers": 28, "num_heads": 16, "num_kv_heads": 8,
               "vocab_size": 151936, "tie_embeddings": True}  # fmt: skip
+#: name -> shape of each tensor: dense Qwen3-1.7B (28 layers) and two MoE layers of Qwen3-30B-A3B
+DENSE_1_7B = {"layers": 28, "hidden": 2048, "inter": 6144, "heads": 16, "kv": 8, "head_dim": 128, "vocab": 151936, "experts": 0}
+MOE_30B_A3B = {"layers": 2, "hidden": 2048, "inter": 768, "heads": 32, "kv": 4, "head_dim": 128, "vocab": 151936, "experts": 128}
+TINY = {"layers": 2, "hidden": 256, "inter": 128, "heads": 4, "kv": 2, "head_dim": 64, "vocab": 4096, "experts": 8}
 QUICK = {"hidden_size": 256, "intermediate_size": 768, "num_layers": 4, "num_heads": 2, "num_kv_heads": 1,
          "vocab_size": 4096, "tie_embeddings": True}  # fmt: skip
 
@@ -135,45 +140,70 @@ def bench_hf(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     return out
 
 
-def bench_fp8(args: argparse.Namespace, device: Any) -> dict[str, Any]:
-    """The FP8 serving state (``serve_as="fp8-block128"``: E4M3 codes and block scales) on
-    ``device``: one version's delta staged against it and committed in place, rolled back, checked
-    bit-exact against the CPU result. The next version is the quantized BF16 step of ``--fraction``."""
+def state_shapes(cfg: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    """Checkpoint names and shapes of a Qwen3 (dense) or Qwen3-MoE model (one tensor per expert projection)."""
+    h, d = cfg["hidden"], cfg["head_dim"]
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg["vocab"], h), "lm_head.weight": (cfg["vocab"], h)}
+    for i in range(cfg["layers"]):
+        p = f"model.layers.{i}."
+        out |= {p + "self_attn.q_proj.weight": (cfg["heads"] * d, h), p + "self_attn.k_proj.weight": (cfg["kv"] * d, h),
+                p + "self_attn.v_proj.weight": (cfg["kv"] * d, h), p + "self_attn.o_proj.weight": (h, cfg["heads"] * d),
+                p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
+        if not cfg["experts"]:
+            out |= {p + "mlp.gate_proj.weight": (cfg["inter"], h), p + "mlp.up_proj.weight": (cfg["inter"], h),
+                    p + "mlp.down_proj.weight": (h, cfg["inter"])}
+            continue
+        out[p + "mlp.gate.weight"] = (cfg["experts"], h)
+        for e in range(cfg["experts"]):
+            q = f"{p}mlp.experts.{e}."
+            out |= {q + "gate_proj.weight": (cfg["inter"], h), q + "up_proj.weight": (cfg["inter"], h),
+                    q + "down_proj.weight": (h, cfg["inter"])}
+    return out
+
+
+def bench_state(args: argparse.Namespace, device: Any, name: str, cfg: dict[str, int]) -> dict[str, Any]:
+    """deltarl's staging (decode on the host against the device's weights, positions and values moved
+    to the device) and commit (a checked ``index_copy_``) of one version of a synthetic state made
+    with torch on ``device``, against a plain ``index_copy_`` of the same changes; bit-exact."""
     import torch
 
-    from deltarl.codec import encode_delta, quantize_state, stage_delta
-    from deltarl.model.build import ModelSpec, build_model, export_bf16
+    from deltarl.codec import encode_delta, stage_delta
 
-    spec = ModelSpec(**(QUICK if args.quick else QWEN3_1_7B))
-    bf16 = export_bf16(build_model(spec, dtype=torch.bfloat16))
-    old, new = quantize_state(bf16), quantize_state(_next_version(bf16, args.fraction))
-    del bf16
+    gen = torch.Generator(device="cpu").manual_seed(11)
+    old = {n: (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16) for n, shape in state_shapes(cfg).items()}
+    new = _next_version(old, args.fraction)
     t = time.perf_counter()
     segs = encode_delta(old, new, base="b")
-    out: dict[str, Any] = {"device": str(device), "fp8_bytes": sum(v.numel() * v.element_size() for v in old.values()),
-                           "encode_s": round(time.perf_counter() - t, 3), "delta_bytes": sum(map(len, segs))}  # fmt: skip
-    cpu = {k: v.clone() for k, v in old.items()}
-    stage_delta(cpu, segs, base="b").commit()
-    live = {k: v.to(device) for k, v in old.items()}
+    out: dict[str, Any] = {"case": name, "tensors": len(old), "elements": sum(v.numel() for v in old.values()),
+                           "delta_bytes": sum(len(s) for s in segs), "encode_s": round(time.perf_counter() - t, 2)}
+    live = {n: v.to(device) for n, v in old.items()}
     _sync(device)
     t = time.perf_counter()
     upd = stage_delta(live, segs, base="b", torch_scatter=True)
     _sync(device)
-    out["stage_s"] = round(time.perf_counter() - t, 3)
+    out["stage_s"] = round(time.perf_counter() - t, 4)
     out["changed"] = upd.changed_elements
-    pauses = []
-    for _ in range(args.repeat):
+    plans = [p[2] for p in upd._prepared.values()]
+    pauses, plain_s = [], []
+    for rep in range(args.repeat):
         _sync(device)
         t = time.perf_counter()
         upd.commit()
         _sync(device)
         pauses.append(time.perf_counter() - t)
-        assert all(torch.equal(live[k].cpu().view(torch.uint8), cpu[k].view(torch.uint8)) for k in cpu), "FP8 commit differs"
+        if rep == 0:
+            assert all(np.array_equal(_bits(live[k]), _bits(new[k])) for k in new), f"{name}: commit is not bit-exact"
         upd.rollback()
-    assert all(torch.equal(live[k].cpu().view(torch.uint8), old[k].view(torch.uint8)) for k in old), "FP8 rollback"
-    out["pause_s"] = round(min(pauses), 5)
-    out["bit_exact"] = True
-    out["load"] = load()
+        _sync(device)
+        t = time.perf_counter()
+        for p in plans:  # the plain scatter of the same device indices and values, unchecked
+            p.flat.index_copy_(0, p.idx, p.new)
+        _sync(device)
+        plain_s.append(time.perf_counter() - t)
+        upd.rollback()
+    assert all(np.array_equal(_bits(live[k]), _bits(old[k])) for k in old), f"{name}: rollback is not exact"
+    out |= {"pause_s": round(min(pauses), 5), "plain_index_copy_s": round(min(plain_s), 5),
+            "pause_vs_plain_index_copy": round(min(pauses) / min(plain_s), 3), "bit_exact": True}
     return out
 
 
@@ -197,7 +227,6 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run)")
     ap.add_argument("--allow-cpu", action="store_true", help="without CUDA, run the torch scatter path on CPU")
-    ap.add_argument("--out", type=Path, default=None, help=f"where the JSON goes (default {RESULTS} on CUDA without --quick)")
     args = ap.parse_args()
     try:
         import torch
@@ -211,8 +240,20 @@ def main() -> int:
     device = torch.device("cuda" if cuda else "cpu")
     res: dict[str, Any] = {"benchmark": "gpu", "torch": torch.__version__, "cpus": os.cpu_count(),
                            "gpu": torch.cuda.get_device_name(device) if cuda else None, "quick": args.quick}  # fmt: skip
+    cases = {"dense": TINY | {"experts": 0}, "moe": TINY} if args.quick else {"dense-qwen3-1.7b": DENSE_1_7B,
+                                                                          "moe-qwen3-30b-a3b-2-layers": MOE_30B_A3B}
+    res["states"] = [bench_state(args, device, name, cfg) for name, cfg in cases.items()]
+    for r in res["states"]:
+        print(f"{r['case']:28s} {r['elements'] / 1e9:.2f}e9 in {r['tensors']} tensors: stage {r['stage_s'] * 1e3:.1f} ms, "
+              f"pause {r['pause_s'] * 1e3:.2f} ms = x{r['pause_vs_plain_index_copy']} plain index_copy_ "
+              f"({r['plain_index_copy_s'] * 1e3:.2f} ms), bit-exact")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        res["hf"] = "skipped: transformers not installed"
+        print("HF backend: skipped (transformers not installed)")
+        return _write(res, cuda, args)
     res["hf"] = bench_hf(args, device)
-    res["fp8"] = bench_fp8(args, device)
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -228,8 +269,6 @@ def main() -> int:
         ("rollback", f"{hf['rollback_s'] * 1e3:.2f} ms"),
         ("host: CPU commit / numpy scatter", f"{hf['cpu_commit_s'] * 1e3:.1f} / {hf['numpy_scatter_s'] * 1e3:.1f} ms"),
         ("bit-exact vs CPU", str(hf["bit_exact"])),
-        ("FP8 state: stage / commit pause", f"{res['fp8']['stage_s']} s / {res['fp8']['pause_s'] * 1e3:.2f} ms, "
-         f"{res['fp8']['changed'] / 1e6:.2f}M codes+scales changed, bit-exact {res['fp8']['bit_exact']}"),
         ("vLLM deltarl engine", res["vllm"] if isinstance(res["vllm"], str)
          else f"pause {res['vllm']['pause_s'] * 1e3:.1f} ms (x{res['vllm']['pause_over_scatter']} plain scatter, "
               f"x{res['vllm']['pause_over_vllm_sparse']} vLLM sparse)"),
@@ -238,11 +277,14 @@ def main() -> int:
     width = max(len(r[0]) for r in rows)
     for name, value in rows:
         print(f"{name.ljust(width)}  {value}")
-    out = args.out or (RESULTS if cuda and not args.quick else None)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(res, indent=1) + "\n")
-        print(f"wrote {out}")
+    return _write(res, cuda, args)
+
+
+def _write(res: dict[str, Any], cuda: bool, args: argparse.Namespace) -> int:
+    if cuda and not args.quick:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {RESULTS}")
     return 0
 
 

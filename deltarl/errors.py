@@ -128,11 +128,25 @@ class UnsupportedPlacement(DeltaRLError, ValueError):
     """A DTensor placement the sharded publisher cannot encode (only row shards and replicas)."""
 
 
+class RegionError(DeltaRLError, ValueError):
+    """A part of a tensor that a delta cannot be staged into alone: a view whose shape or strides do
+    not match its region, or a chunk that needs base elements outside the region."""
+
+
 # --- transfer / actors ---------------------------------------------------------------------------
 
 
 class TransferError(DeltaRLError, OSError):
     """Every source (relays, then the origin) failed to deliver an object."""
+
+
+class NotPublished(ObjectNotFound):
+    """A version an engine was asked to take is not committed yet (it waits for it in the background)."""
+
+
+class NotStaged(StagingError):
+    """A version is published but not staged yet: an engine stages it in the background and answers
+    at once instead of holding generation for the fetch; ask again."""
 
 
 class RangeNotSatisfiable(DeltaRLError, ValueError):

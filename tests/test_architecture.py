@@ -28,10 +28,12 @@ ALLOWED: dict[str, set[str]] = {
     "protocol": BASE | {"storage", "codec", "pipeline", "model"},
     "relay": BASE | {"storage", "codec", "pipeline"},
     "actor": BASE | {"storage", "codec", "pipeline", "model", "protocol", "relay"},
+    # the in-place updater every engine adapter drives (over the actor's subscriber and fetcher)
+    "updater": BASE | {"storage", "codec", "pipeline", "model", "actor"},
     "coordinator": BASE | {"storage", "codec", "pipeline", "model", "protocol"},
     "trainer": BASE | {"storage", "codec", "pipeline", "model", "protocol"},
     # integrations.vllm runs inside vLLM's workers and reads the run through the actor's fetcher
-    "integrations": BASE | {"storage", "codec", "pipeline", "model", "protocol", "trainer", "actor"},
+    "integrations": BASE | {"storage", "codec", "pipeline", "model", "protocol", "trainer", "actor", "updater"},
 }
 TOP = {"__init__", "cli", "demo", "commands", "testing"}  # may import everything
 

@@ -358,12 +358,20 @@ class Fetcher:
         self._count(i, len(data))
         return data
 
-    async def fetch_key(self, key: str, *, wait_s: float = 0.0, unverified: bool = False) -> bytes:
+    async def fetch_key(
+        self, key: str, *, wait_s: float = 0.0, unverified: bool = False, check: Callable[[bytes], object] | None = None
+    ) -> bytes:
         """A whole object whose hash is not known in advance (manifests, run.json): failover only.
-        ``unverified``: a segment fetched before its manifest exists (the caller checks it later)."""
+        ``unverified``: a segment fetched before its manifest exists (the caller checks it later).
+        ``check(data)`` raising a ``DeltaRLError`` (a manifest that does not parse, or is not the
+        one HEAD names) counts as that source failing: the next source is asked (a relay that
+        cached a bad copy falls back to the origin)."""
 
         async def call(src: AsyncSource, i: int) -> bytes:
-            return await src.get_range(key, 0, None, wait=wait_s, unverified=unverified)
+            data = await src.get_range(key, 0, None, wait=wait_s, unverified=unverified)
+            if check is not None:
+                check(data)
+            return data
 
         data, i = await self._with_failover(key, 0, call)
         self._count(i, len(data))

@@ -12,16 +12,20 @@ last ranges of one arrive.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
-from deltarl.errors import ObjectNotFound, RunError
+from deltarl.errors import FormatError, IntegrityError, ObjectNotFound, RunError, TransferError, short_pair
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import HeadRecord, Manifest, RunInfo, version_id
 
 #: Keyframe parts a bootstrap fetches at once: while one part's last ranges arrive, a relay is
 #: already pulling the next one from its upstream.
 KEYFRAME_PARTS_IN_FLIGHT = 2
+
+#: Manifests kept in memory (the most recently used): enough for a catch-up's chain, bounded.
+MANIFESTS_KEPT = 64
 
 #: Bytes read from the start of a keyframe part to parse its header (fetched again, whole, if longer).
 HEADER_PROBE = 64 << 10
@@ -33,7 +37,7 @@ class FetcherSource:
     def __init__(self, fetcher: Fetcher, run: str) -> None:
         self.fetcher = fetcher
         self.layout = RunLayout(run)
-        self._manifests: dict[int, tuple[Manifest, str]] = {}
+        self._manifests: OrderedDict[int, tuple[Manifest, str]] = OrderedDict()
         self._info: RunInfo | None = None
 
     def forget(self) -> None:
@@ -62,17 +66,36 @@ class FetcherSource:
         assert got is not None
         return HeadRecord.from_bytes(got[0], where=self.layout.head)
 
-    async def manifest(self, version: int, *, wait_s: float = 0.0) -> tuple[Manifest, str]:
-        """A version's manifest and id (cached); ``wait_s`` long-polls one not committed yet."""
+    async def manifest(self, version: int, *, wait_s: float = 0.0, expect_id: str | None = None) -> tuple[Manifest, str]:
+        """A version's manifest and id (cached); ``wait_s`` long-polls one not committed yet.
+
+        A copy that does not parse, names another run or version, or (with ``expect_id``, the id
+        HEAD names) has another id, counts as its source failing: the next source is asked, so a
+        relay that cached a bad or replaced manifest falls back to the origin. A cached manifest
+        whose id is not ``expect_id`` is read again."""
         hit = self._manifests.get(version)
-        if hit is not None:
+        if hit is not None and expect_id in (None, hit[1]):
+            self._manifests.move_to_end(version)
             return hit
         key = self.layout.manifest(version)
-        data = await self.fetcher.fetch_key(key, wait_s=wait_s)
-        manifest = Manifest.from_bytes(data, where=key)
-        if manifest.run != self.layout.run or manifest.version != version:
-            raise RunError(f"{key}: manifest is for run {manifest.run!r} version {manifest.version}")
-        self._manifests[version] = (manifest, version_id(data))
+
+        def check(data: bytes) -> None:
+            manifest = Manifest.from_bytes(data, where=key)
+            if manifest.run != self.layout.run or manifest.version != version:
+                raise RunError(f"{key}: manifest is for run {manifest.run!r} version {manifest.version}")
+            if expect_id is not None and version_id(data) != expect_id:
+                got, named = short_pair(version_id(data), expect_id)
+                raise IntegrityError(f"{key}: id {got} is not the id HEAD names ({named})")
+
+        try:
+            data = await self.fetcher.fetch_key(key, wait_s=wait_s, check=check)
+        except TransferError as err:  # every source served a copy that does not check: say why
+            if isinstance(err.__cause__, (FormatError, RunError)):
+                raise err.__cause__ from None
+            raise
+        self._manifests[version] = (Manifest.from_bytes(data, where=key), version_id(data))
+        while len(self._manifests) > MANIFESTS_KEPT:  # bounded: an engine that runs for months stays flat
+            self._manifests.popitem(last=False)
         return self._manifests[version]
 
     async def segments(self, manifest: Manifest) -> list[bytes]:

@@ -26,7 +26,7 @@ HEAD, on a copy that the next commit swaps in.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
 import logging
 import time
 from collections.abc import Callable, MutableMapping
@@ -35,6 +35,7 @@ from typing import Any
 
 from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.prefetch import VersionStaging, predicted_segment_keys
+from deltarl.actor.safepoint import SafePoint
 from deltarl.actor.source import FetcherSource
 from deltarl.actor.updates import (
     CommitInfo,
@@ -43,20 +44,18 @@ from deltarl.actor.updates import (
     InPlace,
     Staged,
     loadable_in_place,
-    timed_digest,
 )
 from deltarl.codec.heap import trim
 from deltarl.codec.jit_warmup import warm_codec_quietly
 from deltarl.errors import (
     ChainBroken,
     DeltaRLError,
-    IntegrityError,
     ObjectNotFound,
     RunReplaced,
     StagingError,
     TransferError,
 )
-from deltarl.pipeline.catch_up import catch_up
+from deltarl.pipeline.catch_up import HeldState, catch_up
 from deltarl.pipeline.layout import RunLayout
 from deltarl.pipeline.manifest import HeadRecord, Manifest
 from deltarl.storage.retry import POLL_BACKOFF, RetryPolicy
@@ -65,11 +64,9 @@ log = logging.getLogger(__name__)
 
 #: Waits between polls while every source fails (an outage): 0.25 s doubling to 5 s, with jitter.
 _OUTAGE_BACKOFF = RetryPolicy(attempts=1, base_delay=0.25, max_delay=5.0)
-#: catch-ups from the newest keyframe that find no chain, in a row, before the subscriber stops (fatal)
-_REJOIN_ATTEMPTS = 3
 
 
-class Subscriber:
+class Subscriber(SafePoint):
     """Keeps ``state`` following a run's versions, one verified commit at a time.
 
     Args:
@@ -136,6 +133,13 @@ class Subscriber:
         self.speculated_segments = 0
         #: Called (on the event loop) each time a version becomes staged: ready to commit.
         self.on_staged = on_staged
+        #: A version asked for (:meth:`catch_up_to`): staged straight from the held state (or a
+        #: keyframe, whichever fetches less) instead of one version at a time.
+        self._aim: int | None = None
+        self._kick = asyncio.Event()  # cuts a backoff short (:meth:`retry_now`)
+        #: Staging attempts started so far, and the one :attr:`error` came from.
+        self.attempts = 0
+        self.error_attempt = 0
 
     # --- reads through the fetcher ----------------------------------------------------------------
 
@@ -156,9 +160,16 @@ class Subscriber:
         async def warmed() -> None:
             await asyncio.shield(await self._warm_codec())
 
+        held = None
+        if into is None and self.version is not None and self.version_id is not None and self.version < target:
+            held = HeldState(self.version, self.version_id, self._copy_state)
         done = await catch_up(self._source, target, into=into, verify=self.verify_digest,
-                              warm=lambda: asyncio.ensure_future(warmed()))
+                              warm=lambda: asyncio.ensure_future(warmed()), held=held)
         return done.state, done.manifest, done.version_id, done.digest_checked
+
+    def _copy_state(self) -> dict[str, Any]:
+        """A host copy of the held state (the base of a catch-up by deltas)."""
+        return {name: t.detach().to("cpu", copy=True) for name, t in self.state.items()}
 
     async def _warm_codec(self) -> asyncio.Future[None]:
         """The codec warm-up for the run's dtypes, started on a thread the first time: by a catch-up
@@ -168,14 +179,16 @@ class Subscriber:
             self._warming = asyncio.ensure_future(asyncio.to_thread(warm_codec_quietly, dtypes))
         return self._warming
 
-    async def bootstrap(self) -> CommitInfo:
-        """Load the newest keyframe and apply deltas up to HEAD, now (for a new actor)."""
+    async def bootstrap(self, version: int | None = None, *, in_place: bool = True) -> CommitInfo:
+        """Load the newest keyframe and apply deltas up to ``version`` (default HEAD), now (for a
+        new actor). ``in_place=False``: build it in fresh tensors and swap it in only once it is
+        complete and checked (weights that serve something meanwhile are never half-written)."""
         head = await self.head()
         if head is None:
             raise ObjectNotFound(f"{self.layout.head}: run {self.layout.run!r} has no HEAD yet")
         t0 = time.monotonic()
-        into = await self._writable_in_place()
-        state, manifest, vid, checked = await self._catch_up_state(head.version, into)
+        into = await self._writable_in_place() if in_place else None
+        state, manifest, vid, checked = await self._catch_up_state(head.version if version is None else version, into)
         stage_s = time.monotonic() - t0
         update = InPlace(state) if into is not None else FullUpdate(self.state, state)
         self._staged = Staged(manifest.version, vid, manifest, update, stage_s, full=True, digest_checked=checked)
@@ -207,6 +220,18 @@ class Subscriber:
             await asyncio.to_thread(self._digests.shutdown)
             self._digests = None
 
+    async def pause(self) -> None:
+        """Stop staging in the background (until :meth:`start`); anything staged stays."""
+        await self._stop_background()
+
+    @property
+    def running(self) -> bool:
+        """Whether the background loop is staging."""
+        return self._task is not None
+
+    def _restart(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
     async def _stop_background(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -225,62 +250,86 @@ class Subscriber:
             await self._warm_codec()
         except DeltaRLError as err:  # best effort (run.json unreachable now): the first delta loads the kernels
             log.debug("codec warm-up not started: %s", err)
-        quiet = failures = rejoins = 0  # polls that found nothing new / failed / could not rejoin, in a row
+        quiet = failures = 0  # polls that found nothing new / failed in a row: each waits longer, with jitter
         while True:
             if self._staged is not None:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            self.attempts += 1
             try:
                 await self._stage_next()
-                quiet = failures = rejoins = 0
+                quiet = failures = 0
             except asyncio.CancelledError:
                 raise
             except ObjectNotFound as err:  # not committed yet: relays held the poll, the origin answered at once
                 log.debug("nothing new yet (%s)", err)
-                await asyncio.sleep(POLL_BACKOFF.delay(quiet))
+                await self._sleep(POLL_BACKOFF.delay(quiet))
                 quiet += 1
             except TransferError as err:  # every source failed: back off, say so once per outage
                 (log.warning if failures == 0 else log.debug)("run %s: cannot reach any source (%s); retrying with backoff",
                                                               self.layout.run, err)
+                self._set_error(err)
                 failures += 1
-                await asyncio.sleep(_OUTAGE_BACKOFF.delay(failures - 1))
+                await self._sleep(_OUTAGE_BACKOFF.delay(failures - 1))
             except RunReplaced as err:  # another tensor table under the same name: these weights can never follow it
                 self._stop_fatally(err)
                 return
             except ChainBroken as err:  # the run's history no longer holds our version
-                (log.warning if rejoins == 0 else log.debug)("%s; catching up from the newest keyframe", err)
+                log.warning("%s; catching up from the newest keyframe", err)
                 try:
                     await self._rejoin()
-                    rejoins = 0
                 except RunReplaced as fatal:
                     self._stop_fatally(fatal)
                     return
-                except ChainBroken as again:  # no chain even from the newest keyframe: not a passing state
-                    rejoins += 1
-                    if rejoins >= _REJOIN_ATTEMPTS:
-                        self._stop_fatally(ChainBroken(
-                            f"run {self.layout.run!r}: its history does not chain from the newest keyframe "
-                            f"({rejoins} tries): {again}; was the run deleted and re-created under the same name "
-                            "while a relay still serves the old run's objects? restart the relay or follow the origin"))
-                        return
-                    log.debug("cannot catch up with run %s yet (%d): %s", self.layout.run, rejoins, again)
-                    await asyncio.sleep(_OUTAGE_BACKOFF.delay(rejoins - 1))
                 except Exception as again:
-                    self._error = again
-                    passing = isinstance(again, (ObjectNotFound, TransferError))  # a run being re-created, a source down
-                    (log.debug if failures else log.warning if passing else log.error)(
-                        "cannot catch up with run %s: %s", self.layout.run, again)
+                    self._set_error(again)
+                    log.error("cannot catch up with run %s: %s", self.layout.run, again)
                     failures += 1
-                    await asyncio.sleep(_OUTAGE_BACKOFF.delay(failures - 1))
+                    await self._sleep(_OUTAGE_BACKOFF.delay(failures - 1))
             except Exception as err:  # a bad version: keep the error for the actor, retry later
                 (log.error if failures == 0 else log.debug)("cannot stage version %s: %s", (self.version or 0) + 1, err)
-                self._error = err
+                self._set_error(err)
                 failures += 1
-                await asyncio.sleep(_OUTAGE_BACKOFF.delay(failures - 1))
+                await self._sleep(_OUTAGE_BACKOFF.delay(failures - 1))
+
+    def _set_error(self, err: BaseException) -> None:
+        self._error, self.error_attempt = err, self.attempts
+
+    async def _sleep(self, seconds: float) -> None:
+        """A backoff that :meth:`retry_now` cuts short."""
+        if not self._kick.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), seconds)
+        self._kick.clear()
+
+    def retry_now(self) -> None:
+        """Start the next staging attempt now instead of after the current backoff."""
+        self._kick.set()
+
+    def catch_up_to(self, version: int) -> None:
+        """Stage ``version`` next, however far ahead of the held one: from the held state plus the
+        deltas up to it, or from the newest keyframe when that fetches less (a lagging engine
+        asked for ``"latest"``). A version staged below it is dropped."""
+        if self.version is not None and version <= self.version + 1:
+            return
+        self._aim = version
+        if self._staged is not None and self._staged.version < version:
+            self.drop_staged()
+        self.retry_now()
+
+    def drop_staged(self) -> None:
+        """Forget the staged version (it is not the one wanted: the run was replaced, or it lags);
+        the background loop stages again."""
+        self._staged = None
+        self._wake.set()
+
+    def forget(self) -> None:
+        """Drop every manifest read so far (the run's history may have changed under its name)."""
+        self._source.forget()
 
     def _stop_fatally(self, err: BaseException) -> None:
-        log.debug("background staging stopped: %s", err)  # raised to whoever waits for a version: said once there
+        log.error("%s", err)
         self._error = self._fatal = err
         if self.on_staged is not None:
             self.on_staged()  # wake whoever waits for a version: there will be none
@@ -318,10 +367,11 @@ class Subscriber:
         assert self.version is not None
         assert self.version_id is not None
         head = await self.head()
-        if head is not None and head.version - self.version > self.catch_up_after:
+        far = self._far_target(head)
+        if far is not None:
             await self._drop_speculation()
             t0 = time.monotonic()
-            state, manifest, vid, checked = await self._catch_up_state(head.version)
+            state, manifest, vid, checked = await self._catch_up_state(far)
             self._set_staged(Staged(manifest.version, vid, manifest, FullUpdate(self.state, state), time.monotonic() - t0,
                                      True, digest_checked=checked))
             return
@@ -335,7 +385,8 @@ class Subscriber:
                 key_of = await predicted_segment_keys(self.fetcher, self._source, target)
                 task = asyncio.ensure_future(staging.speculate(self.fetcher, key_of, window=window, wait_s=self.poll_wait_s))
             self._spec = (target, staging, task)
-        manifest, vid = await self.manifest(target, wait_s=self.poll_wait_s)  # ObjectNotFound: keep speculating
+        expect = head.version_id if head is not None and head.version == target else None  # a replaced run: re-read
+        manifest, vid = await self._source.manifest(target, wait_s=self.poll_wait_s, expect_id=expect)  # ObjectNotFound: keep speculating
         visible = time.monotonic()
         _, staging, task = self._spec
         if task is not None:  # let the speculative fetches of real segments finish, drop the others
@@ -358,148 +409,19 @@ class Subscriber:
                  target, update.changed_elements, len(staging.speculative), len(manifest.segments), staged.stage_s)  # fmt: skip
         self._set_staged(staged)
 
+    def _far_target(self, head: HeadRecord | None) -> int | None:
+        """The version to catch up to in one go (more than ``catch_up_after`` behind HEAD, or asked
+        for by :meth:`catch_up_to`), else None: the next version is staged as a delta."""
+        assert self.version is not None
+        if head is None:
+            return None
+        if self._aim is not None and self._aim <= self.version:
+            self._aim = None
+        if self._aim is not None and self.version + 1 < self._aim <= head.version:
+            return self._aim
+        return head.version if head.version - self.version > self.catch_up_after else None
+
     def _set_staged(self, staged: Staged) -> None:
         self._staged = staged
         if self.on_staged is not None:
             self.on_staged()
-
-    # --- the safe point -----------------------------------------------------------------------------
-
-    def ready(self) -> bool:
-        """Whether a version is staged and can be committed now."""
-        return self._staged is not None
-
-    @property
-    def staged_version(self) -> int | None:
-        return None if self._staged is None else self._staged.version
-
-    @property
-    def staged_at(self) -> float | None:
-        """Wall-clock time (``time.time()``) at which the staged version became ready, or None."""
-        return None if self._staged is None else self._staged.staged_at
-
-    @property
-    def digest_pending(self) -> bool:
-        """Whether the last commit's state digest check has not been confirmed yet."""
-        return self._check is not None
-
-    @property
-    def fatal(self) -> BaseException | None:
-        """Why the background loop stopped for good (:class:`~deltarl.errors.RunReplaced`: the run
-        was re-created with another tensor table), or None while it runs."""
-        return self._fatal
-
-    @property
-    def error(self) -> BaseException | None:
-        """The last error of the background loop (it keeps retrying)."""
-        return self._error
-
-    def commit(self) -> CommitInfo:
-        """Write the staged version into the state (call between batches). A failure part-way is
-        rolled back before this raises.
-
-        Where a delta's manifest records a state digest (and ``verify_digest``), the commit does not
-        wait for it: the digest is computed in a background thread and checked by :meth:`confirm` (a
-        catch-up state was checked when it was built). The
-        pending check of the previous commit is settled first (waiting for it); if it mismatches,
-        that version is rolled back, the version staged on top of it dropped, and this raises
-        ``IntegrityError``.
-        """
-        staged = self._staged
-        if staged is None:
-            raise StagingError("nothing staged")
-        self._settle()
-        if not staged.full and staged.manifest.parent != self.version_id:
-            self._staged = None
-            self._wake.set()
-            raise StagingError(f"{staged.manifest.key}: staged on {staged.manifest.parent}, we hold {self.version_id}")
-        t0 = time.monotonic()
-        try:
-            self._write(staged)  # inside the try: a failure part-way is rolled back too
-        except BaseException:
-            self._undo(staged)
-            self._staged = None
-            self._wake.set()
-            raise
-        previous = (self.version, self.version_id)
-        self.version, self.version_id = staged.version, staged.version_id
-        self._staged = None
-        self._error = None
-        recorded = staged.manifest.state_digest is not None
-        # a catch-up state was checked against the digest when it was built, and is copied bit for bit
-        check = self.verify_digest and recorded and not staged.full
-        info = CommitInfo(staged.version, staged.version_id, time.monotonic() - t0, staged.update.changed_elements,
-                          True if staged.digest_checked else None, staged.stage_s, staged.staged_at, staged.full,
-                          digest_pending=check)
-        if check:
-            if self._digests is None:
-                self._digests = ThreadPoolExecutor(1, thread_name_prefix="deltarl-digest")
-            self._check = DigestCheck(staged, previous, info, self._digests.submit(timed_digest, self.state, staged.manifest.state_digest.algo))  # type: ignore[union-attr]  # recorded
-        self.commits.append(info)
-        self._wake.set()
-        return info
-
-    async def confirm(self) -> CommitInfo | None:
-        """Wait for the last commit's state digest check; its final :class:`CommitInfo`, or None if
-        no check is pending.
-
-        If the digest differs from the manifest's (or cannot be computed) the version is rolled
-        back - every value the commit wrote is restored and the subscriber holds the previous
-        version again - and this raises ``IntegrityError``. Call it at the safe point, before reporting anything generated since the
-        commit: a rollback writes the state.
-        """
-        check = self._check
-        if check is None:
-            return None
-        await asyncio.wait([asyncio.wrap_future(check.future)])
-        if check is not self._check:  # settled by a commit meanwhile
-            return None
-        if check.matches() or self._task is None:
-            return self._settle()
-        await self._stop_background()  # it may be staging the next version against the state we roll back
-        try:
-            return self._settle()
-        finally:
-            self._task = asyncio.ensure_future(self._run())
-
-    def _settle(self) -> CommitInfo | None:
-        """Finish the pending digest check (waiting for it); a mismatch rolls its version back."""
-        check, self._check = self._check, None
-        if check is None:
-            return None
-        if check.matches():
-            return self._record(check.info, state_digest_ok=True, digest_s=check.future.result()[1])
-        self._undo(check.staged)
-        self.version, self.version_id = check.previous
-        self._staged = None  # staged on top of the version just rolled back
-        self._wake.set()
-        self._record(check.info, state_digest_ok=False)
-        err = IntegrityError(f"{check.staged.manifest.key}: state digest differs after commit; "
-                             f"rolled back to version {self.version}")
-        self._error = err
-        raise err from check.future.exception()
-
-    def _record(self, info: CommitInfo, **changes: Any) -> CommitInfo:
-        final = dataclasses.replace(info, digest_pending=False, **changes)
-        for i in range(len(self.commits) - 1, -1, -1):
-            if self.commits[i] is info:
-                self.commits[i] = final
-                break
-        return final
-
-    def _undo(self, staged: Staged) -> None:
-        try:
-            staged.update.rollback()
-            if self.backend is not None:
-                self.backend.load_state(self.state)  # the served weights follow the restored shadow
-        except StagingError as err:  # the commit's own check refused before writing anything
-            log.error("rollback of version %d: %s", staged.version, err)
-
-    def _write(self, staged: Staged) -> None:
-        if self.backend is None:
-            staged.update.commit()
-        elif staged.full:
-            staged.update.commit()  # the shadow (keeping the old values for a rollback), then the workers
-            self.backend.load_state(self.state)
-        else:
-            self.backend.commit(staged.update)  # workers and shadow, rolled back by the backend on failure

@@ -24,17 +24,10 @@ from deltarl.codec.device_apply import DeviceBatch, DevicePlan, device_flat
 from deltarl.codec.device_apply import first_stale as device_first_stale
 from deltarl.codec.device_apply import write as device_write
 from deltarl.codec.kernels import worker_threads
-from deltarl.codec.segment import ChunkInfo, read_segment_header
-from deltarl.codec.tensors import (
-    UINT_BY_SIZE,
-    TensorSpec,
-    flat_bits,
-    is_cuda,
-    spec_of,
-    tensor_table,
-    uint_dtype,
-)
-from deltarl.errors import BaseMismatch, DeltaRLError, FormatError, StagingError, TensorMismatch
+from deltarl.codec.regions import PART_CODECS, Placement, Region, in_region_count, overlap
+from deltarl.codec.segment import FLAT, ChunkInfo, SegmentHeader, read_segment_header
+from deltarl.codec.tensors import TensorSpec, flat_bits, is_cuda, spec_of, tensor_table, uint_dtype, UINT_BY_SIZE
+from deltarl.errors import BaseMismatch, DeltaRLError, FormatError, RegionError, StagingError, TensorMismatch
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +40,7 @@ def _old_range(name: str, value: Any, start: int, stop: int) -> np.ndarray:
     return flat_bits(name, value)[start:stop]
 
 
-def _old_reader(name: str, value: Any, start: int, stop: int) -> Callable[[np.ndarray], np.ndarray]:
+def _old_reader(name: str, value: Any, start: int, stop: int | None) -> Callable[[np.ndarray], np.ndarray]:
     """``read(positions)``: the old bits at chunk-relative positions of elements [start, stop),
     gathered where the tensor lives (a CUDA tensor is gathered on its device: only the changed
     elements cross to the host)."""
@@ -138,7 +131,11 @@ class StagedUpdate:
             assert isinstance(plan, DevicePlan)
             return plan.host()
         pos = np.concatenate([p.pos.astype(np.int64) + p.start for p in parts])
-        return pos, np.concatenate([p.old for p in parts]), np.concatenate([p.new for p in parts])
+        old, new = np.concatenate([p.old for p in parts]), np.concatenate([p.new for p in parts])
+        if pos.size > 1 and bool((pos[1:] < pos[:-1]).any()):  # cell parts interleave row by row
+            order = np.argsort(pos, kind="stable")
+            return pos[order], old[order], new[order]
+        return pos, old, new
 
     def changes(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per tensor: absolute int64 positions (sorted), old bits, new bits (fresh host arrays)."""
@@ -282,55 +279,131 @@ def _by_key(done: list[tuple[Any, tuple[Any, ...], Any]]) -> dict[Any, list[Any]
 
 
 class Stager:
-    """Incremental staging: add segments in any order as they arrive, then :meth:`finish`."""
+    """Incremental staging: add segments in any order as they arrive, then :meth:`finish`.
 
-    def __init__(self, state: Mapping[str, Any], *, base: str, torch_scatter: bool = False) -> None:
+    With ``regions`` (:mod:`deltarl.codec.regions`) the state holds, for each tensor a region names,
+    a view of that region only (``specs``: the global tensor table, e.g. run.json's): chunks outside
+    the regions are skipped, the others decoded against the views alone, and :meth:`finish` checks
+    that every element of every region is covered exactly once.
+    """
+
+    def __init__(
+        self,
+        state: Mapping[str, Any],
+        *,
+        base: str,
+        torch_scatter: bool = False,
+        regions: Mapping[str, Region] | None = None,
+        specs: Iterable[TensorSpec] | None = None,
+    ) -> None:
         """``torch_scatter=True`` puts CPU torch tensors on the device path as well (CUDA tensors
         always take it): indices and values as torch tensors, the commit an ``index_copy_``."""
         self._state = state
         self._base = base
         self._torch_scatter = torch_scatter
-        self._specs: dict[str, TensorSpec] = {s.name: s for s in tensor_table(state)}
+        self._regions = regions
+        if regions is None:
+            self._specs: dict[str, TensorSpec] = {s.name: s for s in tensor_table(state)}
+            self._place: dict[str, Placement] = {}  # made when a tensor's first change is decoded
+        else:
+            if specs is None:
+                raise RegionError("staging regions needs the global tensor table (specs)")
+            self._specs = {s.name: s for s in specs}
+            self._place = {}
+            for name, region in regions.items():
+                if region.kind == "none":
+                    continue
+                if name not in self._specs or name not in state:
+                    raise TensorMismatch(f"region of {name!r}: no such tensor in the table or no view in the state")
+                self._place[name] = Placement(name, self._specs[name], region, state[name])
         self._parts: dict[str, list[_Part]] = {}
-        self._covered: dict[str, list[tuple[int, int]]] = {}
+        self._covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self._counted: dict[str, int] = {}
+        self._cells: dict[str, set[bool]] = {}  # per tensor: whether its chunks were cells, row-major, or both
         self._finished = False
 
-    def add_segment(self, data: bytes) -> None:
-        """Validate and decode one segment; on error nothing is kept and the stager stays usable."""
-        self.add_segments([data])
+    def add_segment(self, data: bytes, *, header: SegmentHeader | None = None) -> None:
+        """Validate and decode one segment; on error nothing is kept and the stager stays usable.
+        ``header``: the segment's parsed header when ``data`` holds only the chunks a region needs
+        (ranged reads, each piece verified; the other bytes are never read)."""
+        self.add_segments([data], headers=None if header is None else [header])
 
-    def add_segments(self, segments: Iterable[bytes]) -> None:
+    def add_segments(self, segments: Iterable[bytes], *, headers: Iterable[SegmentHeader] | None = None) -> None:
         """Validate and decode several segments at once, their chunks spread over one pool of
         threads (no barrier per segment); on error nothing is kept and the stager stays usable."""
         if self._finished:
             raise StagingError("stager already finished")
         jobs: list[tuple[ChunkInfo, memoryview]] = []
-        staged: dict[str, list[tuple[int, int]]] = {}
-        for data in segments:
-            header = read_segment_header(data)
-            if header.base != self._base:
-                raise BaseMismatch(f"segment applies to base {header.base!r}, state holds {self._base!r}")
-            for spec in header.tensors:
-                have = self._specs.get(spec.name)
-                if have is None:
-                    raise TensorMismatch(f"segment names tensor {spec.name!r}, which the state does not have")
-                if have != spec:
-                    raise TensorMismatch(
-                        f"tensor {spec.name!r}: segment has {spec.dtype}{list(spec.shape)}, "
-                        f"state has {have.dtype}{list(have.shape)}"
-                    )
+        staged: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        counted: dict[str, int] = {}
+        segs = list(segments)
+        heads = list(headers) if headers is not None else [read_segment_header(d) for d in segs]
+        for data, header in zip(segs, heads, strict=True):
+            self._check_header(header)
             mv = memoryview(data).cast("B")
             off = header.payload_offset
             for c in header.chunks:
-                taken = [*self._covered.get(c.tensor, []), *staged.get(c.tensor, [])]
+                key = (c.tensor, c.cell)
+                taken = [*self._covered.get(key, []), *staged.get(key, [])]
                 if any(s < c.start + c.count and c.start < e for s, e in taken):
-                    raise FormatError(
-                        f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} was already staged"
-                    )
-                staged.setdefault(c.tensor, []).append((c.start, c.start + c.count))
-                if c.changed:
-                    jobs.append((c, mv[off : off + c.nbytes]))
+                    raise FormatError(f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} was already staged")
+                how = self._overlap(c)
+                if how is not None:
+                    staged.setdefault(key, []).append((c.start, c.start + c.count))
+                    if how == "all":
+                        n = c.count
+                    else:
+                        place = self._place[c.tensor]
+                        n = in_region_count(place.grid, c, place.bounds)
+                    counted[c.tensor] = counted.get(c.tensor, 0) + n
+                    if c.changed and how != "none":
+                        jobs.append((c, mv[off : off + c.nbytes]))
                 off += c.nbytes
+        self._decode_all(jobs)
+        for key, ranges in staged.items():
+            self._covered.setdefault(key, []).extend(ranges)
+            self._cells.setdefault(key[0], set()).add(key[1] != FLAT)
+        for name, n in counted.items():
+            self._counted[name] = self._counted.get(name, 0) + n
+
+    def _check_header(self, header: SegmentHeader) -> None:
+        if header.base != self._base:
+            raise BaseMismatch(f"segment applies to base {header.base!r}, state holds {self._base!r}")
+        for spec in header.tensors:
+            have = self._specs.get(spec.name)
+            if have is None:
+                raise TensorMismatch(f"segment names tensor {spec.name!r}, which the state does not have")
+            if have != spec:
+                raise TensorMismatch(
+                    f"tensor {spec.name!r}: segment has {spec.dtype}{list(spec.shape)}, "
+                    f"state has {have.dtype}{list(have.shape)}"
+                )
+
+    def _overlap(self, c: ChunkInfo) -> str | None:
+        """How a chunk meets its tensor's region: "all", "part", "none", or None (no region)."""
+        if self._regions is None:
+            return "all"
+        place = self._place.get(c.tensor)
+        if place is None:
+            return None
+        if place.whole:
+            return "all"
+        how = overlap(place.grid, c, place.bounds)
+        if how == "part" and c.changed and c.codec not in PART_CODECS:
+            raise RegionError(
+                f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} (cell {c.cell}, codec {c.codec}) needs "
+                f"base elements outside the region {place.region}"
+            )
+        return how
+
+    def _placement(self, name: str) -> Placement:
+        """Where ``name`` is staged into (made on first use when whole tensors are staged)."""
+        place = self._place.get(name)
+        if place is None:
+            place = self._place[name] = Placement(name, self._specs[name], _WHOLE, self._state[name])
+        return place
+
+    def _decode_all(self, jobs: list[tuple[ChunkInfo, memoryview]]) -> None:
         threads = worker_threads()
         tasks = self._tasks(jobs, threads)
         threads = min(threads, len(tasks))
@@ -344,8 +417,6 @@ class Stager:
         for parts in done:
             for name, part in parts:
                 self._parts.setdefault(name, []).append(part)
-        for name, ranges in staged.items():
-            self._covered.setdefault(name, []).extend(ranges)
 
     def _tasks(self, jobs: list[tuple[ChunkInfo, memoryview]], threads: int) -> list[tuple[int, ...]]:
         """Group job indices into tasks, largest first: 16-bit chunks of a codec with a pair decoder
@@ -373,22 +444,51 @@ class Stager:
         (ca, pa), (cb, pb) = jobs[task[0]], jobs[task[1]]
         if ca.codec != cb.codec:
             return [self._decode(ca, pa), self._decode(cb, pb)]
-        olds = [_old_range(c.tensor, self._state[c.tensor], c.start, c.start + c.count) for c in (ca, cb)]
+        olds = [self._old(c) for c in (ca, cb)]
         decode_pair = registry.BY_NAME[ca.codec].decode_pair
         assert decode_pair is not None  # _tasks pairs only chunks of a codec with a pair decoder
         da, db = decode_pair((olds[0], pa, ca.changed), (olds[1], pb, cb.changed))
         return [self._checked(ca, olds[0], da), self._checked(cb, olds[1], db)]
 
+    def _old(self, c: ChunkInfo) -> np.ndarray:
+        """Contiguous old bits of a chunk that lies wholly in its region."""
+        place = self._placement(c.tensor)
+        if place.whole and c.cell == FLAT:
+            return _old_range(c.tensor, place.span, c.start, c.start + c.count)
+        return place.old_bits(c)
+
     def _decode(self, c: ChunkInfo, payload: memoryview) -> tuple[str, _Part]:
+        place = self._placement(c.tensor)
         codec = registry.BY_NAME[c.codec]
         gather = codec.decode_gather
         if gather is not None:  # the base is read at the changed positions only
-            value = self._state[c.tensor]
             udt = np.dtype(uint_dtype(self._specs[c.tensor].dtype))
-            dec = gather(_old_reader(c.tensor, value, c.start, c.start + c.count), c.count, payload, c.changed, udt)
-            return self._checked(c, None, dec)
-        old = _old_range(c.tensor, self._state[c.tensor], c.start, c.start + c.count)
+            if place.whole and c.cell == FLAT:
+                read = _old_reader(c.tensor, place.span, c.start, c.start + c.count)
+            else:
+                read = self._region_reader(place, c)
+            return self._checked(c, None, gather(read, c.count, payload, c.changed, udt))
+        if place.whole or overlap(place.grid, c, place.bounds) == "all":
+            old = self._old(c)
+        else:  # a part of a chunk whose codec finds its changes alone: zeros stand for other ranks' base
+            old = np.zeros(c.count, dtype=uint_dtype(self._specs[c.tensor].dtype))
+            mask, offs = place.offsets(c, np.arange(c.count, dtype=np.int64))
+            old[mask if mask is not None else slice(None)] = _old_reader(c.tensor, place.span, 0, None)(offs)
         return self._checked(c, old, codec.decode(old, payload, c.changed))
+
+    def _region_reader(self, place: Placement, c: ChunkInfo) -> Callable[[np.ndarray], np.ndarray]:
+        span_read = _old_reader(c.tensor, place.span, 0, None)
+        udt = uint_dtype(self._specs[c.tensor].dtype)
+
+        def read(pos: np.ndarray) -> np.ndarray:
+            mask, offs = place.offsets(c, pos)
+            if mask is None:
+                return span_read(offs)
+            out = np.zeros(pos.size, dtype=udt)
+            out[mask] = span_read(offs)
+            return out
+
+        return read
 
     def _checked(
         self, c: ChunkInfo, old: np.ndarray | None, dec: Decoded
@@ -402,27 +502,46 @@ class Stager:
         else:
             assert old is not None  # a decoder handed the chunk's base range
             old_v = kernels.gather(old, dec.positions)
-        # relative to the chunk: 4 bytes a position (a chunk of 2**32 elements or more keeps int64)
-        pos = dec.positions.astype(np.uint32) if c.count <= 1 << 32 else dec.positions
-        return c.tensor, _Part(c.start, c.count, pos, old_v, dec.values)
+        place = self._placement(c.tensor)
+        if place.whole and c.cell == FLAT:
+            # relative to the chunk: 4 bytes a position (a chunk of 2**32 elements or more keeps int64)
+            pos = dec.positions.astype(np.uint32) if c.count <= 1 << 32 else dec.positions
+            return c.tensor, _Part(c.start, c.count, pos, old_v, dec.values)
+        mask, offs = place.offsets(c, dec.positions)
+        new_v = dec.values
+        if mask is not None:
+            old_v, new_v = old_v[mask], new_v[mask]
+        if offs.size == 0:
+            return c.tensor, _Part(0, 0, offs.astype(np.uint32), old_v, new_v)
+        start, count = int(offs[0]), int(offs[-1]) - int(offs[0]) + 1
+        rel = offs - start
+        return c.tensor, _Part(start, count, rel.astype(np.uint32) if count <= 1 << 32 else rel, old_v, new_v)
 
     def finish(self) -> StagedUpdate:
-        """Check that the delta covers every element of every tensor exactly once; return the update."""
+        """Check that the delta covers every element of every tensor (region) exactly once; return the update."""
         if self._finished:
             raise StagingError("stager already finished")
-        for name, spec in self._specs.items():
-            covered = sum(e - s for s, e in self._covered.get(name, []))
-            if covered != spec.numel:
+        for name in self._specs if self._regions is None else self._place:
+            place = self._place.get(name)
+            want = self._specs[name].numel if place is None else place.region.numel(place.spec.shape)
+            covered = self._counted.get(name, 0)
+            if covered != want or len(self._cells.get(name, ())) > 1:
                 raise StagingError(
-                    f"delta incomplete: tensor {name!r} has {covered} of {spec.numel} elements covered "
+                    f"delta incomplete: tensor {name!r} has {covered} of {want} elements covered "
                     "(a segment is missing)"
                 )
         self._finished = True
-        parts = {name: sorted(ps, key=lambda p: p.start) for name, ps in self._parts.items()}
+        parts = {name: sorted((p for p in ps if p.pos.size), key=lambda p: p.start) for name, ps in self._parts.items()}
         self._parts = {}
-        return StagedUpdate(self._state, self._base, parts, self._specs, torch_scatter=self._torch_scatter)
+        parts = {name: ps for name, ps in parts.items() if ps}
+        if self._regions is None:
+            return StagedUpdate(self._state, self._base, parts, self._specs, torch_scatter=self._torch_scatter)
+        spans = {name: self._place[name].span for name in parts}
+        specs = {name: self._place[name].span_spec for name in parts}
+        return StagedUpdate(spans, self._base, parts, specs, torch_scatter=self._torch_scatter)
 
 
+_WHOLE = Region.whole()
 # Decode work (in elements scanned) below which staging runs on the calling thread.
 _POOL_MIN_WORK = 1 << 22
 
@@ -434,11 +553,20 @@ def _work(c: ChunkInfo) -> int:
 
 
 def stage_delta(
-    state: Mapping[str, Any], segments: Iterable[bytes], *, base: str, torch_scatter: bool = False
+    state: Mapping[str, Any],
+    segments: Iterable[bytes],
+    *,
+    base: str,
+    torch_scatter: bool = False,
+    regions: Mapping[str, Region] | None = None,
+    specs: Iterable[TensorSpec] | None = None,
+    headers: Iterable[SegmentHeader] | None = None,
 ) -> StagedUpdate:
-    """Decode every segment against ``state`` (nothing is written) and return the staged update."""
-    stager = Stager(state, base=base, torch_scatter=torch_scatter)
-    stager.add_segments(segments)
+    """Decode every segment against ``state`` (nothing is written) and return the staged update.
+    ``regions``/``specs``: stage into views of parts of tensors (:class:`Stager`); ``headers``: the
+    segments' parsed headers, when the segments hold only the verified pieces a region needs."""
+    stager = Stager(state, base=base, torch_scatter=torch_scatter, regions=regions, specs=specs)
+    stager.add_segments(segments, headers=headers)
     return stager.finish()
 
 

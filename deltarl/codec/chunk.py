@@ -116,10 +116,18 @@ def unzigzag(code: np.ndarray) -> np.ndarray:
     return (code >> 1) ^ neg
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 def pack_streams(params: bytes, streams: list[bytes]) -> bytes:
-    """Codec params, then one u32 length per stream, then the streams."""
-    head = params + struct.pack(f"<{len(streams)}I", *(len(s) for s in streams))
-    return head + b"".join(streams)
+    """Codec params, then one LEB128 varint length per stream, then the streams."""
+    return params + b"".join(_varint(len(s)) for s in streams) + b"".join(streams)
 
 
 def unpack_streams(
@@ -127,14 +135,25 @@ def unpack_streams(
 ) -> tuple[tuple[int, ...], list[memoryview]]:
     """Inverse of :func:`pack_streams`: ``(params, streams)``, checking every length."""
     fixed = struct.calcsize(params_fmt)
-    head = fixed + 4 * nstreams
-    if len(payload) < head:
-        raise FormatError(f"chunk payload of {len(payload)} bytes is shorter than its {head}-byte header")
+    if len(payload) < fixed + nstreams:
+        raise FormatError(f"chunk payload of {len(payload)} bytes is shorter than its header")
     params = struct.unpack_from(params_fmt, payload, 0)
-    lengths = struct.unpack_from(f"<{nstreams}I", payload, fixed)
-    if head + sum(lengths) != len(payload):
+    lengths, off = [], fixed
+    for _ in range(nstreams):
+        n = shift = 0
+        while True:
+            if off >= len(payload) or shift > 56:
+                raise FormatError("chunk stream lengths are truncated or too long")
+            byte = payload[off]
+            off += 1
+            n |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        lengths.append(n)
+    if off + sum(lengths) != len(payload):
         raise FormatError("chunk stream lengths do not add up to the payload length")
-    streams, off = [], head
+    streams = []
     for n in lengths:
         streams.append(payload[off : off + n])
         off += n

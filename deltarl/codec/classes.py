@@ -16,6 +16,10 @@ from deltarl.codec import bitio, kernels
 
 # Exponent field of each bit width's float formats: 16 bit -> set by caller (bf16 vs fp16).
 CLASS_FIELDS = {"bfloat16": (7, 8), "float16": (10, 5), "float32": (23, 8), "float8_e4m3fn": (3, 4), "float8_e5m2": (2, 5)}
+# A grid cell's chunk is small (often a few hundred changes): classes of two exponents each halve
+# its class table for the same rank-gap code (-10..-25% bytes per cell at 1% changed).
+CELL_CLASS_FIELDS = {"bfloat16": (8, 7), "float16": (11, 4), "float32": (24, 7), "float8_e4m3fn": (4, 3),
+                     "float8_e5m2": (3, 4)}
 
 
 @dataclass(frozen=True)
@@ -113,9 +117,10 @@ def _arrays_numpy(
     )
 
 
-def rank_classes(old: np.ndarray, new: np.ndarray, dtype: str) -> ClassCode:
-    """Detect the chunk's changes and rank them within their exponent classes (the ctx code arrays)."""
-    shift, cbits = CLASS_FIELDS[dtype]
+def rank_classes(old: np.ndarray, new: np.ndarray, dtype: str, *, cell: bool = False) -> ClassCode:
+    """Detect the chunk's changes and rank them within their exponent classes (the ctx code arrays);
+    ``cell``: the coarser class field of a small grid cell's chunk (``CELL_CLASS_FIELDS``)."""
+    shift, cbits = (CELL_CLASS_FIELDS if cell else CLASS_FIELDS)[dtype]
     width = old.dtype.itemsize * 8
     jit = kernels.jit()
     if jit is not None:

@@ -11,9 +11,12 @@ from typing import Any
 import numpy as np
 
 from deltarl.codec import registry
+from deltarl.codec.chunk import Changes
+from deltarl.codec.classes import rank_classes
 from deltarl.codec.finite import nonfinite_bits
+from deltarl.codec.grid import MORTON_ORDER, Grid
 from deltarl.codec.kernels import worker_threads
-from deltarl.codec.segment import ChunkInfo, pack_segment
+from deltarl.codec.segment import FLAT, ChunkInfo, pack_segment
 from deltarl.codec.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, spec_of, tensor_table
 from deltarl.errors import NonFiniteChunk, NonFiniteTensor, TensorMismatch
 
@@ -26,6 +29,15 @@ MIN_CHUNK_ELEMENTS = 1 << 12
 # (~17M changes, ~14 MB encoded) is then ~17 segments of ~0.9 MB instead of one 16 MiB one, so
 # uploads start while the rest is still being encoded and actors fetch and stage meanwhile.
 SEGMENT_CHANGES = 1 << 20
+# A tensor of at least this many elements whose changes ``ctx`` will code is cut into the cells of
+# its shard grid (deltarl.codec.grid): a rank holding a TP part along either dimension then reads
+# and decodes only its cells, against only its own base. Smaller tensors, and tensors ``sparse``
+# codes, stay in row-major chunks whose codecs find the changes without the base, so any part of
+# them decodes from the chunk alone.
+TILE_MIN_ELEMENTS = 1 << 16
+# A cell chunk with fewer changes codes ctx classes of two exponents (CELL_CLASS_FIELDS): its class
+# table is then half as long, which outweighs the coarser context below this many changes.
+CELL_COARSE_CHANGES = 4096
 
 
 def chunk_elements(segment_bytes: int) -> int:
@@ -33,7 +45,10 @@ def chunk_elements(segment_bytes: int) -> int:
     return int(min(MAX_CHUNK_ELEMENTS, max(MIN_CHUNK_ELEMENTS, segment_bytes // 4)))
 
 
-def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, finite: bool = False) -> tuple[str, int, bytes]:
+def encode_chunk(
+    old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, finite: bool = False, part_safe: bool = False,
+    cell: bool = False,
+) -> tuple[str, int, bytes]:
     """Encode one chunk's changes: (codec used, changed count, payload).
 
     ``auto`` first finds the changes (a comparison at memory speed; a chunk without one costs
@@ -42,25 +57,43 @@ def encode_chunk(old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, fi
     densities ``sparse`` below ``SPARSE_MAX_FRACTION`` changed (its decode reads the base only at
     the changes), ``ctx`` above, and ``dense`` too from half of the chunk changed. ``finite``:
     refuse (``NonFiniteChunk``) if a changed value is NaN or Inf, before encoding it.
+    ``part_safe``: ``auto`` uses no codec that ``needs_classes`` (``sparse`` in their range), so any
+    part of the chunk decodes alone. ``cell``: the chunk is a grid cell's; with fewer than
+    ``CELL_COARSE_CHANGES`` changes its ``ctx`` classes come from ``CELL_CLASS_FIELDS``.
     """
     named = None if codec == "auto" else registry.by_name(codec)
-    ch = registry.detect(old, new, dtype, named.needs_classes if named else _looks_dense(old, new))
+    classes = named.needs_classes if named else _looks_dense(old, new)
+    ch = registry.detect(old, new, dtype, classes and not cell)
     changed = ch.count
     if changed == 0:
         return registry.NONE, 0, b""
     if finite and (bad := nonfinite_bits(new[ch.pos], dtype)):
         raise NonFiniteChunk(bad, changed)
     if named is not None:
-        return named.name, changed, named.encode(old, new, dtype, ch)
+        return named.name, changed, named.encode(old, new, dtype, _classes(old, new, dtype, ch, cell) if named.needs_classes else ch)
     # 8-bit elements (FP8 codes) weigh a change double: the auto ranges are fitted to 16-bit bases,
     # and a chunk of 8-bit base is half the bytes a class-scanning decoder reads per change
     weight = 2 if old.dtype.itemsize == 1 else 1
-    tried = [c for c in registry.AUTO if c.auto_tries(weight * changed, old.size)]
+    tried = [c for c in registry.AUTO if c.auto_tries(weight * changed, old.size) and not (part_safe and c.needs_classes)]
+    if not tried:  # part_safe between sparse's and dense's ranges
+        tried = [registry.by_name("sparse")]
     if ch.classes is None and any(c.needs_classes for c in tried):
-        ch = registry.detect(old, new, dtype, True)
+        ch = _classes(old, new, dtype, ch, cell)
+    elif ch.classes is not None and not any(c.needs_classes for c in tried):
+        ch = Changes(ch.positions())
     coded = [(c.name, c.encode(old, new, dtype, ch)) for c in tried]
     used, payload = min(coded, key=lambda item: len(item[1]))  # the first listed on a tie
     return used, changed, payload
+
+
+def _classes(old: np.ndarray, new: np.ndarray, dtype: str, ch: Changes, cell: bool) -> Changes:
+    """The changes with their exponent classes ranked (a cell with few changes: coarse classes)."""
+    if ch.classes is not None:
+        return ch
+    if not cell:
+        return registry.detect(old, new, dtype, True)
+    code = rank_classes(old, new, dtype, cell=ch.count < CELL_COARSE_CHANGES)
+    return Changes(code.pos, code)
 
 
 _SAMPLE_BLOCKS, _SAMPLE_BLOCK = 32, 512
@@ -83,6 +116,21 @@ def _looks_dense(old: np.ndarray, new: np.ndarray) -> bool:
                for c in registry.AUTO)
 
 
+def _tiles(numel: int, old: np.ndarray, new: np.ndarray, codec: str) -> bool:
+    """Whether a tensor is cut into grid cells: large, and coded by a codec that needs the base's
+    classes (for ``auto``: a sample of 32 evenly spaced runs changed at ``SPARSE_MAX_FRACTION`` or
+    more, where ``auto`` tries ``ctx``)."""
+    if numel < TILE_MIN_ELEMENTS:
+        return False
+    if codec != "auto":
+        return registry.by_name(codec).needs_classes
+    step = old.size // _SAMPLE_BLOCKS
+    run = min(_SAMPLE_BLOCK, step)
+    a = old[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :run]
+    b = new[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :run]
+    return int(np.count_nonzero(a != b)) >= registry.SPARSE_MAX_FRACTION * _SAMPLE_BLOCKS * run
+
+
 def _cpu(value: Any) -> Any:
     return value.cpu() if is_cuda(value) else value
 
@@ -96,6 +144,7 @@ def iter_encode_delta(
     codec: str = "auto",
     segment_changes: int = SEGMENT_CHANGES,
     check_finite: bool = False,
+    cells: bool = True,
 ) -> Iterator[bytes]:
     """Yield the segments of the delta ``old -> new`` as each fills up: ~``segment_bytes`` of payload
     or ``segment_changes`` changed elements, whichever comes first (cut at chunk boundaries).
@@ -104,6 +153,8 @@ def iter_encode_delta(
     covered by exactly one chunk of exactly one segment. Segments are independent of each other.
     ``check_finite``: raise :class:`~deltarl.errors.NonFiniteTensor` if a changed value is NaN or
     Inf (with ``old`` known finite, that proves ``new`` finite at the cost of the changes only).
+    ``cells=False``: no tensor is cut into grid cells and ``auto`` may code any chunk ``ctx`` (a
+    few % smaller at RL densities; only a rank holding whole tensors can then stage it).
     """
     if codec not in CODECS:
         raise ValueError(f"unknown codec {codec!r}; choose one of {CODECS}")
@@ -115,49 +166,66 @@ def iter_encode_delta(
     check_compatible(new, table)
     step = chunk_elements(segment_bytes)
 
-    def tasks() -> Iterator[tuple[TensorSpec, int, np.ndarray, np.ndarray]]:
-        for spec in table:
+    def tasks() -> Iterator[_Task]:
+        tiled: list[tuple[TensorSpec, Grid, np.ndarray, np.ndarray]] = []
+        for spec in table:  # row-major tensors first (every rank reads them), then cell by cell
             o = flat_bits(spec.name, _cpu(old[spec.name]))
             n = flat_bits(spec.name, _cpu(new[spec.name]))
             if o.size != spec.numel or n.size != spec.numel:
                 raise TensorMismatch(f"tensor {spec.name!r}: element count differs from its shape")
+            if cells and _tiles(spec.numel, o, n, codec):
+                tiled.append((spec, Grid(spec.shape), o, n))
+                continue
             for start in range(0, spec.numel, step):
                 stop = min(spec.numel, start + step)
-                yield spec, start, o[start:stop], n[start:stop]
+                yield spec, FLAT, start, o[start:stop], n[start:stop]
+        for cell in MORTON_ORDER:
+            for spec, grid, o, n in tiled:
+                if grid.has(cell):
+                    ot, nt = grid.tile(o, cell), grid.tile(n, cell)
+                    for start in range(0, ot.size, step):
+                        yield spec, cell, start, ot[start : start + step], nt[start : start + step]
 
     yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, worker_threads(), empty=True,
-                         finite=check_finite)
+                         finite=check_finite, part_safe=cells)
 
 
-def _encode_named(spec: TensorSpec, start: int, old: np.ndarray, new: np.ndarray, codec: str, finite: bool
-                  ) -> tuple[str, int, bytes]:
+# One chunk to encode: the tensor, its cell (FLAT: row-major), the first index, old and new bits.
+_Task = tuple[TensorSpec, int, int, np.ndarray, np.ndarray]
+
+
+def _encode_named(spec: TensorSpec, cell: int, start: int, old: np.ndarray, new: np.ndarray, codec: str,
+                  finite: bool, part_safe: bool) -> tuple[str, int, bytes]:  # fmt: skip
     try:
-        return encode_chunk(old, new, spec.dtype, codec, finite=finite)
+        return encode_chunk(old, new, spec.dtype, codec, finite=finite, part_safe=part_safe and cell == FLAT,
+                            cell=cell != FLAT)
     except NonFiniteChunk as err:
         raise NonFiniteTensor(
             f"tensor {spec.name!r} holds {err.bad} NaN/Inf values among the {err.changed} elements changed in "
-            f"[{start}, {start + old.size}); refusing to publish it (pass allow_nonfinite=True to publish anyway)"
+            f"[{start}, {start + old.size}) of {'its elements' if cell == FLAT else f'cell {cell}'}; refusing to publish it (pass allow_nonfinite=True to publish anyway)"
         ) from None
 
 
 def _encoded(
-    tasks: Iterator[tuple[TensorSpec, int, np.ndarray, np.ndarray]], codec: str, threads: int, finite: bool = False
-) -> Iterator[tuple[TensorSpec, int, int, tuple[str, int, bytes]]]:
-    """Encode chunks in order, ``threads`` at a time (the kernels release the GIL)."""
+    tasks: Iterator[_Task], codec: str, threads: int, finite: bool = False, part_safe: bool = False
+) -> Iterator[tuple[TensorSpec, int, int, int, tuple[str, int, bytes]]]:
+    """Encode chunks in order, ``threads`` at a time (the kernels release the GIL). ``part_safe``:
+    ``auto`` codes row-major chunks with codecs that find the changes without the base."""
     if threads <= 1:
-        for spec, start, o, n in tasks:
-            yield spec, start, o.size, _encode_named(spec, start, o, n, codec, finite)
+        for spec, cell, start, o, n in tasks:
+            yield spec, cell, start, o.size, _encode_named(spec, cell, start, o, n, codec, finite, part_safe)
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-encode") as pool:
-        window: deque[tuple[TensorSpec, int, int, Future[tuple[str, int, bytes]]]] = deque()
-        for spec, start, o, n in tasks:
-            window.append((spec, start, o.size, pool.submit(_encode_named, spec, start, o, n, codec, finite)))
+        window: deque[tuple[TensorSpec, int, int, int, Future[tuple[str, int, bytes]]]] = deque()
+        for spec, cell, start, o, n in tasks:
+            fut = pool.submit(_encode_named, spec, cell, start, o, n, codec, finite, part_safe)
+            window.append((spec, cell, start, o.size, fut))
             if len(window) > 2 * threads:
-                s, st, c, fut = window.popleft()
-                yield s, st, c, fut.result()
+                s, g, st, c, f = window.popleft()
+                yield s, g, st, c, f.result()
         while window:
-            s, st, c, fut = window.popleft()
-            yield s, st, c, fut.result()
+            s, g, st, c, f = window.popleft()
+            yield s, g, st, c, f.result()
 
 
 def iter_encode_rows(
@@ -204,7 +272,7 @@ def iter_encode_rows(
                     f"{spec.dtype}{list(spec.shape)}"
                 )
 
-    def tasks() -> Iterator[tuple[TensorSpec, int, np.ndarray, np.ndarray]]:
+    def tasks() -> Iterator[_Task]:
         for name in names:
             spec, offset = rows[name]
             o = flat_bits(name, _cpu(old[name]))
@@ -213,14 +281,14 @@ def iter_encode_rows(
                 raise TensorMismatch(f"tensor {name!r}: old and new shards differ in size")
             for start in range(0, o.size, step):
                 stop = min(o.size, start + step)
-                yield spec, offset + start, o[start:stop], n[start:stop]
+                yield spec, FLAT, offset + start, o[start:stop], n[start:stop]
 
     threads = worker_threads() if threads is None else threads
     yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, threads, empty=False, finite=check_finite)
 
 
 def _segments(
-    tasks: Iterator[tuple[TensorSpec, int, np.ndarray, np.ndarray]],
+    tasks: Iterator[_Task],
     base: str,
     segment_bytes: int,
     segment_changes: int,
@@ -229,6 +297,7 @@ def _segments(
     *,
     empty: bool,
     finite: bool = False,
+    part_safe: bool = False,
 ) -> Iterator[bytes]:
     """Pack encoded chunks into segments of ~``segment_bytes`` or ``segment_changes`` changed
     elements, whichever fills first; ``empty``: yield one even if no chunk."""
@@ -237,11 +306,11 @@ def _segments(
     payloads: list[bytes] = []
     size = changes = 0
     emitted = False
-    for spec, start, count, (used, changed, payload) in _encoded(tasks, codec, threads, finite):
+    for spec, cell, start, count, (used, changed, payload) in _encoded(tasks, codec, threads, finite, part_safe):
         specs[spec.name] = spec
-        chunks.append(ChunkInfo(spec.name, start, count, changed, used, len(payload)))
+        chunks.append(ChunkInfo(spec.name, start, count, changed, used, len(payload), cell))
         payloads.append(payload)
-        size += len(payload) + 40  # the payload and its chunk-table entry
+        size += len(payload) + 12  # the payload and its chunk-table entry (~12 bytes of varints)
         changes += changed
         if size >= segment_bytes or changes >= segment_changes:
             yield pack_segment(base, list(specs.values()), chunks, payloads)
@@ -259,6 +328,7 @@ def encode_delta(
     segment_bytes: int = 16 << 20,
     codec: str = "auto",
     segment_changes: int = SEGMENT_CHANGES,
+    cells: bool = True,
 ) -> list[bytes]:
     """All segments of the lossless delta ``old -> new`` (see :func:`iter_encode_delta` for a stream).
 
@@ -271,6 +341,7 @@ def encode_delta(
         codec: ``"auto"`` (chosen per chunk) or one codec's name.
         segment_changes: at most this many changed elements in one segment (so a delta is cut
             into enough segments to pipeline encode, upload and fetch).
+        cells: cut large ``ctx``-coded tensors into shard-grid cells (a TP rank reads its part).
 
     Returns:
         The segments, in order; together they change exactly the values that differ.
@@ -281,6 +352,7 @@ def encode_delta(
     """
     return list(
         iter_encode_delta(
-            old, new, base=base, segment_bytes=segment_bytes, codec=codec, segment_changes=segment_changes
+            old, new, base=base, segment_bytes=segment_bytes, codec=codec, segment_changes=segment_changes,
+            cells=cells,
         )
     )

@@ -3,7 +3,7 @@
 Byte layout (little-endian; docs/FORMAT.md is the specification)::
 
     0   4  magic b"DRLS"
-    4   2  format version (1)
+    4   2  format version (2)
     6   2  flags (0)
     8   4  header length H (<= MAX_HEADER_BYTES)
     12  4  crc32 of the header body
@@ -20,23 +20,32 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
+from deltarl.codec.bitio import leb128_decode, leb128_encode
+from deltarl.codec.grid import CELLS, Grid
 from deltarl.codec.registry import NONE, codec_id, codec_name
 from deltarl.codec.tensors import DTYPE_BY_CODE, DTYPES, TensorSpec
 from deltarl.errors import FormatError, IntegrityError, UnsupportedFormatVersion
 
 MAGIC = b"DRLS"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAX_HEADER_BYTES = 16 << 20
 MAX_BASE_BYTES = 1024
 MAX_NAME_BYTES = 4096
 MAX_NDIM = 32
 _PREFIX = struct.Struct("<4sHHII")
-_CHUNK = struct.Struct("<IBBHQQQQ")  # tensor index, codec, 0, 0, start, count, changed, nbytes
+_CHUNK_FIELDS = 6  # varints per chunk: tensor index, 8 * tile + codec, start, count, changed, nbytes
+FLAT = -1  # ChunkInfo.cell of a chunk of the tensor's row-major element order
 
 
 @dataclass(frozen=True)
 class ChunkInfo:
-    """One chunk: ``count`` elements of ``tensor`` from flat index ``start``; ``changed`` of them differ."""
+    """One chunk: ``count`` elements of ``tensor`` from index ``start``; ``changed`` of them differ.
+
+    ``cell`` is ``FLAT`` (-1) for a range of the tensor's row-major order, else the id of the grid
+    cell (:mod:`deltarl.codec.grid`) whose row-major enumeration ``start`` and ``count`` index.
+    """
 
     tensor: str
     start: int
@@ -44,6 +53,7 @@ class ChunkInfo:
     changed: int
     codec: str
     nbytes: int
+    cell: int = FLAT
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,7 @@ class SegmentHeader:
     tensors: tuple[TensorSpec, ...]
     chunks: tuple[ChunkInfo, ...]
     payload_offset: int
+    chunk_table_bytes: int = 0  # length of the chunk table's varints
 
 
 @dataclass(frozen=True)
@@ -73,7 +84,7 @@ def _unchanged_whole(tensors: list[TensorSpec], chunks: list[ChunkInfo]) -> set[
     changed: set[str] = set()
     for c in chunks:
         spans.setdefault(c.tensor, []).append((c.start, c.count))
-        if c.changed or c.codec != NONE:
+        if c.changed or c.codec != NONE or c.cell != FLAT:
             changed.add(c.tensor)
     out = set()
     for spec in tensors:
@@ -112,11 +123,13 @@ def pack_segment(
         parts.append(struct.pack(f"<{len(spec.shape)}Q", *spec.shape))
         prev = name
     kept = [(c, p) for c, p in zip(chunks, payloads, strict=True) if c.tensor not in whole]
-    parts.append(struct.pack("<I", len(kept)))
-    for c, _ in kept:
-        parts.append(
-            _CHUNK.pack(index[c.tensor], codec_id(c.codec), 0, 0, c.start, c.count, c.changed, c.nbytes)
-        )
+    fields = np.array(
+        [(index[c.tensor], 8 * (c.cell + 1) + codec_id(c.codec), c.start, c.count, c.changed, c.nbytes) for c, _ in kept],
+        dtype=np.uint64,
+    )
+    table = leb128_encode(fields.reshape(-1))
+    parts.append(struct.pack("<II", len(kept), len(table)))
+    parts.append(table)
     body = b"".join(parts)
     if len(body) > MAX_HEADER_BYTES:
         raise FormatError(f"segment header of {len(body)} bytes exceeds the {MAX_HEADER_BYTES}-byte cap")
@@ -151,9 +164,35 @@ class _Reader:
         return s
 
 
-def _read_tensors(r: _Reader) -> list[TensorSpec]:
-    """The header's tensor table (names prefix-compressed), validated."""
-    body = r.body
+def read_segment_header(data: bytes | bytearray | memoryview, *, partial: bool = False) -> SegmentHeader:
+    """Parse and validate a whole segment's framing, checksums and header; raises FormatError.
+
+    ``partial``: ``data`` has the segment's length but holds only some of its bytes (ranged reads,
+    each piece verified by its hash): the header is checked by its own crc32, the whole-segment
+    crc32 is not checked."""
+    mv = memoryview(data).cast("B")
+    if len(mv) < _PREFIX.size + 4:
+        raise FormatError(f"segment of {len(mv)} bytes is too short")
+    magic, version, flags, hlen, hcrc = _PREFIX.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise FormatError(f"bad segment magic {bytes(magic)!r}")
+    if version != FORMAT_VERSION:
+        raise UnsupportedFormatVersion(f"segment format version {version}; this build reads {FORMAT_VERSION}")
+    if flags != 0:
+        raise FormatError(f"unknown segment flags {flags:#x}")
+    if hlen > MAX_HEADER_BYTES or _PREFIX.size + hlen + 4 > len(mv):
+        raise FormatError(f"segment header length {hlen} is out of bounds")
+    (crc,) = struct.unpack_from("<I", mv, len(mv) - 4)
+    if not partial and zlib.crc32(mv[:-4]) != crc:
+        raise IntegrityError("segment crc32 does not match its bytes")
+    body = mv[_PREFIX.size : _PREFIX.size + hlen]
+    if zlib.crc32(body) != hcrc:
+        raise IntegrityError("segment header crc32 does not match")
+    r = _Reader(body)
+    (blen,) = r.take("<H")
+    if not 0 < blen <= MAX_BASE_BYTES:
+        raise FormatError(f"base id length {blen} out of bounds")
+    base = r.text(blen, "base id")
     (ntensors,) = r.take("<I")
     tensors: list[TensorSpec] = []
     prev = b""
@@ -179,57 +218,12 @@ def _read_tensors(r: _Reader) -> list[TensorSpec]:
         tensors.append(TensorSpec(name, DTYPE_BY_CODE[code], tuple(shape)))
     if len({t.name for t in tensors}) != len(tensors):
         raise FormatError("duplicate tensor name in segment")
-    return tensors
-
-
-def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
-    """Parse and validate a whole segment's framing, checksums and header; raises FormatError."""
-    mv = memoryview(data).cast("B")
-    if len(mv) < _PREFIX.size + 4:
-        raise FormatError(f"segment of {len(mv)} bytes is too short")
-    magic, version, flags, hlen, hcrc = _PREFIX.unpack_from(mv, 0)
-    if magic != MAGIC:
-        raise FormatError(f"bad segment magic {bytes(magic)!r}")
-    if version != FORMAT_VERSION:
-        raise UnsupportedFormatVersion(f"segment format version {version}; this build reads {FORMAT_VERSION}")
-    if flags != 0:
-        raise FormatError(f"unknown segment flags {flags:#x}")
-    if hlen > MAX_HEADER_BYTES or _PREFIX.size + hlen + 4 > len(mv):
-        raise FormatError(f"segment header length {hlen} is out of bounds")
-    (crc,) = struct.unpack_from("<I", mv, len(mv) - 4)
-    if zlib.crc32(mv[:-4]) != crc:
-        raise IntegrityError("segment crc32 does not match its bytes")
-    body = mv[_PREFIX.size : _PREFIX.size + hlen]
-    if zlib.crc32(body) != hcrc:
-        raise IntegrityError("segment header crc32 does not match")
-    r = _Reader(body)
-    (blen,) = r.take("<H")
-    if not 0 < blen <= MAX_BASE_BYTES:
-        raise FormatError(f"base id length {blen} out of bounds")
-    base = r.text(blen, "base id")
-    tensors = _read_tensors(r)
-    (nchunks,) = r.take("<I")
-    if r.off + nchunks * _CHUNK.size > len(body):
+    nchunks, tlen = r.take("<II")
+    if r.off + tlen > len(body) or nchunks > tlen:
         raise FormatError("segment header is truncated")
-    table = body[r.off : r.off + nchunks * _CHUNK.size]
-    r.off += nchunks * _CHUNK.size
-    chunks: list[ChunkInfo] = []
-    total = 0
-    for ti, codec, z1, z2, start, count, changed, nbytes in _CHUNK.iter_unpack(table):
-        if ti >= len(tensors):
-            raise FormatError(f"chunk names tensor index {ti} of {len(tensors)}")
-        if z1 or z2:
-            raise FormatError(f"unknown chunk codec {codec}")
-        used = codec_name(codec)
-        spec = tensors[ti]
-        if count == 0 or start + count > spec.numel:
-            raise FormatError(
-                f"chunk [{start}, {start + count}) outside tensor {spec.name!r} of {spec.numel}"
-            )
-        if changed > count or (codec == 0) != (changed == 0) or (codec == 0 and nbytes):
-            raise FormatError(f"chunk of {spec.name!r}: inconsistent changed={changed} codec={codec}")
-        total += nbytes
-        chunks.append(ChunkInfo(spec.name, start, count, changed, used, nbytes))
+    chunks = _chunk_table(body[r.off : r.off + tlen], nchunks, tensors)
+    r.off += tlen
+    total = sum(c.nbytes for c in chunks)
     listed = {c.tensor for c in chunks}
     for spec in tensors:  # a tensor without a chunk is covered whole, unchanged, by this segment
         if spec.name not in listed and spec.numel:
@@ -238,11 +232,39 @@ def read_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader:
         raise FormatError("segment header has trailing bytes")
     if _PREFIX.size + hlen + total + 4 != len(mv):
         raise FormatError("chunk payload lengths do not add up to the segment length")
-    spans = sorted((c.tensor, c.start, c.start + c.count) for c in chunks)
-    for (t0, _, e0), (t1, s1, _) in itertools.pairwise(spans):
-        if t0 == t1 and s1 < e0:
+    spans = sorted((c.tensor, c.cell, c.start, c.start + c.count) for c in chunks)
+    for (t0, g0, _, e0), (t1, g1, s1, _) in itertools.pairwise(spans):
+        if t0 == t1 and g0 == g1 and s1 < e0:
             raise FormatError(f"chunks of {t0!r} overlap at element {s1}")
-    return SegmentHeader(version, base, tuple(tensors), tuple(chunks), _PREFIX.size + hlen)
+        if t0 == t1 and g0 == FLAT and g1 != FLAT:
+            raise FormatError(f"tensor {t0!r} has both row-major and cell chunks")
+    return SegmentHeader(version, base, tuple(tensors), tuple(chunks), _PREFIX.size + hlen, tlen)
+
+
+def _chunk_table(raw: memoryview, nchunks: int, tensors: list[TensorSpec]) -> list[ChunkInfo]:
+    """Parse and check the chunk table's varints (6 per chunk)."""
+    v = leb128_decode(raw, nchunks * _CHUNK_FIELDS).reshape(nchunks, _CHUNK_FIELDS)
+    if nchunks and int(v[:, 0].max()) >= len(tensors):
+        raise FormatError(f"chunk names tensor index {int(v[:, 0].max())} of {len(tensors)}")
+    grids: dict[int, Grid] = {}
+    chunks: list[ChunkInfo] = []
+    for ti, kind, start, count, changed, nbytes in v.tolist():
+        tile, codec = divmod(kind, 8)
+        name = codec_name(codec)
+        if tile > CELLS:
+            raise FormatError(f"unknown chunk tile {tile}")
+        spec = tensors[ti]
+        if tile:
+            grid = grids.get(ti) or grids.setdefault(ti, Grid(spec.shape))
+            limit = grid.numel(tile - 1) if grid.has(tile - 1) else 0
+        else:
+            limit = spec.numel
+        if count == 0 or start + count > limit:
+            raise FormatError(f"chunk [{start}, {start + count}) outside tensor {spec.name!r} (tile {tile}) of {limit}")
+        if changed > count or (codec == 0) != (changed == 0) or (codec == 0 and nbytes):
+            raise FormatError(f"chunk of {spec.name!r}: inconsistent changed={changed} codec={codec}")
+        chunks.append(ChunkInfo(spec.name, start, count, changed, name, nbytes, tile - 1))
+    return chunks
 
 
 def delta_stats(segments: Iterable[bytes]) -> DeltaStats:

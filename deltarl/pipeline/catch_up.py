@@ -76,6 +76,17 @@ class VersionSource(Protocol):
 
 
 @dataclass(frozen=True)
+class HeldState:
+    """A version the caller already holds: a catch-up may start from a copy of it (``copy()``,
+    made only if it is chosen) and apply the deltas after it, when they fetch fewer bytes than the
+    newest keyframe and the deltas after that."""
+
+    version: int
+    version_id: str
+    copy: Callable[[], dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class CaughtUp:
     """A state rebuilt by :func:`catch_up`."""
 
@@ -228,6 +239,28 @@ async def apply_chain(
         await asyncio.gather(*fetching.values(), return_exceptions=True)
 
 
+def _delta_bytes(chain: Chain) -> int:
+    """Bytes of the deltas of ``chain[1:]``."""
+    return sum(ref.size for m, _ in chain[1:] for ref in m.segments)
+
+
+async def _from_held(source: VersionSource, version: int, held: HeldState, chain: Chain) -> Chain | None:
+    """The chain from ``held`` up to ``version`` when its deltas fetch fewer bytes than ``chain``
+    (the newest keyframe and the deltas after it) and ``held`` is in ``version``'s history; else None."""
+    if not held.version < version:
+        return None
+    kf = chain[0][0].keyframe
+    from_keyframe = (sum(p.size for p in kf.parts) if kf is not None else 0) + _delta_bytes(chain)
+    first = chain[0][0].version
+    try:
+        mine = chain[held.version - first :] if held.version >= first else await walk_down(source, version, down_to=held.version)
+    except (ChainBroken, ObjectNotFound):
+        return None  # gone from the history (a replaced or collected run): the keyframe path says why
+    if mine[0][1] != held.version_id or _delta_bytes(mine) >= from_keyframe:
+        return None
+    return mine
+
+
 async def catch_up(
     source: VersionSource,
     version: int,
@@ -236,6 +269,7 @@ async def catch_up(
     verify: bool = True,
     warm: Callable[[], Awaitable[Any]] | None = None,
     on_delta: Callable[[int], None] | None = None,
+    held: HeldState | None = None,
 ) -> CaughtUp:
     """The full state of ``version``, rebuilt from the newest usable keyframe at or before it.
 
@@ -249,10 +283,28 @@ async def catch_up(
         warm: called once there are deltas to apply, before the keyframe loads; it starts the
             codec's JIT warm-up and returns what to await before the first decode.
         on_delta: called with each version once its delta is applied (progress).
+        held: a version the caller holds, to start from when its deltas fetch less than a keyframe.
+
+    Without ``verify``, a target that is HEAD's version is still checked to have HEAD's id (one
+    read: a run replaced under its name is never rebuilt from a stale copy of its old manifests).
     """
     chain = await walk_down(source, version)
     if verify:
         await check_up_to_head(source, version, chain[-1][1])
+    else:
+        head = await source.head()
+        if head is not None and head.version == version and head.version_id != chain[-1][1]:
+            named, has = short_pair(head.version_id, chain[-1][1])
+            raise ChainBroken(f"{source.layout.head}: names id {named} for version {version}, "
+                              f"but {source.layout.manifest(version)} has id {has}")
+    shorter = None if held is None else await _from_held(source, version, held, chain)
+    if shorter is not None:
+        assert held is not None
+        state = await asyncio.to_thread(held.copy)
+        check_at = _digest_at(shorter) if verify else None
+        warming = warm() if warm is not None else None
+        await apply_chain(source, state, shorter, check_at=check_at, warm=warming, on_delta=on_delta)
+        return CaughtUp(state, shorter[-1][0], shorter[-1][1], held.version, len(shorter) - 1, check_at is not None)
     warming = warm() if warm is not None and len(chain) > 1 else None
     fetching: dict[int, asyncio.Task[list[bytes]]] = {}
     if len(chain) > 1:  # the first delta's segments while the keyframe streams in

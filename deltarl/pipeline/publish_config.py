@@ -36,6 +36,10 @@ class PublishConfig(BaseModel):
     piece_size: int = Field(
         default=1 << 20, ge=1 << 16, le=1 << 26, description="bytes per verified piece of every object (a power of two)"
     )
+    segment_piece_size: int = Field(
+        default=1 << 16, ge=1 << 16, le=1 << 26,
+        description="bytes per verified piece of a delta segment: a tensor-parallel rank reads whole pieces of its part",
+    )
     keyframe_part_bytes: int = Field(default=512 << 20, ge=1, description="target size of one keyframe part")
     serve_as: Literal["fp8-block128"] | None = Field(
         default=None,

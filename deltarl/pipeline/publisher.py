@@ -89,6 +89,7 @@ class Publisher:
         """
         cfg = (config or PublishConfig()).with_settings(settings)
         check_piece_size(cfg.piece_size, "Publisher")
+        check_piece_size(cfg.segment_piece_size, "Publisher")
         self.config = cfg
         self.store = store
         self.layout = RunLayout(run)
@@ -331,7 +332,7 @@ class Publisher:
         return part
 
     def _upload_segment(self, version: int, key: str, data: bytes) -> ObjectRef:
-        ref = upload_object(self.store, key, data, self.config.piece_size)
+        ref = upload_object(self.store, key, data, self.config.segment_piece_size)
         self._writer.progress(version, "segments")
         return ref
 

@@ -91,3 +91,25 @@ def worker_dense_reload(worker: Any) -> float:
     took = time.perf_counter() - t0
     del state
     return took
+
+
+def worker_scatter(worker: Any, path: str, repeats: int = 5) -> dict[str, Any]:
+    """A plain ``index_copy_`` of the changes saved at ``path`` into the engine's views, in the worker
+    (the same cores vLLM gives the worker's commit: on a small host vLLM reserves cores for its
+    scheduler): median seconds, and the CPUs and torch threads the worker has. The values are the
+    served ones (the last version's): nothing changes."""
+    import os
+    import statistics
+    import time
+
+    import torch
+
+    views = worker.weight_transfer_engine.views
+    changes = torch.load(path)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for name, (_shape, idx, vals) in changes.items():
+            views[name].view(-1).index_copy_(0, idx, vals)
+        times.append(time.perf_counter() - t0)
+    return {"scatter_s": statistics.median(times), "cpus": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}

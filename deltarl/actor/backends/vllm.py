@@ -14,8 +14,9 @@ and :func:`build` are the actor's adapter (the table row is ``vllm``).
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from deltarl.actor.backends.base import FinishReason, Generation, ThroughputMeter
@@ -27,6 +28,12 @@ if TYPE_CHECKING:
     from deltarl.actor.weights import Weights
     from deltarl.model.record import RunModelInfo
     from deltarl.storage.store import ObjectStore
+
+#: how long a client waits between asking for a version the engine is still staging
+ASK_AGAIN_S = 0.05
+#: how long a client goes on asking for a published version the engine is staging
+STAGE_TIMEOUT_S = 600.0
+_KIND = re.compile(r"\[deltarl:(\w+)\]")
 
 #: keyword arguments of ``vllm.LLM`` (or ``vllm serve`` flags) that select the deltarl engine; the
 #: integration (``deltarl.integrations.vllm``) re-exports this dict and checks its names against its own
@@ -56,11 +63,46 @@ def engine_finish(llm: Any) -> None:
         llm.reset_prefix_cache()
 
 
+def refusal_kind(err: BaseException) -> str | None:
+    """The kind the deltarl engine tagged an error with (``[deltarl:NotStaged] …`` → ``"NotStaged"``),
+    read from vLLM's wrapping of it (its RPC errors and ``vllm serve``'s HTTP 500 bodies carry the
+    message), or None."""
+    found = _KIND.search(str(err))
+    return None if found is None else found.group(1)
+
+
+def take_update(
+    start: Callable[[], Any],
+    update: Callable[[dict[str, Any]], Any],
+    version: int | str = "latest",
+    *,
+    wait_s: float = 0.0,
+    stage_timeout_s: float = STAGE_TIMEOUT_S,
+) -> None:
+    """``start_weight_update`` + ``update_weights`` until the engine has the version staged: it
+    answers ``NotStaged`` (staging in the background, generation going on) and ``NotPublished``
+    (not committed yet: asked again for up to ``wait_s``) at once instead of holding vLLM's RPC,
+    so a client asks again; any other refusal is raised. Call ``finish_weight_update`` after."""
+    t0 = time.monotonic()
+    while True:
+        start()
+        left = wait_s - (time.monotonic() - t0)
+        try:
+            update({"version": version, "wait_s": max(0.0, left)})
+            return
+        except Exception as err:
+            kind, waited = refusal_kind(err), time.monotonic() - t0
+            if not ((kind == "NotStaged" and waited < stage_timeout_s) or (kind == "NotPublished" and left > 0)):
+                raise
+        time.sleep(ASK_AGAIN_S)
+
+
 def engine_update(llm: Any, version: int | str = "latest", *, wait_s: float = 0.0) -> dict[str, Any]:
-    """Stage ``version`` in every worker (fetch, verify, decode), then commit it in place; a refused
-    version raises and leaves the weights as they were. The first worker's status."""
-    llm.collective_rpc("start_weight_update")
-    llm.collective_rpc("update_weights", kwargs={"update_info": {"version": version, "wait_s": wait_s}})
+    """Have every worker take ``version`` (staged in the background: fetched, verified, decoded),
+    then commit it in place; a refused version raises and leaves the weights as they were. The
+    first worker's status."""
+    take_update(lambda: llm.collective_rpc("start_weight_update"),
+                lambda info: llm.collective_rpc("update_weights", kwargs={"update_info": info}), version, wait_s=wait_s)
     engine_finish(llm)
     return engine_status(llm)[0]
 

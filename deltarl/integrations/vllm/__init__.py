@@ -5,7 +5,7 @@ start vLLM with ``weight_transfer_config={"backend": "deltarl"}`` (and, to read 
 version back, ``worker_extension_cls=WORKER_EXTENSION``: :data:`ENGINE_KWARGS` holds both). Each
 worker then reads the run itself, decodes every version against its live parameters and commits
 it in place (:mod:`.engine`), with checkpoint names mapped through the model's own
-``load_weights`` (:mod:`.mapping`). :func:`attach`, :func:`update` and :func:`status` drive it
+``load_weights`` (:mod:`deltarl.updater.probe`). :func:`attach`, :func:`update` and :func:`status` drive it
 from the process holding the ``vllm.LLM``. Nothing here imports vLLM until vLLM loads the engine.
 """
 

@@ -1,39 +1,44 @@
 """``DeltaRLEngine``: vLLM's weight-transfer engine ``deltarl``, running in each vLLM worker.
 
-The worker reads the run itself (relays, then the origin store, multi-stream, every piece checked
-against its manifest), decodes each version against its own live parameters and writes in place;
-only a few dozen bytes of control travel through vLLM's RPC. Lifecycle, as vLLM drives it:
+A thin adapter of vLLM's four calls onto :class:`~deltarl.updater.inplace.InPlaceUpdater` (the
+engine-agnostic in-place updater, which runs the same update mechanism as the HF actor and the
+follower on vLLM's live parameters). Only a few dozen bytes of control travel through vLLM's RPC.
+Lifecycle, as vLLM drives it:
 
 * ``init_transfer_engine({"store": URL, "run": RUN, ...})`` (:class:`DeltaRLInitInfo`): checkpoint
   names are mapped onto vLLM's parameters through the model's own ``load_weights``
-  (:mod:`.mapping`), then the engine loads ``version`` (default: HEAD) from the newest keyframe at
-  or before it plus the deltas after it, straight into those parameters, and checks the newest
-  state digest on the way. From then on the engine serves a known version of the run.
-* after the bootstrap and after each commit the engine stages the next version in the background
-  as soon as it is published (``prefetch``, on by default): vLLM keeps generating meanwhile, and
-  the update that asks for it finds it staged.
-* ``start_weight_update()`` drops anything staged.
-* ``update_weights({"update_info": {"version": N}})`` (or ``"latest"``): fetches version N's
-  manifest and segments and stages its delta against the served weights, nothing written. A
-  version whose parent is not the served version, that is missing, or whose bytes do not verify
-  is refused here (the call raises; vLLM ends the update session) and the weights are untouched.
-* ``finish_weight_update()`` commits the staged delta in place (the pause: a checked scatter);
-  where the manifest records a state digest it is then computed over the served weights and a
-  mismatch rolls the version back before raising. Call ``reset_prefix_cache()`` afterwards: KV
-  computed under the old weights is stale.
+  (:mod:`deltarl.updater.probe`; once per tensor table), then ``version`` (default: HEAD) is
+  rebuilt from the newest keyframe plus the deltas after it in fresh tensors, checked, and only
+  then swapped into the parameters: a failed init (a missing store, version or object, a chain
+  that does not verify) raises before any served weight is written, and the engine goes on
+  serving what it served.
+* after the bootstrap and after each commit the next version is staged in the background as soon
+  as it is published, while vLLM generates.
+* ``start_weight_update()`` opens an update session.
+* ``update_weights({"update_info": {"version": N}})`` (or ``"latest"``) takes the version staged in
+  the background. It never fetches or decodes inside the call (vLLM's engine does not generate
+  while a worker RPC runs): a version not staged yet answers ``[deltarl:NotStaged]`` at once
+  (``[deltarl:NotPublished]`` for one not committed yet), and the client asks again
+  (:func:`deltarl.actor.backends.vllm.take_update` does). ``"latest"`` two or more versions
+  behind is staged in one go, and must be the id HEAD names.
+* ``finish_weight_update()`` commits the staged version in place (the pause); where the manifest
+  records a state digest it is computed over the served weights and a mismatch rolls the version
+  back before raising. Call ``reset_prefix_cache()`` afterwards: KV computed under the old
+  weights is stale.
 
+Every error carries its kind, ``[deltarl:ClassName] message`` (docs/integrations.md).
 :class:`~deltarl.integrations.vllm.worker.DeltaRLWorkerExtension` reads the served version (and
 its digest) back through ``collective_rpc``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
+import functools
 import logging
-import threading
+import sys
 import time
-from collections.abc import Coroutine
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -43,13 +48,11 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from deltarl.errors import BaseMismatch, ConfigError, IntegrityError, ObjectNotFound, RunError, short_pair
+from deltarl.errors import ConfigError
+from deltarl.updater.inplace import InPlaceUpdater, Served, tag
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-
-#: how long one long-poll of the background prefetch waits for the next manifest
-PREFETCH_POLL_S = 5.0
 
 
 @dataclass
@@ -78,42 +81,50 @@ class DeltaRLInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class DeltaRLUpdateInfo(WeightTransferUpdateInfo):
-    """``update_info`` of the ``deltarl`` backend: the version to stage (``"latest"``: HEAD)."""
+    """``update_info`` of the ``deltarl`` backend: the version to take (``"latest"``: HEAD)."""
 
     version: int | str = "latest"
-    #: seconds to wait for a version that is not committed yet (long-polls the relays)
+    #: how long the client goes on asking for a version not committed yet: while it does (> 0) the
+    #: engine keeps waiting for it in the background; 0 is a refusal that stops background staging
+    #: until the next update
     wait_s: float = 0.0
 
 
-@dataclass
-class Served:
-    """What the engine serves, and what the last update cost (read back by the worker extension)."""
+def tagged(method: Callable[..., R]) -> Callable[..., R]:
+    """vLLM's call, with any error it raises tagged with its kind (``[deltarl:ClassName]``)."""
 
-    version: int
-    version_id: str
-    fetch_s: float = 0.0
-    decode_s: float = 0.0
-    pause_s: float = 0.0
-    digest_s: float = 0.0
-    changed: int = 0
-    #: whether the update was staged in the background before it was asked for
-    prefetched: bool = False
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> R:
+        try:
+            return method(*args, **kwargs)
+        except Exception as err:
+            tag(err)
+            if args and isinstance(args[0], DeltaRLEngine) and args[0].leave_to_last_rank(err):
+                return None  # type: ignore[return-value]  # the last rank raises it for every rank
+            raise err from err.__cause__
+
+    return call
 
 
-def _refuse_repacked_layers(model: Any) -> None:
-    """ConfigError (before anything is written) for layers whose kernel reads a repacked copy of
-    the loaded weights, so that an in-place write would not reach it: MoE experts on vLLM's CPU
-    build (``cpu_prepack_moe_weight`` after loading; measured: the probe maps them, the digest
-    matches, the tokens do not)."""
-    from vllm.platforms import current_platform
+def _calling_worker() -> Any:
+    """The vLLM worker creating this engine (found on the call stack), weakly, or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        obj = frame.f_locals.get("self")
+        if obj is not None and hasattr(obj, "_check_weight_transfer_engine"):
+            return weakref.ref(obj)
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
 
-    if not current_platform.is_cpu():
-        return
-    moe = [name for name, m in model.named_modules() if hasattr(m, "w13_weight")]  # vLLM's fused-experts layers
-    if moe:
-        raise ConfigError(f"deltarl's vLLM engine cannot update MoE models on vLLM's CPU build: it repacks the expert "
-                          f"weights after loading ({moe[0]} and {len(moe) - 1} more), so an in-place write would "
-                          "not reach its kernel")
+
+def _vllm_ranks() -> Any:
+    """The engine's workers, from vLLM's world group (its gloo CPU group)."""
+    from vllm.distributed.parallel_state import get_world_group
+
+    from deltarl.updater.ranks import Ranks
+
+    g = get_world_group()
+    return Ranks(g.cpu_group, int(g.rank_in_group), int(g.world_size))
 
 
 class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
@@ -125,196 +136,111 @@ class DeltaRLEngine(WeightTransferEngine[DeltaRLInitInfo, DeltaRLUpdateInfo]):
 
     def __init__(self, config: Any, vllm_config: Any, device: Any, model: Any) -> None:
         super().__init__(config, vllm_config, device, model)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._fetcher: Any = None
-        self._source: Any = None
-        self._store: Any = None
-        self.views: dict[str, Any] = {}
+        self.updater = InPlaceUpdater("deltarl-vllm")
         self.placements: list[Any] = []
-        self.served: Served | None = None
-        self._staged: tuple[Any, Any, str, float, float] | None = None  # (staged, manifest, id, fetch_s, decode_s)
-        # the background staging of the next version: (version, base id, published, future)
-        self._ahead: tuple[int, str, threading.Event, concurrent.futures.Future[Any]] | None = None
         self.init_info: DeltaRLInitInfo | None = None
-        self._prefetched = False
+        self.experts: Any = None  # LiveExperts: MoE layers whose kernel reads a packed copy (CPU build)
+        self._worker = _calling_worker()
 
-    # --- the event loop the fetcher runs on -------------------------------------------------------
-    def _call(self, coro: Coroutine[Any, Any, R]) -> R:
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+    def leave_to_last_rank(self, err: BaseException) -> bool:
+        """Whether this rank leaves an agreed refusal to the engine's last rank to raise (True: it
+        returns). vLLM's multiprocess executor raises at the first worker whose reply is an error
+        and leaves the later workers' replies queued, so that the next call of every rank would read
+        a stale reply; every refusal here is agreed by all ranks, so only the last one raises it.
+        This rank's worker ends its update session as vLLM does on an error."""
+        ranks = self.updater.ranks
+        if ranks.size == 1 or ranks.rank == ranks.size - 1:
+            return False
+        log.info("deltarl: rank %d: %s (the last rank reports it)", ranks.rank, err)
+        worker = None if self._worker is None else self._worker()
+        if worker is not None and getattr(worker, "_weight_update_active", False):
+            worker._weight_update_active = False
+            self.reset_weight_update_target()
+        return True
 
-    def _tp(self) -> int:
-        return int(getattr(self.parallel_config, "tensor_parallel_size", 1)) * int(
-            getattr(self.parallel_config, "pipeline_parallel_size", 1))
+    @property
+    def views(self) -> dict[str, Any]:
+        """The served tensors by checkpoint name: views of vLLM's parameters."""
+        return self.updater.views
 
-    # --- vLLM's interface ----------------------------------------------------------------------------
+    @property
+    def served(self) -> Served | None:
+        return self.updater.served
+
+    @tagged
     def init_transfer_engine(self, init_info: DeltaRLInitInfo) -> None:
-        from deltarl.actor.fetcher import Fetcher
-        from deltarl.actor.source import FetcherSource
-        from deltarl.codec.heap import trim
-        from deltarl.codec.jit_warmup import warm_codec_quietly
-        from deltarl.integrations.vllm.mapping import derive_views
-        from deltarl.pipeline.catch_up import catch_up
-        from deltarl.storage.open import open_store
+        from deltarl.integrations.vllm.experts import LiveExperts
 
-        if self._tp() != 1:
-            raise ConfigError("deltarl's vLLM engine maps checkpoint tensors onto whole parameters: "
-                              "tensor and pipeline parallel sizes must be 1 (each rank holds part of a tensor)")
-        _refuse_repacked_layers(self.model)
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(target=self._loop.run_forever, name="deltarl-vllm", daemon=True)
-            self._thread.start()
-        self._close_source()
+        if int(getattr(self.parallel_config, "pipeline_parallel_size", 1)) != 1:
+            raise ConfigError("deltarl's vLLM engine serves tensor and expert parallel ranks: pipeline parallel "
+                              "size must be 1")
+        if int(getattr(self.parallel_config, "tensor_parallel_size", 1)) > 1 and self.updater.ranks.size == 1:
+            self.updater.ranks = _vllm_ranks()  # each rank holds part of the model: every update agreed by all
+        if self.experts is None:  # MoE on the CPU build: live expert weights beside the kernel's packed copy
+            self.experts = LiveExperts(self.model)
+            if self.experts:
+                self.updater.after_write = self._after_write
+        self.updater.attach(self._probe, init_info.store, init_info.run, relays=init_info.relays, version=init_info.version,
+                            streams=init_info.streams, token=init_info.token, verify=init_info.verify,
+                            prefetch=init_info.prefetch, store_options=init_info.store_options)
         self.init_info = init_info
-        self._store = open_store(init_info.store, must_exist=True, **init_info.store_options)
 
-        async def open_source() -> Any:
-            self._fetcher = Fetcher([*init_info.relays, self._store], streams=init_info.streams,
-                                    cooldown_s=5.0, token=init_info.token)
-            self._source = FetcherSource(self._fetcher, init_info.run)
-            return await self._source.run_info()
+    def _probe(self, table: Sequence[Any]) -> dict[str, Any]:
+        """Views of vLLM's parameters by checkpoint name, found by probing the model's ``load_weights``."""
+        from deltarl.updater.probe import derive_views
 
-        info = self._call(open_source())
         t0 = time.perf_counter()
-        params = dict(self.model.named_parameters())
-        self.views, self.placements = derive_views(self.model.load_weights, params, list(info.tensors))
-        warm_codec_quietly({t.dtype for t in info.tensors})  # numba's kernels, before the first delta
+        ranks, failed = self.updater.ranks, None
+        with self.experts.loading():  # the probe sees (and writes) the experts' live weights
+            try:
+                views, self.placements = derive_views(self.model.load_weights, dict(self.model.named_parameters()),
+                                                      list(table), sharded=ranks.size > 1)
+            except Exception as err:  # the other ranks hear of it before it is raised (no rank waits forever)
+                failed = err
+        try:
+            ranks.cover(list(table), None if failed else self.placements)  # the ranks' parts tile every tensor
+        except Exception:
+            if failed is not None:
+                raise failed from None
+            raise
+        self.updater.placements = self.placements
         log.info("deltarl: %d checkpoint tensors mapped onto %d vLLM parameters in %.2f s",
-                 len(self.views), len({p.param for p in self.placements}), time.perf_counter() - t0)
+                 len(views), len({p.param for p in self.placements}), time.perf_counter() - t0)
+        return views
 
-        async def bootstrap() -> Any:
-            version = init_info.version
-            if version is None:
-                head = await self._source.head()
-                if head is None:
-                    raise RunError(f"run {init_info.run!r} has no HEAD: nothing to serve yet")
-                version = head.version
-            return await catch_up(self._source, version, into=self.views, verify=init_info.verify)
-
-        t0 = time.perf_counter()
-        caught = self._call(bootstrap())
-        self.served = Served(caught.manifest.version, caught.version_id, fetch_s=time.perf_counter() - t0)
-        trim()  # the probes' and the keyframe read's buffers back to the OS
-        self._prefetch()
-        log.info("deltarl: serving %s version %d (%s) from keyframe %d + %d deltas",
-                 init_info.run, caught.manifest.version, caught.version_id[:12], caught.keyframe_version, caught.deltas)
-
+    @tagged
     def start_weight_update(self) -> None:
-        self._staged = None
+        self.updater.start_update()
 
-    async def _stage(self, served: Served, version: int, wait_s: float) -> tuple[Any, Any, str, float, float]:
-        """Fetch (verified) and stage ``version`` against ``served``: (staged, manifest, id, fetch_s, decode_s)."""
-        from deltarl.codec.apply import stage_delta
+    @tagged
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        super().update_weights(update_info)  # parses update_info (its errors tagged too), then receive_weights
 
-        t0 = time.perf_counter()
-        manifest, vid = await self._source.manifest(version, wait_s=wait_s)
-        if manifest.parent != served.version_id:
-            named, has = short_pair(manifest.parent or "", served.version_id)
-            raise BaseMismatch(f"{manifest.key}: parent {named} is not the served version's id {has}")
-        segments = await self._source.segments(manifest)
-        t1 = time.perf_counter()
-        staged = await asyncio.to_thread(stage_delta, self.views, segments, base=served.version_id)
-        return staged, manifest, vid, t1 - t0, time.perf_counter() - t1
-
-    def _prefetch(self) -> None:
-        """Stage the version after the served one in the background, while vLLM generates (reads only:
-        the old values; the commit still checks every position). Long-polls until it is published."""
-        self._cancel_prefetch()
-        served, info = self.served, self.init_info
-        if served is None or info is None or not info.prefetch or self._loop is None:
-            return
-
-        published = threading.Event()
-
-        async def ahead() -> tuple[Any, Any, str, float, float]:
-            while True:
-                try:
-                    await self._source.manifest(served.version + 1, wait_s=PREFETCH_POLL_S)
-                except ObjectNotFound:  # not published yet: poll again (relays hold the request)
-                    continue
-                published.set()
-                return await self._stage(served, served.version + 1, 0.0)
-
-        fut = asyncio.run_coroutine_threadsafe(ahead(), self._loop)
-        self._ahead = (served.version + 1, served.version_id, published, fut)
-
-    def _cancel_prefetch(self) -> None:
-        if self._ahead is not None:
-            self._ahead[3].cancel()
-            self._ahead = None
-
+    @tagged
     def receive_weights(self, update_info: DeltaRLUpdateInfo) -> None:
-        if self.served is None:
-            raise RunError("deltarl: init_weight_transfer_engine has not run: no version is served")
-        served = self.served
-        self._staged = None
-        self._prefetched = False
-        want = update_info.version
-        if want == "latest":
-            head = self._call(self._source.head())
-            want = served.version if head is None else head.version
-        if not isinstance(want, int):
-            raise ConfigError(f"update_info version must be an int or 'latest', not {want!r}")
-        if want == served.version:
-            return  # already served: nothing to stage
-        if want != served.version + 1:
-            raise BaseMismatch(f"version {want} does not apply to the served version {served.version}: "
-                               f"stage version {served.version + 1} next (one version an update)")
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[:2] == (want, served.version_id) and ahead[2].is_set():
-            self._staged = ahead[3].result()  # published: staged in the background, or about to be
-            self._prefetched = True
-            return
-        if ahead is not None:
-            ahead[3].cancel()  # not published yet: ask directly (waiting wait_s, ObjectNotFound after)
-        self._staged = self._call(self._stage(served, want, update_info.wait_s))
+        self.updater.take(update_info.version, wait_s=update_info.wait_s)
 
+    @tagged
     def finish_weight_update(self) -> None:
-        if self._staged is None:
-            return
-        staged, manifest, vid, fetch_s, decode_s = self._staged
-        self._staged = None
-        t0 = time.perf_counter()
-        staged.commit()
-        pause = time.perf_counter() - t0
-        digest_s = 0.0
-        if manifest.state_digest is not None and self.init_info is not None and self.init_info.verify:
-            t1 = time.perf_counter()
-            got = self.digest(manifest.state_digest.algo)
-            digest_s = time.perf_counter() - t1
-            if got != manifest.state_digest.value:
-                staged.rollback()
-                shown_got, shown_rec = short_pair(got, manifest.state_digest.value)
-                raise IntegrityError(f"{manifest.key}: served weights hash to {shown_got}, the manifest records "
-                                     f"{shown_rec}; version {manifest.version} rolled back")
-        self.served = Served(manifest.version, vid, fetch_s, decode_s, pause, digest_s, staged.changed_elements,
-                             self._prefetched)
-        self._prefetch()
+        self.updater.commit()
+
+    def _after_write(self, changes: dict[str, Any] | None) -> None:
+        """The kernel's packed experts follow what a commit or rollback wrote (None: everything)."""
+        if changes is None:
+            self.experts.repack()
+        else:
+            self.experts.mirror(self.placements, changes)
 
     def digest(self, algo: str | None = None) -> str:
-        """The state digest of the served weights by checkpoint name (hashed in place, no copy)."""
-        from deltarl.codec.tensors import DIGEST_ALGO, state_digest
+        """The state digest of this rank's served weights by checkpoint name (hashed in place, no copy)."""
+        return self.updater.digest(algo)
 
-        return state_digest(self.views, algo or DIGEST_ALGO)
+    def engine_digest(self) -> str:
+        """The state digest of the whole engine's served weights (a collective: every rank calls it)."""
+        return self.updater.engine_digest()
 
-    def _close_source(self) -> None:
-        """Stop any prefetch and close the fetcher and the origin store (a re-attach, or shutdown)."""
-        self._cancel_prefetch()
-        fetcher, store, self._fetcher, self._store, self._source = self._fetcher, self._store, None, None, None
-        if fetcher is not None and self._loop is not None:
-            asyncio.run_coroutine_threadsafe(fetcher.close(), self._loop).result(timeout=30)
-        if store is not None:
-            store.close()
+    def background(self) -> dict[str, Any]:
+        return self.updater.background()
 
     def shutdown(self) -> None:
-        if self._loop is None:
-            return
-        try:
-            self._close_source()
-        finally:
-            loop, self._loop = self._loop, None
-            loop.call_soon_threadsafe(loop.stop)
-            if self._thread is not None:
-                self._thread.join(timeout=30)
+        self.updater.close()

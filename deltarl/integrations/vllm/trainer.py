@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, TrainerWeightTransferEngine, WeightSource
 
 from deltarl.integrations.vllm import sources
+from deltarl.actor.backends.vllm import take_update
 from deltarl.integrations.vllm.plugin import BACKEND
 
 log = logging.getLogger(__name__)
@@ -147,8 +148,9 @@ class DeltaRLTrainerEngine(TrainerWeightTransferEngine[DeltaRLTrainerInitInfo]):
         self._publish()
         if not self.is_sender:
             return
-        self.client.start_weight_update()
-        self.client.update_weights({"version": self.version})
+        # the engine answers "not staged yet" at once while it stages in the background: ask again
+        assert self.version is not None  # published just above
+        take_update(self.client.start_weight_update, self.client.update_weights, self.version)
         self.client.finish_weight_update(weight_version=str(self.version))
         reset_prefix_cache(self.client)
 

@@ -28,15 +28,34 @@ class DeltaRLWorkerExtension:
         return engine
 
     def deltarl_status(self, digest: bool = False) -> dict[str, Any]:
-        """The served version, its id, the last update's timings and what the worker has fetched
-        (``fetch``: bytes by source, objects, retries); with ``digest``, the state digest of the
-        served weights (hashed in place)."""
+        """The served version, its id and the last update's timings (no ``version`` key: nothing
+        served), the version staged in the background and its last error (``[deltarl:Kind] …``),
+        the worker's resident memory; with ``digest``, the state digest of this rank's served weights
+        (``digest``, hashed in place) and of the whole engine's (``engine_digest``, joined from every rank);
+        ``fetch``: what this worker has fetched (bytes by source, objects, retries)."""
         engine = self._deltarl_engine()
         out: dict[str, Any] = {} if engine.served is None else dataclasses.asdict(engine.served)
         out["tensors"] = len(engine.views)
-        fetcher = getattr(engine, "_fetcher", None)  # what this worker fetched, by source (relays, origin)
+        out.update(engine.background())  # the version staged in the background, and its last error
+        out["rss_bytes"] = _rss_bytes()
+        fetcher = engine.updater.fetcher  # what this worker fetched, by source (relays, origin)
         if fetcher is not None and dataclasses.is_dataclass(getattr(fetcher, "stats", None)):
             out["fetch"] = dataclasses.asdict(fetcher.stats)
         if digest and engine.views:
             out["digest"] = engine.digest()
+            out["engine_digest"] = engine.engine_digest()  # every rank takes part: ask every worker at once
+        out["rank"] = engine.updater.ranks.rank
+        out["fetched_bytes"] = getattr(engine.updater._sub, "fetched_bytes", None)  # a tensor/expert parallel rank's reads
         return out
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

@@ -1,6 +1,6 @@
 """Checkpoint names mapped through vLLM's own ``load_weights`` on other architectures: Llama (untied
-LM head) updates bit for bit and generates as a fresh engine on ``replay``; MoE is refused on the
-CPU build, before anything is written."""
+LM head) updates bit for bit and generates as a fresh engine on ``replay`` (MoE and tensor parallel
+layouts: test_parallel.py)."""
 
 from __future__ import annotations
 
@@ -61,20 +61,3 @@ def test_llama_updates_equal_a_fresh_engine(tmp_path: Path) -> None:
         assert greedy(fresh) == after
     finally:
         shut(fresh)
-
-
-def test_moe_is_refused_on_the_cpu_build_before_anything_is_written(tmp_path: Path) -> None:
-    from transformers import Qwen3MoeConfig
-
-    from deltarl.integrations.vllm import attach
-
-    ckpt, _ = _run(tmp_path, Qwen3MoeConfig(**COMMON, moe_intermediate_size=128, num_experts=4, num_experts_per_tok=2,
-                                            tie_word_embeddings=False))
-    llm = engine(ckpt)
-    try:
-        before = greedy(llm)
-        with pytest.raises(Exception, match="cannot update MoE models on vLLM's CPU build"):
-            attach(llm, str(tmp_path / "store"), "r", version=0)
-        assert greedy(llm) == before  # still serving its checkpoint, untouched
-    finally:
-        shut(llm)

@@ -27,28 +27,21 @@ from deltarl.errors import (
 # fp16 [[1, 2, -0], [inf, 0.5, 3]] -> [[1, 2+ulp, -0], [inf, 0.5, -3]] (a sign flip).
 GOLDEN = {
     "ctx": (
-        "44524c53010000008200000017325fd90200763002000000000001006201010400000000000000000001006802020200"
-        "000000000000030000000000000002000000000000000400000000000000000000000400000000000000020000000000"
-        "00003f0000000000000001000000040000000000000000000000060000000000000002000000000000003a0000000000"
-        "000007080c00000001000000000000000000000001000000000000000000000001000000010000000000000001000000"
-        "7f0000000100ff0000060101c08080fc000a050600000001000000000000000000000001000000000000000000000001"
-        "0000000200000000000000010000001000000f0201c04080fffc4007985e70"
+        "44524c5302000000420000007ed0213e0200763002000000000001006201010400000000000000000001006802020200"
+        "0000000000000300000000000000020000000c00000000040004021e01040006021907080c010000010000010100017f"
+        "0000000100ff0000060101c08080fc000a0506010000010000010200011000000f0201c04080fffc40c50fa77d"
     ),
     "aurora": (
-        "44524c5301000000820000008d3397240200763002000000000001006201010400000000000000000001006802020200"
-        "000000000000030000000000000002000000000000000100000000000000000000000400000000000000020000000000"
-        "00000e0000000000000001000000010000000000000000000000060000000000000002000000000000000e0000000000"
-        "000002000000040000000003813fc17f02000000040000000104014000c26122bec0"
+        "44524c5302000000420000004a7a28e90200763002000000000001006201010400000000000000000001006802020200"
+        "0000000000000300000000000000020000000c00000000010004020801010006020802040003813fc17f020401040140"
+        "00c298508f78"
     ),
     # sparse: b changes at 0 (+1) and 3 (+65: one large value, k_big_val 6); h at 1 (+1) and 5
     # (the sign flip, |d| = 2^15: k_big_val 15, sign 1). Rice gaps 0, 2 and 1, 3 (k_pos 0).
     "sparse": (
-        "44524c5301000000820000004bd6f7fc0200763002000000000001006201010400000000000000000001006802020200"
-        "000000000000030000000000000002000000000000000500000000000000000000000400000000000000020000000000"
-        "000038000000000000000100000005000000000000000000000006000000000000000200000000000000390000000000"
-        "000000000601000000000000000100000000000000000000000100000000000000000000000100000001000000000000"
-        "0001000000904080fc0000000f0100000000000000010000000000000000000000010000000000000000000000010000"
-        "00020000000000000001000000444080fffc4060aaa810"
+        "44524c53020000004200000031638ed80200763002000000000001006201010400000000000000000001006802020200"
+        "0000000000000300000000000000020000000c00000000050004021a01050006021b0000060100000000000000010000"
+        "01000001010001904080fc0000000f010000000000000001000001000001020001444080fffc40f594f18f"
     ),
 }
 
@@ -84,19 +77,19 @@ def test_golden_bytes(codec: str) -> None:
 def test_golden_prefix_and_header_fields() -> None:
     seg = bytes.fromhex(GOLDEN["aurora"])
     magic, version, flags, hlen, hcrc = struct.unpack_from("<4sHHII", seg, 0)
-    assert (magic, version, flags) == (b"DRLS", 1, 0)
+    assert (magic, version, flags) == (b"DRLS", 2, 0)
     assert hcrc == zlib.crc32(seg[16 : 16 + hlen])
     assert struct.unpack("<I", seg[-4:])[0] == zlib.crc32(seg[:-4])
     h = read_segment_header(seg)
-    assert h.format_version == 1
+    assert h.format_version == 2
     assert h.base == "v0"
     assert [(t.name, t.dtype, t.shape) for t in h.tensors] == [
         ("b", "bfloat16", (4,)),
         ("h", "float16", (2, 3)),
     ]
     assert h.chunks == (
-        ChunkInfo("b", 0, 4, 2, "aurora", 14),
-        ChunkInfo("h", 0, 6, 2, "aurora", 14),
+        ChunkInfo("b", 0, 4, 2, "aurora", 8),
+        ChunkInfo("h", 0, 6, 2, "aurora", 8),
     )
     stats = delta_stats([seg])
     assert (stats.changed_elements, stats.total_elements, stats.encoded_bytes) == (4, 10, len(seg))
@@ -105,9 +98,9 @@ def test_golden_prefix_and_header_fields() -> None:
 # Two tensors: "model.b.weight" shares "model." with the name before it (shared 6, suffix
 # "b.weight") and is unchanged, so the segment lists no chunk for it; the parser covers it whole.
 GOLDEN_SHARED_UNCHANGED = (
-    "44524c53010000006600000022a88bcc020076300200000000000e006d6f64656c2e612e776569676874010102000000"
-    "0000000006000800622e7765696768740101010000000000000001000000000000000100000000000000000000000200"
-    "00000000000001000000000000000b00000000000000010000000200000001813fc9e58de2"
+    "44524c5302000000480000002e72652f020076300200000000000e006d6f64656c2e612e776569676874010102000000"
+    "0000000006000800622e776569676874010101000000000000000100000006000000000100020105010201813fd3faf4"
+    "6d"
 )
 
 
@@ -119,7 +112,7 @@ def test_golden_shared_name_prefix_and_a_tensor_without_chunks() -> None:
     h = read_segment_header(seg)
     assert [t.name for t in h.tensors] == ["model.a.weight", "model.b.weight"]
     assert h.chunks == (
-        ChunkInfo("model.a.weight", 0, 2, 1, "aurora", 11),
+        ChunkInfo("model.a.weight", 0, 2, 1, "aurora", 5),
         ChunkInfo("model.b.weight", 0, 1, 0, "none", 0),
     )
     state = _copy(old)
@@ -154,8 +147,9 @@ def test_specific_errors() -> None:
     (seg,) = encode_delta(old, new, base="v0", codec="ctx")
     with pytest.raises(FormatError, match="magic"):
         read_segment_header(b"XXXX" + seg[4:])
-    with pytest.raises(UnsupportedFormatVersion):
-        read_segment_header(_refix(seg[:4] + b"\x02\x00" + seg[6:]))
+    for version in (b"\x01\x00", b"\x03\x00"):  # format 1 (40-byte chunk entries, no cells) is refused
+        with pytest.raises(UnsupportedFormatVersion):
+            read_segment_header(_refix(seg[:4] + version + seg[6:]))
     with pytest.raises(IntegrityError):
         read_segment_header(seg[:-5] + bytes([seg[-5] ^ 1]) + seg[-4:])
     with pytest.raises(FormatError, match="too short"):

@@ -1,0 +1,326 @@
+"""Parts of tensors: what a tensor- or expert-parallel rank holds, and which chunks of a delta it needs.
+
+A rank of a sharded inference engine holds, of each checkpoint tensor, a :class:`Region`: the whole
+tensor, nothing (an expert on another rank), a row range ``[start, stop)`` along dim 0
+(column-parallel layers, vocabulary shards, replicated KV heads) or a column block along dim 1
+(row-parallel layers: ``o_proj``, ``down_proj``, MoE ``w2``). Deltas cut every large tensor that
+``ctx`` codes into the cells of its shard grid (:mod:`deltarl.codec.grid`), so a region that is a
+union of cells (any TP 1, 2, 4, 8 part along either dimension) needs only those cells' chunks and
+decodes them against only its own base; the other chunks need no base to find their changes, so
+any region decodes them alone (docs/FORMAT.md, "Tiles").
+
+How a rank uses it::
+
+    regions = {name: Region.rows(a, b), other: Region.cols(a, b), expert_elsewhere: Region.none()}
+    views = {name: param[a:b], other: param2}            # the rank's memory: shape = region.shape(global)
+    needed = plan_chunks(header, regions)                # per segment header: chunks and payload ranges
+    # (deltarl.pipeline.region_reads fetches only those byte ranges, each piece verified)
+    staged = stage_delta(views, segments, base=vid, regions=regions, specs=run_json_tensors)
+    staged.commit()                                      # or rollback(); the transaction is the usual one
+
+A view is the rank's parameter memory for the region, indexed from the region's first row and
+column: a contiguous row range, or a strided column block (``param.narrow(1, a, b - a)``; each row
+contiguous). Staging reads the base only from the views and the commit writes only into them.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from deltarl.codec.grid import Grid, flat_to_global
+from deltarl.codec.segment import FLAT, ChunkInfo, SegmentHeader
+from deltarl.codec.tensors import BF16, TensorSpec, dtype_of, is_cuda
+from deltarl.errors import RegionError
+
+Kind = Literal["whole", "none", "rows", "cols"]
+# Codecs that find a chunk's changes from the payload alone: a region decodes any part of their chunks.
+PART_CODECS = frozenset({"none", "sparse", "dense"})
+
+
+@dataclass(frozen=True)
+class Region:
+    """The part of one checkpoint tensor a rank holds (``start``/``stop`` index dim 0 or dim 1)."""
+
+    kind: Kind = "whole"
+    start: int = 0
+    stop: int = 0
+
+    @classmethod
+    def whole(cls) -> Region:
+        return cls("whole")
+
+    @classmethod
+    def none(cls) -> Region:
+        return cls("none")
+
+    @classmethod
+    def rows(cls, start: int, stop: int) -> Region:
+        return cls("rows", start, stop)
+
+    @classmethod
+    def cols(cls, start: int, stop: int) -> Region:
+        return cls("cols", start, stop)
+
+    @classmethod
+    def tp(cls, dim: int, rank: int, size: int, n: int) -> Region:
+        """Rank ``rank`` of ``size`` equal parts of a dimension of length ``n`` (dim 0 rows, 1 columns)."""
+        if n % size:
+            raise RegionError(f"a dimension of {n} does not split into {size} equal parts")
+        part = n // size
+        return cls("rows" if dim == 0 else "cols", rank * part, (rank + 1) * part)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("whole", "none", "rows", "cols"):
+            raise RegionError(f"unknown region kind {self.kind!r}")
+        if self.kind in ("rows", "cols") and not 0 <= self.start < self.stop:
+            raise RegionError(f"region {self.kind} [{self.start}, {self.stop}) is empty or negative")
+
+    def bounds(self, grid: Grid) -> tuple[int, int, int, int]:
+        """``(first row, end row, first column element, end column element)`` in the tensor."""
+        if self.kind == "rows":
+            if self.stop > grid.rows:
+                raise RegionError(f"rows [{self.start}, {self.stop}) outside {grid.rows} rows")
+            return self.start, self.stop, 0, grid.row_elems
+        if self.kind == "cols":
+            if len(grid.shape) < 2 or self.stop > grid.cols:
+                raise RegionError(f"columns [{self.start}, {self.stop}) outside shape {list(grid.shape)}")
+            return 0, grid.rows, self.start * grid.inner, self.stop * grid.inner
+        return 0, grid.rows, 0, grid.row_elems
+
+    def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of this region of a tensor of ``shape`` (the rank's view has it)."""
+        if self.kind == "rows":
+            return (self.stop - self.start, *shape[1:])
+        if self.kind == "cols":
+            return (shape[0], self.stop - self.start, *shape[2:])
+        return tuple(shape)
+
+    def numel(self, shape: tuple[int, ...]) -> int:
+        n = 1
+        for d in self.shape(shape):
+            n *= d
+        return 0 if self.kind == "none" else n
+
+
+Overlap = Literal["all", "part", "none"]
+
+
+def chunk_rows_cols(grid: Grid, c: ChunkInfo) -> tuple[int, int, int, int]:
+    """The rows ``[a, b)`` and column elements ``[x, y)`` a chunk's elements lie in (a bounding box)."""
+    if c.cell == FLAT:
+        r0, c0, width = 0, 0, grid.row_elems
+    else:
+        r0, _, cc0, cc1 = grid.rect(c.cell)
+        c0, width = cc0 * grid.inner, (cc1 - cc0) * grid.inner
+    qa, qb = c.start // width, (c.start + c.count - 1) // width
+    if qa == qb:
+        return r0 + qa, r0 + qa + 1, c0 + c.start % width, c0 + (c.start + c.count - 1) % width + 1
+    return r0 + qa, r0 + qb + 1, c0, c0 + width
+
+
+def overlap(grid: Grid, c: ChunkInfo, bounds: tuple[int, int, int, int]) -> Overlap:
+    """Whether a chunk's elements lie all, partly or not at all in a region's ``bounds``."""
+    ra, rb, ca, cb = bounds
+    a, b, x, y = chunk_rows_cols(grid, c)
+    if b <= ra or a >= rb or y <= ca or x >= cb:
+        return "none"
+    if ra <= a and b <= rb and ca <= x and y <= cb:
+        return "all"
+    return "part"
+
+
+def global_index(grid: Grid, c: ChunkInfo, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Global ``(row, column element)`` of chunk-relative positions."""
+    index = pos.astype(np.int64) + c.start
+    return flat_to_global(grid, index) if c.cell == FLAT else grid.to_global(c.cell, index)
+
+
+def in_region_count(grid: Grid, c: ChunkInfo, bounds: tuple[int, int, int, int]) -> int:
+    """How many of a chunk's elements lie in ``bounds`` (row by row; no element is enumerated)."""
+    ra, rb, ca, cb = bounds
+    if c.cell == FLAT:
+        r0, c0, width = 0, 0, grid.row_elems
+    else:
+        r0, _, cc0, cc1 = grid.rect(c.cell)
+        c0, width = cc0 * grid.inner, (cc1 - cc0) * grid.inner
+    q = np.arange(c.start // width, (c.start + c.count - 1) // width + 1, dtype=np.int64)
+    lo = np.maximum(c.start, q * width) - q * width + c0
+    hi = np.minimum(c.start + c.count, (q + 1) * width) - q * width + c0
+    rows = r0 + q
+    keep = (rows >= ra) & (rows < rb)
+    return int(np.maximum(0, np.minimum(hi, cb) - np.maximum(lo, ca))[keep].sum())
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """A chunk a region needs: its index in the segment's chunk table and its payload's byte range."""
+
+    index: int
+    chunk: ChunkInfo
+    offset: int  # payload's first byte in the segment
+    overlap: Overlap
+
+
+def plan_chunks(
+    header: SegmentHeader, regions: dict[str, Region], *, grids: dict[str, Grid] | None = None
+) -> list[ChunkRef]:
+    """The chunks of one segment that the ``regions`` need (with a change and touching a region).
+
+    Cost: one pass over the chunk table. Raises RegionError for a chunk coded with a codec that
+    needs its whole base (``ctx``) that lies partly in a region: that region is not a union of the
+    tensor's grid cells (or the delta came from a sharded writer's row-major chunks).
+    """
+    grids = {} if grids is None else grids
+    specs = {t.name: t for t in header.tensors}
+    out: list[ChunkRef] = []
+    off = header.payload_offset
+    for i, c in enumerate(header.chunks):
+        region = regions.get(c.tensor)
+        here = off
+        off += c.nbytes
+        if region is None or region.kind == "none" or not c.changed:
+            continue
+        grid = grids.get(c.tensor) or grids.setdefault(c.tensor, Grid(specs[c.tensor].shape))
+        how = "all" if region.kind == "whole" else overlap(grid, c, region.bounds(grid))
+        if how == "none":
+            continue
+        if how == "part" and c.codec not in PART_CODECS:
+            raise RegionError(
+                f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} (cell {c.cell}, codec {c.codec}) needs base "
+                f"elements outside the region {region}: not a union of the tensor's grid cells"
+            )
+        out.append(ChunkRef(i, c, here, how))
+    return out
+
+
+def byte_ranges(refs: list[ChunkRef]) -> list[tuple[int, int]]:
+    """The payload byte ranges ``[start, end)`` of ``refs``, adjacent ones merged."""
+    out: list[tuple[int, int]] = []
+    for r in sorted(refs, key=lambda r: r.offset):
+        a, b = r.offset, r.offset + r.chunk.nbytes
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _contiguous_rows(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether every dimension but the first is laid out contiguously (strides in elements)."""
+    want = 1
+    for d, s in zip(reversed(shape[1:]), reversed(strides[1:]), strict=True):
+        if d > 1 and s != want:
+            return False
+        want *= d
+    return True
+
+
+def span_of(name: str, value: Any, shape: tuple[int, ...]) -> tuple[Any, int]:
+    """``(span, row stride)``: a 1-D view over the memory of a region view, from its first element to
+    its last (rows of a column block are ``row stride`` elements apart), the same kind of object as
+    ``value`` (torch tensor, numpy array or BF16)."""
+    if tuple(int(d) for d in value.shape) != tuple(shape):
+        raise RegionError(
+            f"tensor {name!r}: view of shape {list(value.shape)}, region has shape {list(shape)}"
+        )
+    dtype_of(name, value)
+    rows = shape[0] if shape else 1
+    row_elems = 1
+    for d in shape[1:]:
+        row_elems *= d
+    if rows * row_elems == 0:
+        raise RegionError(f"tensor {name!r}: an empty region has no view")
+    if isinstance(value, BF16 | np.ndarray):
+        arr = value.bits if isinstance(value, BF16) else value
+        isz = arr.dtype.itemsize
+        strides = tuple(s // isz for s in arr.strides) if arr.ndim else ()
+        if not _contiguous_rows(shape, strides) or (arr.ndim and strides[0] < row_elems and rows > 1):
+            raise RegionError(f"tensor {name!r}: the rows of a region view must be contiguous")
+        s0 = strides[0] if arr.ndim and rows > 1 else row_elems
+        span = np.lib.stride_tricks.as_strided(arr, shape=((rows - 1) * s0 + row_elems,), strides=(isz,))
+        return (BF16(span) if isinstance(value, BF16) else span), s0
+    torch = sys.modules["torch"]
+    strides = tuple(value.stride())
+    if not _contiguous_rows(shape, strides) or (value.dim() and strides[0] < row_elems and rows > 1):
+        raise RegionError(f"tensor {name!r}: the rows of a region view must be contiguous")
+    s0 = strides[0] if value.dim() and rows > 1 else row_elems
+    length = (rows - 1) * s0 + row_elems
+    return torch.as_strided(value.detach(), (length,), (1,), value.storage_offset()), s0
+
+
+def block_of(span: Any, s0: int, rows: int, width: int, r: tuple[int, int], x: tuple[int, int]) -> np.ndarray:
+    """Contiguous copy of rows ``r`` and column elements ``x`` of a region (``span``'s 2-D layout is
+    ``rows`` rows ``s0`` apart, ``width`` elements each): the old bits a cell chunk decodes against."""
+    if is_cuda(span):
+        torch = sys.modules["torch"]
+        from deltarl.codec.tensors import UINT_BY_SIZE, signed_torch_dtype
+
+        flat = span.view(signed_torch_dtype(span.element_size()))
+        block = flat.as_strided((rows, width), (s0, 1))[r[0] : r[1], x[0] : x[1]].contiguous().cpu().numpy()
+        return block.reshape(-1).view(UINT_BY_SIZE[block.itemsize])
+    from deltarl.codec.tensors import flat_bits
+
+    arr = flat_bits("span", span)
+    view = np.lib.stride_tricks.as_strided(
+        arr, shape=(rows, width), strides=(s0 * arr.itemsize, arr.itemsize)
+    )
+    return np.ascontiguousarray(view[r[0] : r[1], x[0] : x[1]]).reshape(-1)
+
+
+def region_spec(name: str, spec: TensorSpec, length: int) -> TensorSpec:
+    """The spec of a region's 1-D span (what the staged update writes into)."""
+    return TensorSpec(name, spec.dtype, (length,))
+
+
+class Placement:
+    """Where the stager finds one tensor's region: grid, bounds, the span (the memory staged into and
+    committed to) and its row stride. With ``whole`` the span is the tensor itself (flat offsets)."""
+
+    def __init__(self, name: str, spec: TensorSpec, region: Region, value: Any) -> None:
+        self.name, self.spec, self.region = name, spec, region
+        self.grid = Grid(spec.shape)
+        self.bounds = region.bounds(self.grid)
+        self.whole = region.kind == "whole"
+        if self.whole:
+            self.span, self.s0 = value, self.grid.row_elems
+        else:
+            self.span, self.s0 = span_of(name, value, region.shape(spec.shape))
+
+    @property
+    def span_spec(self) -> TensorSpec:
+        ra, rb, ca, cb = self.bounds
+        if self.whole:
+            return self.spec
+        return region_spec(self.name, self.spec, (rb - ra - 1) * self.s0 + cb - ca)
+
+    def old_bits(self, c: ChunkInfo) -> np.ndarray:
+        """Contiguous old bits of a chunk that lies wholly in the region."""
+        ra, rb, ca, cb = self.bounds
+        g = self.grid
+        if c.cell == FLAT:
+            r0, x0, width = 0, 0, g.row_elems
+        else:
+            r0, _, cc0, cc1 = g.rect(c.cell)
+            x0, width = cc0 * g.inner, (cc1 - cc0) * g.inner
+        qa, qb = c.start // width, (c.start + c.count - 1) // width
+        block = block_of(
+            self.span, self.s0, rb - ra, cb - ca, (r0 + qa - ra, r0 + qb + 1 - ra), (x0 - ca, x0 + width - ca)
+        )
+        first = c.start - qa * width
+        return block[first : first + c.count]
+
+    def offsets(self, c: ChunkInfo, pos: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """``(mask, offsets)``: which chunk-relative positions lie in the region (None: all) and their
+        element offsets in the span."""
+        ra, rb, ca, cb = self.bounds
+        row, col = global_index(self.grid, c, pos)
+        mask = None
+        if not self.whole:
+            inside = (row >= ra) & (row < rb) & (col >= ca) & (col < cb)
+            if not bool(inside.all()):
+                mask, row, col = inside, row[inside], col[inside]
+        return mask, (row - ra) * self.s0 + (col - ca)

@@ -1,0 +1,151 @@
+"""Shard-grid cells (segment format 2): golden bytes, and every TP part along either dim decodes alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from deltarl.codec import BF16, encode_delta, read_segment_header, stage_delta, tensor_table
+from deltarl.codec import encode as encode_mod
+from deltarl.codec.grid import Grid, cell_size, morton
+from deltarl.codec.regions import Region, plan_chunks
+from deltarl.errors import RegionError, StagingError
+
+# A 16 x 16 bfloat16 tensor, 2 x 2 cells of 8 x 8, coded ctx cell by cell (Z order: 0, 1, 8, 9; classes
+# of two exponents, shift 8 and 7 bits, as a cell with few changes has):
+# element (r, c) changes by +1 ulp when (r * 16 + c) % 37 == 0, by -3 ulp when it is 100.
+GOLDEN_CELLS = (
+    "44524c53020000003f000000b44d67900200763001000000000001007401021000000000000000100000000000000004"
+    "00000018000000000c0040031e00140040021c004c0040011500540040021c08070c010100010000010000013e020000"
+    "02013f0000000100587040404008070c010100000000000000013c04000001003d0300000100a0f80008070601000000"
+    "0000000000013e0000000100200008070c010100000000000000013d02000001003f030000010050a800f1f9911e"
+)
+
+
+def _cells_pair() -> tuple[dict, dict]:
+    rng = np.random.default_rng(7)
+    old = (0x3C00 + rng.integers(0, 0x0400, size=(16, 16))).astype(np.uint16)
+    new = old.copy().reshape(-1)
+    idx = np.arange(256)
+    new[idx % 37 == 0] += 1
+    new[100] -= 3
+    return {"t": BF16(old)}, {"t": BF16(new.reshape(16, 16))}
+
+
+def test_golden_cells(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 1)
+    old, new = _cells_pair()
+    (seg,) = encode_delta(old, new, base="v0", codec="ctx")
+    assert seg.hex() == GOLDEN_CELLS
+    h = read_segment_header(seg)
+    assert [(c.cell, c.start, c.count, c.codec) for c in h.chunks] == [
+        (0, 0, 64, "ctx"), (1, 0, 64, "ctx"), (8, 0, 64, "ctx"), (9, 0, 64, "ctx"),
+    ]  # fmt: skip
+    state = {"t": BF16(old["t"].bits.copy())}
+    stage_delta(state, [seg], base="v0").commit()
+    assert np.array_equal(state["t"].bits, new["t"].bits)
+
+
+def test_grid_cells_hold_every_tp_part() -> None:
+    for n in (1, 7, 64, 100, 1024, 151936, 151665):
+        cell = cell_size(n)
+        assert -(-n // cell) <= 8
+        padded = -(-n // 64) * 64
+        for tp in (1, 2, 4, 8):
+            if padded % (tp * cell) == 0 or n < 64:
+                continue
+            assert padded // tp % cell == 0  # vLLM's padded-vocabulary shards are unions of cells
+    assert [morton(c) for c in (0, 1, 8, 9, 63)] == [0, 1, 2, 3, 63]
+    g = Grid((100, 30, 2))
+    assert sum(g.numel(c) for c in g.cells) == 6000
+
+
+_SPECIAL = np.array([0x0000, 0x8000, 0x7FC1, 0xFFC0, 0x0001, 0x8001, 0x7F80, 0xFF80], dtype=np.uint16)
+
+
+def _pair(rows: int, cols: int, density: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    old = (0x3800 + rng.integers(0, 0x0C00, size=rows * cols)).astype(np.uint16)
+    old[rng.integers(0, old.size, size=max(1, old.size // 50))] = rng.choice(_SPECIAL, size=max(1, old.size // 50))
+    new = old.copy()
+    hit = rng.random(old.size) < density
+    new[hit] += rng.choice(np.array([1, 1, 1, 0xFFFF, 2, 0x8000], dtype=np.uint16), size=int(hit.sum()))
+    new[rng.integers(0, old.size, size=2)] = rng.choice(_SPECIAL, size=2)  # +-0, NaN, subnormals, inf
+    return old.reshape(rows, cols), new.reshape(rows, cols)
+
+
+def _torch(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(a.copy().view(np.int16)).view(torch.bfloat16)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.sampled_from([8, 16, 40, 64, 72, 128]),
+    cols=st.sampled_from([8, 24, 64, 96, 128]),
+    density=st.sampled_from([0.0, 1e-3, 1e-2, 0.05, 0.3, 0.7, 1.0]),
+    codec=st.sampled_from(["auto", "ctx", "sparse", "dense"]),
+    seed=st.integers(0, 2**16),
+)
+def test_every_tp_part_decodes_alone(rows: int, cols: int, density: float, codec: str, seed: int) -> None:
+    old_w, new_w = _pair(rows, cols, density, seed)
+    old_v, new_v = _pair(1, rows * 2, density, seed + 1)
+    old = {"w": BF16(old_w), "v": BF16(old_v.reshape(-1))}
+    new = {"w": BF16(new_w), "v": BF16(new_v.reshape(-1))}
+    saved = encode_mod.TILE_MIN_ELEMENTS
+    encode_mod.TILE_MIN_ELEMENTS = 64  # cut these small tensors into cells too
+    try:
+        segs = encode_delta(old, new, base="b", codec=codec, segment_bytes=512)
+    finally:
+        encode_mod.TILE_MIN_ELEMENTS = saved
+    whole = {k: _torch(v.bits) for k, v in old.items()}
+    stage_delta(whole, segs, base="b").commit()
+    assert np.array_equal(whole["w"].view(torch.int16).numpy().view(np.uint16), new_w)
+    specs = tensor_table(old)
+    for dim in (0, 1):
+        for tp in (1, 2, 4, 8):
+            n = (rows, cols)[dim]
+            if n % tp or ((n // tp) % cell_size(n) and tp > 1):
+                continue  # not a union of cells: only TP parts of multiples of 64 (and padded vocabularies)
+            for rank in range(tp):
+                state = {k: _torch(v.bits) for k, v in old.items()}
+                region = Region.tp(dim, rank, tp, n)
+                views = {"w": state["w"].narrow(dim, region.start, region.stop - region.start), "v": state["v"]}
+                regions = {"w": region, "v": Region.whole()}
+                upd = stage_delta(views, segs, base="b", regions=regions, specs=specs)
+                upd.commit()
+                got = state["w"].view(torch.int16).numpy().view(np.uint16)
+                want = old_w.copy()
+                sl = (slice(region.start, region.stop), slice(None)) if dim == 0 else (slice(None), slice(region.start, region.stop))
+                want[sl] = new_w[sl]
+                assert np.array_equal(got, want), (dim, tp, rank)  # its part new, the rest untouched
+                upd.rollback()
+                assert np.array_equal(state["w"].view(torch.int16).numpy().view(np.uint16), old_w)
+
+
+def test_a_region_that_cuts_a_cell_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 1)
+    old, new = _cells_pair()
+    (seg,) = encode_delta(old, new, base="v0", codec="ctx")
+    state = {"t": _torch(old["t"].bits)}
+    with pytest.raises(RegionError):
+        plan_chunks(read_segment_header(seg), {"t": Region.rows(0, 4)})
+    with pytest.raises(RegionError):
+        stage_delta({"t": state["t"][0:4]}, [seg], base="v0", regions={"t": Region.rows(0, 4)}, specs=tensor_table(old))
+
+
+def test_a_missing_cell_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 1)
+    old, new = _cells_pair()
+    segs = encode_delta(old, new, base="v0", codec="ctx", segment_bytes=16)
+    assert len(segs) == 4
+    state = {"t": _torch(old["t"].bits)}
+    views = {"t": state["t"][8:16]}
+    regions = {"t": Region.rows(8, 16)}
+    parts = [s for s in segs if plan_chunks(read_segment_header(s), regions)]
+    assert len(parts) == 2  # the two lower cells
+    stage_delta(views, parts, base="v0", regions=regions, specs=tensor_table(old)).commit()
+    with pytest.raises(StagingError, match="incomplete"):
+        stage_delta(views, parts[:1], base="v0", regions=regions, specs=tensor_table(old))
