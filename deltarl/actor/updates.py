@@ -64,12 +64,15 @@ class FullUpdate:
         self.changed_elements = sum(int(t.numel()) for t in new.values())
 
     def _swap(self) -> None:
-        for name, t in self._new.items():  # same dtype and shape: copy_ is then bit-exact
-            live, new = self._state[name].view(-1), t.view(-1)
-            for a in range(0, live.numel(), self.SWAP_CHUNK):
-                tmp = live[a : a + self.SWAP_CHUNK].clone()
-                live[a : a + self.SWAP_CHUNK].copy_(new[a : a + self.SWAP_CHUNK])
-                new[a : a + self.SWAP_CHUNK].copy_(tmp)
+        import torch
+
+        with torch.no_grad():  # an engine's parameters (views of them) may require grad
+            for name, t in self._new.items():  # same dtype and shape: copy_ is then bit-exact
+                live, new = self._state[name].view(-1), t.view(-1)
+                for a in range(0, live.numel(), self.SWAP_CHUNK):
+                    tmp = live[a : a + self.SWAP_CHUNK].clone()
+                    live[a : a + self.SWAP_CHUNK].copy_(new[a : a + self.SWAP_CHUNK])
+                    new[a : a + self.SWAP_CHUNK].copy_(tmp)
 
     def commit(self) -> None:
         if not self._state:

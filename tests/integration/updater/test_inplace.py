@@ -21,7 +21,8 @@ pytestmark = pytest.mark.torch
 
 
 class Engine:
-    """An engine's parameters by checkpoint name, made once per tensor table."""
+    """An engine's parameters, made once per tensor table: as vLLM's, one fused parameter (that
+    requires grad) holding every checkpoint tensor; the views are slices of it."""
 
     def __init__(self) -> None:
         self.params: dict[str, Any] = {}
@@ -31,7 +32,14 @@ class Engine:
         import torch
 
         self.mapped += 1
-        self.params = {t.name: torch.zeros(tuple(t.shape), dtype=getattr(torch, t.dtype)) for t in table}
+        self.params = {}
+        for dtype in sorted({t.dtype for t in table}):  # one fused parameter a dtype
+            tensors = [t for t in table if t.dtype == dtype]
+            fused = torch.nn.Parameter(torch.zeros(sum(t.numel for t in tensors), dtype=getattr(torch, dtype)))
+            start = 0
+            for t in tensors:
+                self.params[t.name] = fused.view(-1)[start : start + t.numel].view(tuple(t.shape))
+                start += t.numel
         return self.params
 
 

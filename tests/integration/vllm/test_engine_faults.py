@@ -187,11 +187,12 @@ def test_a_relay_serving_a_manifest_that_does_not_verify_falls_back_to_the_origi
     from deltarl.integrations.vllm import attach, status, update
     from deltarl.relay import BackgroundRelay, RelayConfig
 
-    states = runs.publish("e", 2)
+    runs.publish("e", 1)
     cfg = RelayConfig(cache_dir=str(tmp_path / "cache"), piece_bytes=256 << 10, poll_interval_s=0.02, head_ttl_s=0.1)
     relay = BackgroundRelay(runs.url, cfg)
     try:
         attach(llm, runs.url, "e", relays=[relay.url], version=0, prefetch=False)
+        states = runs.publish("e", 1)  # version 1: its manifest is read first through the relay, below
         manifest = next((Path(runs.url) / "e" / "versions").glob("*1/manifest.json"))
         good = manifest.read_bytes()
         manifest.chmod(0o644)
