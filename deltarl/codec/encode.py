@@ -128,6 +128,12 @@ def _tiles(numel: int, old: np.ndarray, new: np.ndarray, codec: str) -> bool:
     return int(np.count_nonzero(a != b)) >= registry.SPARSE_MAX_FRACTION * _SAMPLE_BLOCKS * run
 
 
+def kind_of(name: str) -> str:
+    """A tensor's name without its numbers (``model.layers.mlp.experts.down_proj.weight``): tensors
+    of one kind are split alike by every engine, so the encoder writes them next to each other."""
+    return ".".join(p for p in name.split(".") if not p.isdigit())
+
+
 def _cpu(value: Any) -> Any:
     return value.cpu() if is_cuda(value) else value
 
@@ -176,12 +182,14 @@ def iter_encode_delta(
             for start in range(0, spec.numel, step):
                 stop = min(spec.numel, start + step)
                 yield spec, FLAT, start, o[start:stop], n[start:stop]
-        for cell in MORTON_ORDER:
+        tiled.sort(key=lambda item: (kind_of(item[0].name), item[0].name))
+        for quarter in range(4):  # Z-order quarters; in each, tensors of a kind together, then their cells
             for spec, grid, o, n in tiled:
-                if grid.has(cell):
-                    ot, nt = grid.tile(o, cell), grid.tile(n, cell)
-                    for start in range(0, ot.size, step):
-                        yield spec, cell, start, ot[start : start + step], nt[start : start + step]
+                for cell in MORTON_ORDER[16 * quarter : 16 * quarter + 16]:
+                    if grid.has(cell):
+                        ot, nt = grid.tile(o, cell), grid.tile(n, cell)
+                        for start in range(0, ot.size, step):
+                            yield spec, cell, start, ot[start : start + step], nt[start : start + step]
 
     yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, worker_threads(), empty=True,
                          finite=check_finite, part_safe=cells)
