@@ -32,7 +32,7 @@ from deltarl.codec.hashing import (
 from deltarl.codec.heap import trim
 from deltarl.codec.jit_warmup import warm_codec_quietly
 from deltarl.codec.kernels import worker_threads
-from deltarl.codec.regions import ChunkRef, Region, byte_ranges, plan_chunks
+from deltarl.codec.regions import ChunkRef, Region, byte_ranges, plan_chunks, span_of
 from deltarl.codec.segment import ChunkInfo, DeltaStats, SegmentHeader, delta_stats, read_segment_header
 from deltarl.codec.tensors import (
     BF16,
@@ -48,6 +48,7 @@ from deltarl.codec.tensors import (
     stream_offsets,
     table_bytes,
     tensor_table,
+    uint_dtype,
 )
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "piece_hash",
     "plan_chunks",
     "read_segment_header",
+    "span_of",
     "stage_delta",
     "state_digest",
     "state_root",
@@ -94,6 +96,7 @@ __all__ = [
     "table_bytes",
     "tensor_table",
     "trim",
+    "uint_dtype",
     "warm_codec_quietly",
     "worker_threads",
 ]
