@@ -182,7 +182,9 @@ def read_part_regions(
     (hlen,) = struct.unpack_from("<Q", holder.data, 0)
     if 8 + hlen > part.size:
         raise FormatError(f"{part.key}: header length {hlen} is beyond the part ({part.size} bytes)")
-    pos, wanted, jobs = 8 + hlen, set(), []
+    pos = 8 + hlen
+    wanted: set[int] = set()
+    jobs: list[tuple[str, int, int, int, int]] = []
     for name, start, count in part.tensors:
         spec = specs[name]
         isz = uint_dtype(spec.dtype).itemsize
