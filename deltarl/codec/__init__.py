@@ -15,7 +15,7 @@ neither torch nor numba; torch tensors are recognised when seen and numba kernel
 first use (set ``DELTARL_NO_NUMBA=1`` for the pure-numpy path).
 """
 
-from deltarl.codec.apply import StagedUpdate, Stager, apply_delta, stage_delta
+from deltarl.codec.apply import StagedUpdate
 from deltarl.codec.encode import SEGMENT_CHANGES, encode_delta, iter_encode_delta, iter_encode_rows
 from deltarl.codec.finite import check_before_encode, check_finite, is_finite
 from deltarl.codec.grid import Grid
@@ -34,6 +34,7 @@ from deltarl.codec.jit_warmup import warm_codec_quietly
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.regions import ChunkRef, Region, byte_ranges, plan_chunks, span_of
 from deltarl.codec.segment import ChunkInfo, DeltaStats, SegmentHeader, delta_stats, read_segment_header
+from deltarl.codec.stager import Stager, apply_delta, stage_delta
 from deltarl.codec.tensors import (
     BF16,
     DIGEST_ALGO,
