@@ -14,7 +14,7 @@ from deltarl.codec import registry
 from deltarl.codec.chunk import Changes
 from deltarl.codec.classes import rank_classes
 from deltarl.codec.finite import nonfinite_bits
-from deltarl.codec.grid import MORTON_ORDER, Grid
+from deltarl.codec.grid import CELLS, MORTON_ORDER, Grid
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.segment import FLAT, ChunkInfo, pack_segment
 from deltarl.codec.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, spec_of, tensor_table
@@ -38,6 +38,9 @@ TILE_MIN_ELEMENTS = 1 << 16
 # A cell chunk with fewer changes codes ctx classes of two exponents (CELL_CLASS_FIELDS): its class
 # table is then half as long, which outweighs the coarser context below this many changes.
 CELL_COARSE_CHANGES = 4096
+# ``auto`` cuts a tensor into cells only when a cell will hold this many changes on average (at 1%
+# changed: cells of 51K elements, tensors of 3.3M); smaller tensors stay row-major and ``sparse``.
+CELL_MIN_CHANGES = 512
 
 
 def chunk_elements(segment_bytes: int) -> int:
@@ -114,9 +117,10 @@ def _looks_dense(old: np.ndarray, new: np.ndarray) -> bool:
 
 
 def _tiles(numel: int, old: np.ndarray, new: np.ndarray, codec: str) -> bool:
-    """Whether a tensor is cut into grid cells: large, and coded by a codec that needs the base's
-    classes (for ``auto``: a sample of 32 evenly spaced runs changed at ``SPARSE_MAX_FRACTION`` or
-    more, where ``auto`` tries ``ctx``)."""
+    """Whether a tensor is cut into grid cells: a codec that needs the base's classes will code it,
+    and (for ``auto``, from a sample of 32 evenly spaced runs) its cells will hold at least
+    ``CELL_MIN_CHANGES`` changes each on average; below that a cell's own chunk entry, stream lengths
+    and class table outweigh what ``ctx`` saves over ``sparse``, which decodes any part alone."""
     if numel < TILE_MIN_ELEMENTS:
         return False
     if codec != "auto":
@@ -125,7 +129,8 @@ def _tiles(numel: int, old: np.ndarray, new: np.ndarray, codec: str) -> bool:
     run = min(_SAMPLE_BLOCK, step)
     a = old[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :run]
     b = new[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :run]
-    return int(np.count_nonzero(a != b)) >= registry.SPARSE_MAX_FRACTION * _SAMPLE_BLOCKS * run
+    density = int(np.count_nonzero(a != b)) / (_SAMPLE_BLOCKS * run)
+    return density >= registry.SPARSE_MAX_FRACTION and density * numel / CELLS >= CELL_MIN_CHANGES
 
 
 def kind_of(name: str) -> str:

@@ -94,12 +94,12 @@ def test_every_tp_part_decodes_alone(rows: int, cols: int, density: float, codec
     old_v, new_v = _pair(1, rows * 2, density, seed + 1)
     old = {"w": BF16(old_w), "v": BF16(old_v.reshape(-1))}
     new = {"w": BF16(new_w), "v": BF16(new_v.reshape(-1))}
-    saved = encode_mod.TILE_MIN_ELEMENTS
-    encode_mod.TILE_MIN_ELEMENTS = 64  # cut these small tensors into cells too
+    saved = encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES
+    encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES = 64, 1  # cut these small tensors into cells too
     try:
         segs = encode_delta(old, new, base="b", codec=codec, segment_bytes=512)
     finally:
-        encode_mod.TILE_MIN_ELEMENTS = saved
+        encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES = saved
     whole = {k: _torch(v.bits) for k, v in old.items()}
     stage_delta(whole, segs, base="b").commit()
     assert np.array_equal(whole["w"].view(torch.int16).numpy().view(np.uint16), new_w)
