@@ -33,7 +33,7 @@ import numpy as np
 
 from deltarl.codec.grid import Grid, flat_to_global
 from deltarl.codec.segment import FLAT, ChunkInfo, SegmentHeader
-from deltarl.codec.tensors import BF16, TensorSpec, dtype_of, is_cuda
+from deltarl.codec.tensors import BF16, TensorSpec, dtype_of, flat_bits, is_cuda
 from deltarl.errors import RegionError
 
 Kind = Literal["whole", "none", "rows", "cols"]
@@ -260,13 +260,13 @@ def block_of(span: Any, s0: int, rows: int, width: int, r: tuple[int, int], x: t
         flat = span.view(torch.int16 if span.element_size() == 2 else torch.int32)
         block = flat.as_strided((rows, width), (s0, 1))[r[0] : r[1], x[0] : x[1]].contiguous().cpu().numpy()
         return block.reshape(-1).view(np.uint16 if block.itemsize == 2 else np.uint32)
-    from deltarl.codec.tensors import flat_bits
+    return np.ascontiguousarray(block_view(span, s0, rows, width)[r[0] : r[1], x[0] : x[1]]).reshape(-1)
 
+
+def block_view(span: Any, s0: int, rows: int, width: int) -> np.ndarray:
+    """A host span's bits as the region's 2-D array (``rows`` rows ``s0`` apart, ``width`` each)."""
     arr = flat_bits("span", span)
-    view = np.lib.stride_tricks.as_strided(
-        arr, shape=(rows, width), strides=(s0 * arr.itemsize, arr.itemsize)
-    )
-    return np.ascontiguousarray(view[r[0] : r[1], x[0] : x[1]]).reshape(-1)
+    return np.lib.stride_tricks.as_strided(arr, shape=(rows, width), strides=(s0 * arr.itemsize, arr.itemsize))
 
 
 def region_spec(name: str, spec: TensorSpec, length: int) -> TensorSpec:
@@ -283,6 +283,7 @@ class Placement:
         self.grid = Grid(spec.shape)
         self.bounds = region.bounds(self.grid)
         self.whole = region.kind == "whole"
+        self._view2d: np.ndarray | None = None
         if self.whole:
             self.span, self.s0 = value, self.grid.row_elems
         else:
@@ -305,9 +306,13 @@ class Placement:
             r0, _, cc0, cc1 = g.rect(c.cell)
             x0, width = cc0 * g.inner, (cc1 - cc0) * g.inner
         qa, qb = c.start // width, (c.start + c.count - 1) // width
-        block = block_of(
-            self.span, self.s0, rb - ra, cb - ca, (r0 + qa - ra, r0 + qb + 1 - ra), (x0 - ca, x0 + width - ca)
-        )
+        rows, cols = (r0 + qa - ra, r0 + qb + 1 - ra), (x0 - ca, x0 + width - ca)
+        if is_cuda(self.span):
+            block = block_of(self.span, self.s0, rb - ra, cb - ca, rows, cols)
+        else:  # the region's 2-D bit view, made once
+            if self._view2d is None:
+                self._view2d = block_view(self.span, self.s0, rb - ra, cb - ca)
+            block = np.ascontiguousarray(self._view2d[rows[0] : rows[1], cols[0] : cols[1]]).reshape(-1)
         first = c.start - qa * width
         return block[first : first + c.count]
 
@@ -315,6 +320,12 @@ class Placement:
         """``(mask, offsets)``: which chunk-relative positions lie in the region (None: all) and their
         element offsets in the span."""
         ra, rb, ca, cb = self.bounds
+        if self.whole and c.cell != FLAT:  # offsets straight from the cell's origin and width
+            r0, _, cc0, cc1 = self.grid.rect(c.cell)
+            width, rw = (cc1 - cc0) * self.grid.inner, self.grid.row_elems
+            index = pos.astype(np.int64) + c.start
+            q = index // width
+            return None, q * rw + (index - q * width) + (r0 * rw + cc0 * self.grid.inner)
         row, col = global_index(self.grid, c, pos)
         mask = None
         if not self.whole:
