@@ -11,16 +11,21 @@ any region decodes them alone (docs/FORMAT.md, "Tiles").
 
 How a rank uses it::
 
-    regions = {name: Region.rows(a, b), other: Region.cols(a, b), expert_elsewhere: Region.none()}
-    views = {name: param[a:b], other: param2}            # the rank's memory: shape = region.shape(global)
-    needed = plan_chunks(header, regions)                # per segment header: chunks and payload ranges
-    # (deltarl.pipeline.region_reads fetches only those byte ranges, each piece verified)
-    staged = stage_delta(views, segments, base=vid, regions=regions, specs=run_json_tensors)
+    regions = {q: Region.rows(a, b), o: Region.cols(a, b), expert_elsewhere: Region.none(), norm: Region.whole()}
+    views = {q: q_param, o: o_param, norm: norm_param}   # the rank's memory: shape = region.shape(global)
+    # a version: every segment's header pieces, then only the pieces of the chunks the regions need
+    parts = deltarl.pipeline.read_segment_parts(store.get_range, manifest, regions)
+    staged = stage_delta(views, [p.data for p in parts], base=parent_id, regions=regions,
+                         specs=run_info.tensors, headers=[p.header for p in parts])
     staged.commit()                                      # or rollback(); the transaction is the usual one
+    # a keyframe (late start): deltarl.pipeline.region_reads.read_part_regions per part, into the views
 
 A view is the rank's parameter memory for the region, indexed from the region's first row and
 column: a contiguous row range, or a strided column block (``param.narrow(1, a, b - a)``; each row
 contiguous). Staging reads the base only from the views and the commit writes only into them.
+:func:`plan_chunks` is the per-segment plan (chunks and payload byte ranges) for callers that fetch
+themselves. A region must be a union of grid cells for ``ctx`` chunks (every TP 1/2/4/8 part of a
+dimension that is a multiple of 64, and padded vocabularies); otherwise RegionError.
 """
 
 from __future__ import annotations
