@@ -72,7 +72,9 @@ class Region:
 
     @classmethod
     def tp(cls, dim: int, rank: int, size: int, n: int) -> Region:
-        """Rank ``rank`` of ``size`` equal parts of a dimension of length ``n`` (dim 0 rows, 1 columns)."""
+        """Rank ``rank`` of ``size`` equal parts of a dimension of length ``n`` (dim 0 rows, 1 columns).
+        A padded vocabulary's shard is ``Region.rows(r * per, min((r + 1) * per, vocab))`` instead,
+        with the view holding only the real rows (``per`` = padded rows / size)."""
         if n % size:
             raise RegionError(f"a dimension of {n} does not split into {size} equal parts")
         part = n // size
