@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks._format1 import format1_bytes
 from benchmarks._peers import PEERS, round_trip
 from benchmarks._scale_state import reset_peak, rss_bytes
 from deltarl.codec import BF16, delta_stats, encode_delta, stage_delta, state_digest
@@ -114,6 +115,10 @@ def measure(old: dict[str, BF16], new: dict[str, BF16], repeat: int) -> dict[str
                                         max(enc_peak, dec_peak), stage_s)  # fmt: skip
         rows[f"deltarl {codec}"]["codecs_used"] = _codecs_used(segs)
         del segs, work
+    flat = encode_delta(old, new, base="bench", cells=False)  # format 2 without cells, and format 1's bytes
+    rows["deltarl auto"]["bytes_no_cells"] = sum(len(s) for s in flat)
+    rows["deltarl auto"]["bytes_format1"] = format1_bytes(flat)
+    del flat
     o = {k: v.bits.reshape(-1) for k, v in old.items()}
     n = {k: v.bits.reshape(-1) for k, v in new.items()}
     for peer in PEERS:
@@ -206,6 +211,8 @@ def targets(sc: dict[str, Any]) -> dict[str, Any]:
     def stage(name: str) -> float:
         return float(sc[name]["formats"]["deltarl auto"]["stage_s"])
 
+    out["bytes_vs_format1"] = {name: s["formats"]["deltarl auto"]["bytes"] / s["formats"]["deltarl auto"]["bytes_format1"]
+                               for name, s in sc.items()}  # fmt: skip
     out["stage_ratio_dense_0.02_vs_1"] = stage("dense 0.02%") / stage("dense 1.00%")
     out["stage_ratio_moe_0.02_vs_uniform_1"] = stage("moe 0.02%") / stage("moe uniform 1.00%")
     enc = {k: sc[k]["formats"]["deltarl auto"]["encode_GBps"] for k in ("dense 0.02%", "dense 5.00%") if k in sc}
@@ -267,6 +274,10 @@ def _print(sc: dict[str, Any], tg: dict[str, Any]) -> None:
             )
         table.add_section()
     Console(width=200).print(table)
+    for name, s in sc.items():
+        auto = s["formats"]["deltarl auto"]
+        print(f"{name}: deltarl auto {auto['bytes']:,} B in format 2 (shard-grid cells), {auto['bytes_no_cells']:,} B "
+              f"without cells, {auto['bytes_format1']:,} B in format 1: {tg['bytes_vs_format1'][name]:.3f}x format 1")  # fmt: skip
     worst = max(v["ratio"] for v in tg["bytes_vs_best_peer"].values())
     print(f"targets: stage(0.02%)/stage(1%) dense {tg['stage_ratio_dense_0.02_vs_1']:.3f}, MoE "
           f"{tg['stage_ratio_moe_0.02_vs_uniform_1']:.3f} (<= 0.10); auto bytes vs best peer, worst "

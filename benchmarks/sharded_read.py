@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks._format1 import format1_bytes
 from benchmarks._scale_moe import BIG, layer_shapes, step
 from benchmarks._scale_state import MODELS, _to_bf16_bits, qwen3_specs
 from deltarl.codec import BF16, encode_delta, read_segment_header, stage_delta
-from deltarl.codec.chunk import unpack_streams
 from deltarl.codec.grid import Grid
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.regions import Region, plan_chunks
@@ -41,32 +40,8 @@ from deltarl.pipeline.region_reads import read_segment_parts
 
 OUT = Path(__file__).parent / "results" / "sharded_read.json"
 PIECE = 1 << 16
-_LAYOUT = {
-    "ctx": ("<BB", 11),
-    "sparse": ("<BBBQ", 10),
-    "dense": ("", 1),
-    "rice": ("<B", 5),
-    "aurora": ("", 2),
-}
 ROWS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head", "mlp.gate.")
 COLS = ("o_proj", "down_proj")
-
-
-def format1_bytes(segments: list[bytes]) -> int:
-    """The bytes format 1 takes for the same chunks: 40-byte chunk entries, u32 stream lengths."""
-    total = 0
-    for seg in segments:
-        h = read_segment_header(seg)
-        listed = [c for c in h.chunks if c.changed or c.codec == "none"]
-        total += len(seg) - 4 - h.chunk_table_bytes + 40 * len(listed)
-        off = h.payload_offset
-        for c in h.chunks:
-            if c.changed:
-                fmt, n = _LAYOUT[c.codec]
-                _, streams = unpack_streams(memoryview(seg)[off : off + c.nbytes], fmt, n)
-                total += struct.calcsize(fmt) + 4 * n + sum(len(s) for s in streams) - c.nbytes
-            off += c.nbytes
-    return total
 
 
 def region_of(name: str, shape: tuple[int, ...], rank: int, tp: int) -> Region:

@@ -14,7 +14,7 @@ from deltarl.codec import registry
 from deltarl.codec.chunk import Changes
 from deltarl.codec.classes import rank_classes
 from deltarl.codec.finite import nonfinite_bits
-from deltarl.codec.grid import MORTON_ORDER, Grid
+from deltarl.codec.grid import CELLS, MORTON_ORDER, Grid
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.segment import FLAT, ChunkInfo, pack_segment
 from deltarl.codec.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, spec_of, tensor_table
@@ -38,6 +38,9 @@ TILE_MIN_ELEMENTS = 1 << 16
 # A cell chunk with fewer changes codes ctx classes of two exponents (CELL_CLASS_FIELDS): its class
 # table is then half as long, which outweighs the coarser context below this many changes.
 CELL_COARSE_CHANGES = 4096
+# ``auto`` cuts a tensor into cells only when a cell will hold this many changes on average (at 1%
+# changed: cells of 51K elements, tensors of 3.3M); smaller tensors stay row-major and ``sparse``.
+CELL_MIN_CHANGES = 512
 
 
 def chunk_elements(segment_bytes: int) -> int:
@@ -117,9 +120,10 @@ def _looks_dense(old: np.ndarray, new: np.ndarray) -> bool:
 
 
 def _tiles(numel: int, old: np.ndarray, new: np.ndarray, codec: str) -> bool:
-    """Whether a tensor is cut into grid cells: large, and coded by a codec that needs the base's
-    classes (for ``auto``: a sample of 32 evenly spaced runs changed at ``SPARSE_MAX_FRACTION`` or
-    more, where ``auto`` tries ``ctx``)."""
+    """Whether a tensor is cut into grid cells: a codec that needs the base's classes will code it,
+    and (for ``auto``, from a sample of 32 evenly spaced runs) its cells will hold at least
+    ``CELL_MIN_CHANGES`` changes each on average; below that a cell's own chunk entry, stream lengths
+    and class table outweigh what ``ctx`` saves over ``sparse``, which decodes any part alone."""
     if numel < TILE_MIN_ELEMENTS:
         return False
     if codec != "auto":
@@ -128,7 +132,14 @@ def _tiles(numel: int, old: np.ndarray, new: np.ndarray, codec: str) -> bool:
     run = min(_SAMPLE_BLOCK, step)
     a = old[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :run]
     b = new[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :run]
-    return int(np.count_nonzero(a != b)) >= registry.SPARSE_MAX_FRACTION * _SAMPLE_BLOCKS * run
+    density = int(np.count_nonzero(a != b)) / (_SAMPLE_BLOCKS * run)
+    return density >= registry.SPARSE_MAX_FRACTION and density * numel / CELLS >= CELL_MIN_CHANGES
+
+
+def kind_of(name: str) -> str:
+    """A tensor's name without its numbers (``model.layers.mlp.experts.down_proj.weight``): tensors
+    of one kind are split alike by every engine, so the encoder writes them next to each other."""
+    return ".".join(p for p in name.split(".") if not p.isdigit())
 
 
 def _cpu(value: Any) -> Any:
@@ -179,12 +190,14 @@ def iter_encode_delta(
             for start in range(0, spec.numel, step):
                 stop = min(spec.numel, start + step)
                 yield spec, FLAT, start, o[start:stop], n[start:stop]
-        for cell in MORTON_ORDER:
+        tiled.sort(key=lambda item: (kind_of(item[0].name), item[0].name))
+        for quarter in range(4):  # Z-order quarters; in each, tensors of a kind together, then their cells
             for spec, grid, o, n in tiled:
-                if grid.has(cell):
-                    ot, nt = grid.tile(o, cell), grid.tile(n, cell)
-                    for start in range(0, ot.size, step):
-                        yield spec, cell, start, ot[start : start + step], nt[start : start + step]
+                for cell in MORTON_ORDER[16 * quarter : 16 * quarter + 16]:
+                    if grid.has(cell):
+                        ot, nt = grid.tile(o, cell), grid.tile(n, cell)
+                        for start in range(0, ot.size, step):
+                            yield spec, cell, start, ot[start : start + step], nt[start : start + step]
 
     yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, worker_threads(), empty=True,
                          finite=check_finite, part_safe=cells)

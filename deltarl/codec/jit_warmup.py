@@ -26,8 +26,8 @@ def warm_codec(dtypes: Iterable[str]) -> None:
     for bfloat16/float16, 32 for float32, 8 for the FP8 dtypes), at 0.02%, 1% and wholly changed (the ``sparse``, ``ctx`` and ``dense``
     codecs ``auto`` picks from); nothing is kept. Only those widths and codecs: on a fresh install numba
     compiles each signature on first use, and one the run never uses would cost seconds."""
-    from deltarl.codec.apply import stage_delta
     from deltarl.codec.encode import iter_encode_delta
+    from deltarl.codec.stager import stage_delta
 
     if kernels.jit() is None:
         return  # the numpy path has nothing to load

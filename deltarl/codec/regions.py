@@ -11,16 +11,21 @@ any region decodes them alone (docs/FORMAT.md, "Tiles").
 
 How a rank uses it::
 
-    regions = {name: Region.rows(a, b), other: Region.cols(a, b), expert_elsewhere: Region.none()}
-    views = {name: param[a:b], other: param2}            # the rank's memory: shape = region.shape(global)
-    needed = plan_chunks(header, regions)                # per segment header: chunks and payload ranges
-    # (deltarl.pipeline.region_reads fetches only those byte ranges, each piece verified)
-    staged = stage_delta(views, segments, base=vid, regions=regions, specs=run_json_tensors)
+    regions = {q: Region.rows(a, b), o: Region.cols(a, b), expert_elsewhere: Region.none(), norm: Region.whole()}
+    views = {q: q_param, o: o_param, norm: norm_param}   # the rank's memory: shape = region.shape(global)
+    # a version: every segment's header pieces, then only the pieces of the chunks the regions need
+    parts = deltarl.pipeline.read_segment_parts(store.get_range, manifest, regions)
+    staged = stage_delta(views, [p.data for p in parts], base=parent_id, regions=regions,
+                         specs=run_info.tensors, headers=[p.header for p in parts])
     staged.commit()                                      # or rollback(); the transaction is the usual one
+    # a keyframe (late start): deltarl.pipeline.region_reads.read_part_regions per part, into the views
 
 A view is the rank's parameter memory for the region, indexed from the region's first row and
 column: a contiguous row range, or a strided column block (``param.narrow(1, a, b - a)``; each row
 contiguous). Staging reads the base only from the views and the commit writes only into them.
+:func:`plan_chunks` is the per-segment plan (chunks and payload byte ranges) for callers that fetch
+themselves. A region must be a union of grid cells for ``ctx`` chunks (every TP 1/2/4/8 part of a
+dimension that is a multiple of 64, and padded vocabularies); otherwise RegionError.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import numpy as np
 
 from deltarl.codec.grid import Grid, flat_to_global
 from deltarl.codec.segment import FLAT, ChunkInfo, SegmentHeader
-from deltarl.codec.tensors import BF16, TensorSpec, dtype_of, is_cuda
+from deltarl.codec.tensors import BF16, TensorSpec, dtype_of, flat_bits, is_cuda
 from deltarl.errors import RegionError
 
 Kind = Literal["whole", "none", "rows", "cols"]
@@ -67,7 +72,9 @@ class Region:
 
     @classmethod
     def tp(cls, dim: int, rank: int, size: int, n: int) -> Region:
-        """Rank ``rank`` of ``size`` equal parts of a dimension of length ``n`` (dim 0 rows, 1 columns)."""
+        """Rank ``rank`` of ``size`` equal parts of a dimension of length ``n`` (dim 0 rows, 1 columns).
+        A padded vocabulary's shard is ``Region.rows(r * per, min((r + 1) * per, vocab))`` instead,
+        with the view holding only the real rows (``per`` = padded rows / size)."""
         if n % size:
             raise RegionError(f"a dimension of {n} does not split into {size} equal parts")
         part = n // size
@@ -256,19 +263,18 @@ def block_of(span: Any, s0: int, rows: int, width: int, r: tuple[int, int], x: t
     """Contiguous copy of rows ``r`` and column elements ``x`` of a region (``span``'s 2-D layout is
     ``rows`` rows ``s0`` apart, ``width`` elements each): the old bits a cell chunk decodes against."""
     if is_cuda(span):
-        torch = sys.modules["torch"]
         from deltarl.codec.tensors import UINT_BY_SIZE, signed_torch_dtype
 
         flat = span.view(signed_torch_dtype(span.element_size()))
         block = flat.as_strided((rows, width), (s0, 1))[r[0] : r[1], x[0] : x[1]].contiguous().cpu().numpy()
         return block.reshape(-1).view(UINT_BY_SIZE[block.itemsize])
-    from deltarl.codec.tensors import flat_bits
+    return np.ascontiguousarray(block_view(span, s0, rows, width)[r[0] : r[1], x[0] : x[1]]).reshape(-1)
 
+
+def block_view(span: Any, s0: int, rows: int, width: int) -> np.ndarray:
+    """A host span's bits as the region's 2-D array (``rows`` rows ``s0`` apart, ``width`` each)."""
     arr = flat_bits("span", span)
-    view = np.lib.stride_tricks.as_strided(
-        arr, shape=(rows, width), strides=(s0 * arr.itemsize, arr.itemsize)
-    )
-    return np.ascontiguousarray(view[r[0] : r[1], x[0] : x[1]]).reshape(-1)
+    return np.lib.stride_tricks.as_strided(arr, shape=(rows, width), strides=(s0 * arr.itemsize, arr.itemsize))
 
 
 def region_spec(name: str, spec: TensorSpec, length: int) -> TensorSpec:
@@ -285,6 +291,7 @@ class Placement:
         self.grid = Grid(spec.shape)
         self.bounds = region.bounds(self.grid)
         self.whole = region.kind == "whole"
+        self._view2d: np.ndarray | None = None
         if self.whole:
             self.span, self.s0 = value, self.grid.row_elems
         else:
@@ -307,9 +314,13 @@ class Placement:
             r0, _, cc0, cc1 = g.rect(c.cell)
             x0, width = cc0 * g.inner, (cc1 - cc0) * g.inner
         qa, qb = c.start // width, (c.start + c.count - 1) // width
-        block = block_of(
-            self.span, self.s0, rb - ra, cb - ca, (r0 + qa - ra, r0 + qb + 1 - ra), (x0 - ca, x0 + width - ca)
-        )
+        rows, cols = (r0 + qa - ra, r0 + qb + 1 - ra), (x0 - ca, x0 + width - ca)
+        if is_cuda(self.span):
+            block = block_of(self.span, self.s0, rb - ra, cb - ca, rows, cols)
+        else:  # the region's 2-D bit view, made once
+            if self._view2d is None:
+                self._view2d = block_view(self.span, self.s0, rb - ra, cb - ca)
+            block = np.ascontiguousarray(self._view2d[rows[0] : rows[1], cols[0] : cols[1]]).reshape(-1)
         first = c.start - qa * width
         return block[first : first + c.count]
 
@@ -317,6 +328,12 @@ class Placement:
         """``(mask, offsets)``: which chunk-relative positions lie in the region (None: all) and their
         element offsets in the span."""
         ra, rb, ca, cb = self.bounds
+        if self.whole and c.cell != FLAT:  # offsets straight from the cell's origin and width
+            r0, _, cc0, cc1 = self.grid.rect(c.cell)
+            width, rw = (cc1 - cc0) * self.grid.inner, self.grid.row_elems
+            index = pos.astype(np.int64) + c.start
+            q = index // width
+            return None, q * rw + (index - q * width) + (r0 * rw + cc0 * self.grid.inner)
         row, col = global_index(self.grid, c, pos)
         mask = None
         if not self.whole:

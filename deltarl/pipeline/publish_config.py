@@ -36,6 +36,11 @@ class PublishConfig(BaseModel):
     piece_size: int = Field(
         default=1 << 20, ge=1 << 16, le=1 << 26, description="bytes per verified piece of every object (a power of two)"
     )
+    cells: bool = Field(
+        default=True,
+        description="cut ctx-coded tensors into shard-grid cells so tensor/expert-parallel ranks read and stage only "
+        "their part (False: a few % fewer bytes and faster whole-model staging, for runs whose actors hold whole tensors)",
+    )
     segment_piece_size: int = Field(
         default=1 << 16, ge=1 << 16, le=1 << 26,
         description="bytes per verified piece of a delta segment: a tensor-parallel rank reads whole pieces of its part",

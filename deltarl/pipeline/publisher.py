@@ -310,7 +310,7 @@ class Publisher:
         assert self._writer.head_id is not None
         it = iter_encode_delta(self._prev, state, base=self._writer.head_id, segment_bytes=self.config.segment_bytes,
                                codec=self.config.codec, segment_changes=self.config.segment_changes or SEGMENT_CHANGES,
-                               check_finite=check_finite)
+                               check_finite=check_finite, cells=self.config.cells)
         encode_s = 0.0
         changed = 0
         for index in range(1 << 30):

@@ -19,10 +19,25 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from deltarl.codec import ChunkRef, Grid, Region, SegmentHeader, byte_ranges, plan_chunks, read_segment_header
+import numpy as np
+
+from deltarl.codec import (
+    ChunkRef,
+    Grid,
+    Region,
+    SegmentHeader,
+    TensorSpec,
+    byte_ranges,
+    flat_bits,
+    plan_chunks,
+    read_segment_header,
+    span_of,
+    uint_dtype,
+)
 from deltarl.errors import FormatError, IntegrityError, short_pair
-from deltarl.pipeline.manifest import Manifest, ObjectRef
+from deltarl.pipeline.manifest import KeyframePart, Manifest, ObjectRef
 from deltarl.pipeline.pieces import hash_piece
 
 #: ``get_range(key, start, end)``: bytes ``[start, end)`` of an immutable object.
@@ -122,4 +137,73 @@ def read_segment_parts(
     return parts
 
 
-__all__ = ["GetRange", "SegmentPart", "plan_segment", "read_header", "read_segment_parts"]
+def _needed_bytes(spec: TensorSpec, region: Region, start: int, count: int, isz: int) -> tuple[int, int] | None:
+    """Bytes ``[a, b)`` of a keyframe range (elements ``start..start+count`` of ``spec``) that hold a
+    region's elements: a row range's are contiguous; a column block's span its first to last row."""
+    grid = Grid(spec.shape)
+    ra, rb, ca, cb = region.bounds(grid)
+    rw = grid.row_elems
+    lo = max(start, ra * rw + ca)
+    hi = min(start + count, (rb - 1) * rw + cb)
+    if lo >= hi:
+        return None
+    return (lo - start) * isz, (hi - start) * isz
+
+
+def _copy_rows(src: np.ndarray, start: int, spec: TensorSpec, region: Region, dst: np.ndarray, s0: int) -> None:
+    """Copy the region's elements of ``src`` (elements ``start..`` of the tensor) into the region's
+    span ``dst`` (rows ``s0`` apart): whole rows as one 2-D copy, a cut row at either end alone."""
+    grid = Grid(spec.shape)
+    ra, rb, ca, cb = region.bounds(grid)
+    rw, end = grid.row_elems, start + src.size
+    view = np.lib.stride_tricks.as_strided(dst, shape=(rb - ra, cb - ca), strides=(s0 * dst.itemsize, dst.itemsize))
+    first, last = max(-(-start // rw), ra), min(end // rw, rb)
+    if first < last:
+        view[first - ra : last - ra] = src[first * rw - start : last * rw - start].reshape(-1, rw)[:, ca:cb]
+    for row in {start // rw, (end - 1) // rw} - set(range(first, last)):
+        if ra <= row < rb:
+            a, b = max(start, row * rw + ca), min(end, row * rw + cb)
+            if a < b:
+                view[row - ra, a - row * rw - ca : b - row * rw - ca] = src[a - start : b - start]
+
+
+def read_part_regions(
+    get_range: GetRange, part: KeyframePart, specs: Mapping[str, TensorSpec], regions: Mapping[str, Region],
+    views: Mapping[str, Any], *, named_by: str,
+) -> int:
+    """Read the elements of a keyframe part that ``regions`` hold into ``views`` (each region's
+    view, as for staging); every piece read is verified. Returns the bytes read.
+
+    A row range is one contiguous byte range of the part; a column block spans its first to last
+    row, so a TP-t rank holding column blocks reads about t times their bytes (every row's pieces)."""
+    ps = part.piece_size
+    holder = SegmentPart(part, bytearray(part.size), None)  # type: ignore[arg-type]  # pieces only
+    _read_pieces(get_range, holder, [0], named_by)
+    (hlen,) = struct.unpack_from("<Q", holder.data, 0)
+    if 8 + hlen > part.size:
+        raise FormatError(f"{part.key}: header length {hlen} is beyond the part ({part.size} bytes)")
+    pos = 8 + hlen
+    wanted: set[int] = set()
+    jobs: list[tuple[str, int, int, int, int]] = []
+    for name, start, count in part.tensors:
+        spec = specs[name]
+        isz = uint_dtype(spec.dtype).itemsize
+        region = regions.get(name)
+        span = None if region is None or region.kind == "none" else _needed_bytes(spec, region, start, count, isz)
+        if span is not None:
+            wanted.update(range((pos + span[0]) // ps, (pos + span[1] - 1) // ps + 1))
+            jobs.append((name, start, count, pos, isz))
+        pos += count * isz
+    if pos != part.size:
+        raise FormatError(f"{part.key}: its ranges end at byte {pos}, {named_by} records {part.size} bytes")
+    _read_pieces(get_range, holder, sorted(wanted), named_by)
+    for name, start, count, at, isz in jobs:
+        spec, region = specs[name], regions[name]
+        a, b = _needed_bytes(spec, region, start, count, isz) or (0, 0)
+        src = np.frombuffer(holder.data, dtype=uint_dtype(spec.dtype), count=(b - a) // isz, offset=at + a)
+        span, s0 = span_of(name, views[name], region.shape(spec.shape))
+        _copy_rows(src, start + a // isz, spec, region, flat_bits(name, span, writable=True), s0)
+    return holder.fetched_bytes
+
+
+__all__ = ["GetRange", "SegmentPart", "plan_segment", "read_header", "read_part_regions", "read_segment_parts"]

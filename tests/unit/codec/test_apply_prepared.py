@@ -33,7 +33,7 @@ def _clone(state: dict[str, object]) -> dict[str, object]:
 @pytest.mark.parametrize("torch_scatter", [False, True])
 def test_commit_rollback_idempotent_on_both_paths(torch_scatter: bool) -> None:
     old, new = _states()
-    segs = encode_delta(old, new, base="p", segment_bytes=4096)
+    segs = encode_delta(old, new, base="p", segment_bytes=1024)
     assert len(segs) > 1
     state = _clone(old)
     upd = stage_delta(state, segs, base="p", torch_scatter=torch_scatter)

@@ -94,12 +94,12 @@ def test_every_tp_part_decodes_alone(rows: int, cols: int, density: float, codec
     old_v, new_v = _pair(1, rows * 2, density, seed + 1)
     old = {"w": BF16(old_w), "v": BF16(old_v.reshape(-1))}
     new = {"w": BF16(new_w), "v": BF16(new_v.reshape(-1))}
-    saved = encode_mod.TILE_MIN_ELEMENTS
-    encode_mod.TILE_MIN_ELEMENTS = 64  # cut these small tensors into cells too
+    saved = encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES
+    encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES = 64, 1  # cut these small tensors into cells too
     try:
         segs = encode_delta(old, new, base="b", codec=codec, segment_bytes=512)
     finally:
-        encode_mod.TILE_MIN_ELEMENTS = saved
+        encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES = saved
     whole = {k: _torch(v.bits) for k, v in old.items()}
     stage_delta(whole, segs, base="b").commit()
     assert np.array_equal(whole["w"].view(torch.int16).numpy().view(np.uint16), new_w)
@@ -149,3 +149,20 @@ def test_a_missing_cell_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     stage_delta(views, parts, base="v0", regions=regions, specs=tensor_table(old)).commit()
     with pytest.raises(StagingError, match="incomplete"):
         stage_delta(views, parts[:1], base="v0", regions=regions, specs=tensor_table(old))
+
+
+def test_an_expert_on_another_rank_is_never_read() -> None:
+    rng = np.random.default_rng(1)
+    old = {f"e{i}": BF16((0x3C00 + rng.integers(0, 0x400, size=(64, 32))).astype(np.uint16)) for i in range(4)}
+    new = {k: BF16(v.bits.copy()) for k, v in old.items()}
+    for v in new.values():
+        v.bits[rng.random(v.bits.shape) < 0.05] += 1
+    segs = encode_delta(old, new, base="b", segment_bytes=64)
+    regions = {"e0": Region.none(), "e1": Region.whole(), "e2": Region.none(), "e3": Region.whole()}
+    assert {r.chunk.tensor for s in segs for r in plan_chunks(read_segment_header(s), regions)} == {"e1", "e3"}
+    state = {k: _torch(v.bits) for k, v in old.items()}
+    views = {k: state[k] for k in ("e1", "e3")}
+    stage_delta(views, segs, base="b", regions=regions, specs=tensor_table(old)).commit()
+    for k in old:
+        want = new[k].bits if k in views else old[k].bits
+        assert np.array_equal(state[k].view(torch.int16).numpy().view(np.uint16), want)

@@ -1,0 +1,332 @@
+"""Staging: decode segments against a state, or against views of the parts a rank holds, into a
+:class:`~deltarl.codec.apply.StagedUpdate` (nothing is written until its commit)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from deltarl.codec import kernels, registry
+from deltarl.codec.apply import StagedUpdate, _old_range, _old_reader, _Part
+from deltarl.codec.chunk import Decoded
+from deltarl.codec.kernels import worker_threads
+from deltarl.codec.regions import PART_CODECS, Placement, Region, in_region_count, overlap
+from deltarl.codec.segment import FLAT, ChunkInfo, SegmentHeader, read_segment_header
+from deltarl.codec.tensors import TensorSpec, tensor_table, uint_dtype
+from deltarl.errors import BaseMismatch, FormatError, RegionError, StagingError, TensorMismatch
+
+
+class Stager:
+    """Incremental staging: add segments in any order as they arrive, then :meth:`finish`.
+
+    With ``regions`` (:mod:`deltarl.codec.regions`) the state holds, for each tensor a region names,
+    a view of that region only (``specs``: the global tensor table, e.g. run.json's): chunks outside
+    the regions are skipped, the others decoded against the views alone, and :meth:`finish` checks
+    that every element of every region is covered exactly once.
+    """
+
+    def __init__(
+        self,
+        state: Mapping[str, Any],
+        *,
+        base: str,
+        torch_scatter: bool = False,
+        regions: Mapping[str, Region] | None = None,
+        specs: Iterable[TensorSpec] | None = None,
+    ) -> None:
+        """``torch_scatter=True`` puts CPU torch tensors on the device path as well (CUDA tensors
+        always take it): indices and values as torch tensors, the commit an ``index_copy_``."""
+        self._state = state
+        self._base = base
+        self._torch_scatter = torch_scatter
+        self._regions = regions
+        if regions is None:
+            self._specs: dict[str, TensorSpec] = {s.name: s for s in tensor_table(state)}
+            self._place: dict[str, Placement] = {}  # made when a tensor's first change is decoded
+        else:
+            if specs is None:
+                raise RegionError("staging regions needs the global tensor table (specs)")
+            self._specs = {s.name: s for s in specs}
+            self._place = {}
+            for name, region in regions.items():
+                if region.kind == "none":
+                    continue
+                if name not in self._specs or name not in state:
+                    raise TensorMismatch(f"region of {name!r}: no such tensor in the table or no view in the state")
+                self._place[name] = Placement(name, self._specs[name], region, state[name])
+        self._parts: dict[str, list[_Part]] = {}
+        self._covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self._counted: dict[str, int] = {}
+        self._cells: dict[str, set[bool]] = {}  # per tensor: whether its chunks were cells, row-major, or both
+        self._finished = False
+
+    def add_segment(self, data: bytes, *, header: SegmentHeader | None = None) -> None:
+        """Validate and decode one segment; on error nothing is kept and the stager stays usable.
+        ``header``: the segment's parsed header when ``data`` holds only the chunks a region needs
+        (ranged reads, each piece verified; the other bytes are never read)."""
+        self.add_segments([data], headers=None if header is None else [header])
+
+    def add_segments(self, segments: Iterable[bytes], *, headers: Iterable[SegmentHeader] | None = None) -> None:
+        """Validate and decode several segments at once, their chunks spread over one pool of
+        threads (no barrier per segment); on error nothing is kept and the stager stays usable."""
+        if self._finished:
+            raise StagingError("stager already finished")
+        jobs: list[tuple[ChunkInfo, memoryview]] = []
+        staged: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        counted: dict[str, int] = {}
+        segs = list(segments)
+        heads = list(headers) if headers is not None else [read_segment_header(d) for d in segs]
+        for data, header in zip(segs, heads, strict=True):
+            self._check_header(header)
+            mv = memoryview(data).cast("B")
+            off = header.payload_offset
+            for c in header.chunks:
+                key = (c.tensor, c.cell)
+                taken = [*self._covered.get(key, []), *staged.get(key, [])]
+                if any(s < c.start + c.count and c.start < e for s, e in taken):
+                    raise FormatError(f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} was already staged")
+                how = self._overlap(c)
+                if how is not None:
+                    staged.setdefault(key, []).append((c.start, c.start + c.count))
+                    if how == "all":
+                        n = c.count
+                    else:
+                        place = self._place[c.tensor]
+                        n = in_region_count(place.grid, c, place.bounds)
+                    counted[c.tensor] = counted.get(c.tensor, 0) + n
+                    if c.changed and how != "none":
+                        jobs.append((c, mv[off : off + c.nbytes]))
+                off += c.nbytes
+        self._decode_all(jobs)
+        for key, ranges in staged.items():
+            self._covered.setdefault(key, []).extend(ranges)
+            self._cells.setdefault(key[0], set()).add(key[1] != FLAT)
+        for name, n in counted.items():
+            self._counted[name] = self._counted.get(name, 0) + n
+
+    def _check_header(self, header: SegmentHeader) -> None:
+        if header.base != self._base:
+            raise BaseMismatch(f"segment applies to base {header.base!r}, state holds {self._base!r}")
+        for spec in header.tensors:
+            have = self._specs.get(spec.name)
+            if have is None:
+                raise TensorMismatch(f"segment names tensor {spec.name!r}, which the state does not have")
+            if have != spec:
+                raise TensorMismatch(
+                    f"tensor {spec.name!r}: segment has {spec.dtype}{list(spec.shape)}, "
+                    f"state has {have.dtype}{list(have.shape)}"
+                )
+
+    def _overlap(self, c: ChunkInfo) -> str | None:
+        """How a chunk meets its tensor's region: "all", "part", "none", or None (no region)."""
+        if self._regions is None:
+            return "all"
+        place = self._place.get(c.tensor)
+        if place is None:
+            return None
+        if place.whole:
+            return "all"
+        how = overlap(place.grid, c, place.bounds)
+        if how == "part" and c.changed and c.codec not in PART_CODECS:
+            raise RegionError(
+                f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} (cell {c.cell}, codec {c.codec}) needs "
+                f"base elements outside the region {place.region}"
+            )
+        return how
+
+    def _placement(self, name: str) -> Placement:
+        """Where ``name`` is staged into (made on first use when whole tensors are staged)."""
+        place = self._place.get(name)
+        if place is None:
+            place = self._place[name] = Placement(name, self._specs[name], _WHOLE, self._state[name])
+        return place
+
+    def _decode_all(self, jobs: list[tuple[ChunkInfo, memoryview]]) -> None:
+        threads = worker_threads()
+        tasks = self._tasks(jobs, threads)
+        threads = min(threads, len(tasks))
+        if sum(_work(c) for c, _ in jobs) < _POOL_MIN_WORK:
+            threads = 1  # a few sparse chunks: a pool costs more than it spreads
+        if threads > 1:
+            with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-decode") as pool:
+                done = list(pool.map(lambda task: self._run(task, jobs), tasks))
+        else:
+            done = [self._run(task, jobs) for task in tasks]
+        for parts in done:
+            for name, part in parts:
+                self._parts.setdefault(name, []).append(part)
+
+    def _tasks(self, jobs: list[tuple[ChunkInfo, memoryview]], threads: int) -> list[tuple[int, ...]]:
+        """Group job indices into tasks, largest first: 16-bit chunks of a codec with a pair decoder
+        go two by two (similar sizes together) when there are enough of them to keep every thread busy.
+        """
+        single: list[tuple[int, ...]] = []
+        pairable: list[int] = []
+        for i, (c, _) in enumerate(jobs):
+            if registry.BY_NAME[c.codec].decode_pair is not None and uint_dtype(self._specs[c.tensor].dtype).itemsize == 2:
+                pairable.append(i)
+            else:
+                single.append((i,))
+        if len(pairable) < 4 * threads:
+            single += [(i,) for i in pairable]
+            pairable = []
+        pairable.sort(key=lambda i: jobs[i][0].count, reverse=True)
+        tasks = single + [tuple(pairable[k : k + 2]) for k in range(0, len(pairable), 2)]
+        return sorted(tasks, key=lambda t: sum(_work(jobs[i][0]) for i in t), reverse=True)
+
+    def _run(
+        self, task: tuple[int, ...], jobs: list[tuple[ChunkInfo, memoryview]]
+    ) -> list[tuple[str, _Part]]:
+        if len(task) == 1:
+            return [self._decode(*jobs[task[0]])]
+        (ca, pa), (cb, pb) = jobs[task[0]], jobs[task[1]]
+        if ca.codec != cb.codec:
+            return [self._decode(ca, pa), self._decode(cb, pb)]
+        olds = [self._old(c) for c in (ca, cb)]
+        decode_pair = registry.BY_NAME[ca.codec].decode_pair
+        assert decode_pair is not None  # _tasks pairs only chunks of a codec with a pair decoder
+        da, db = decode_pair((olds[0], pa, ca.changed), (olds[1], pb, cb.changed))
+        return [self._checked(ca, olds[0], da), self._checked(cb, olds[1], db)]
+
+    def _old(self, c: ChunkInfo) -> np.ndarray:
+        """Contiguous old bits of a chunk that lies wholly in its region."""
+        place = self._placement(c.tensor)
+        if place.whole and c.cell == FLAT:
+            return _old_range(c.tensor, place.span, c.start, c.start + c.count)
+        return place.old_bits(c)
+
+    def _decode(self, c: ChunkInfo, payload: memoryview) -> tuple[str, _Part]:
+        place = self._placement(c.tensor)
+        codec = registry.BY_NAME[c.codec]
+        gather = codec.decode_gather
+        if gather is not None:  # the base is read at the changed positions only
+            udt = np.dtype(uint_dtype(self._specs[c.tensor].dtype))
+            if place.whole and c.cell == FLAT:
+                read = _old_reader(c.tensor, place.span, c.start, c.start + c.count)
+            else:
+                read = self._region_reader(place, c)
+            return self._checked(c, None, gather(read, c.count, payload, c.changed, udt))
+        if place.whole or overlap(place.grid, c, place.bounds) == "all":
+            old = self._old(c)
+        else:  # a part of a chunk whose codec finds its changes alone: zeros stand for other ranks' base
+            old = np.zeros(c.count, dtype=uint_dtype(self._specs[c.tensor].dtype))
+            mask, offs = place.offsets(c, np.arange(c.count, dtype=np.int64))
+            old[mask if mask is not None else slice(None)] = _old_reader(c.tensor, place.span, 0, None)(offs)
+        return self._checked(c, old, codec.decode(old, payload, c.changed))
+
+    def _region_reader(self, place: Placement, c: ChunkInfo) -> Callable[[np.ndarray], np.ndarray]:
+        span_read = _old_reader(c.tensor, place.span, 0, None)
+        udt = uint_dtype(self._specs[c.tensor].dtype)
+
+        def read(pos: np.ndarray) -> np.ndarray:
+            mask, offs = place.offsets(c, pos)
+            if mask is None:
+                return span_read(offs)
+            out = np.zeros(pos.size, dtype=udt)
+            out[mask] = span_read(offs)
+            return out
+
+        return read
+
+    def _checked(
+        self, c: ChunkInfo, old: np.ndarray | None, dec: Decoded
+    ) -> tuple[str, _Part]:
+        if dec.positions.size != c.changed or dec.values.dtype != uint_dtype(self._specs[c.tensor].dtype):
+            raise FormatError(
+                f"chunk of {c.tensor!r} decoded to {dec.positions.size} of {c.changed} elements"
+            )
+        if dec.old_values is not None:
+            old_v = dec.old_values
+        else:
+            assert old is not None  # a decoder handed the chunk's base range
+            old_v = kernels.gather(old, dec.positions)
+        place = self._placement(c.tensor)
+        if place.whole and c.cell == FLAT:
+            # relative to the chunk: 4 bytes a position (a chunk of 2**32 elements or more keeps int64)
+            pos = dec.positions.astype(np.uint32) if c.count <= 1 << 32 else dec.positions
+            return c.tensor, _Part(c.start, c.count, pos, old_v, dec.values)
+        mask, offs = place.offsets(c, dec.positions)
+        new_v = dec.values
+        if mask is not None:
+            old_v, new_v = old_v[mask], new_v[mask]
+        if offs.size == 0:
+            return c.tensor, _Part(0, 0, offs.astype(np.uint32), old_v, new_v)
+        start, count = int(offs[0]), int(offs[-1]) - int(offs[0]) + 1
+        rel = offs - start
+        return c.tensor, _Part(start, count, rel.astype(np.uint32) if count <= 1 << 32 else rel, old_v, new_v)
+
+    def finish(self) -> StagedUpdate:
+        """Check that the delta covers every element of every tensor (region) exactly once; return the update."""
+        if self._finished:
+            raise StagingError("stager already finished")
+        for name in self._specs if self._regions is None else self._place:
+            place = self._place.get(name)
+            want = self._specs[name].numel if place is None else place.region.numel(place.spec.shape)
+            covered = self._counted.get(name, 0)
+            if covered != want or len(self._cells.get(name, ())) > 1:
+                raise StagingError(
+                    f"delta incomplete: tensor {name!r} has {covered} of {want} elements covered "
+                    "(a segment is missing)"
+                )
+        self._finished = True
+        parts = {name: sorted((p for p in ps if p.pos.size), key=lambda p: p.start) for name, ps in self._parts.items()}
+        self._parts = {}
+        parts = {name: ps for name, ps in parts.items() if ps}
+        if self._regions is None:
+            return StagedUpdate(self._state, self._base, parts, self._specs, torch_scatter=self._torch_scatter)
+        spans = {name: self._place[name].span for name in parts}
+        specs = {name: self._place[name].span_spec for name in parts}
+        return StagedUpdate(spans, self._base, parts, specs, torch_scatter=self._torch_scatter)
+
+
+_WHOLE = Region.whole()
+# Decode work (in elements scanned) below which staging runs on the calling thread.
+_POOL_MIN_WORK = 1 << 22
+
+
+def _work(c: ChunkInfo) -> int:
+    """A chunk's decode cost in elements scanned: its elements, or for a gather codec its changes
+    (one change costs about as much as scanning 64 elements)."""
+    return 64 * c.changed if registry.BY_NAME[c.codec].reads_changes_only else c.count
+
+
+def stage_delta(
+    state: Mapping[str, Any],
+    segments: Iterable[bytes],
+    *,
+    base: str,
+    torch_scatter: bool = False,
+    regions: Mapping[str, Region] | None = None,
+    specs: Iterable[TensorSpec] | None = None,
+    headers: Iterable[SegmentHeader] | None = None,
+) -> StagedUpdate:
+    """Decode every segment against ``state`` (nothing is written) and return the staged update.
+    ``regions``/``specs``: stage into views of parts of tensors (:class:`Stager`); ``headers``: the
+    segments' parsed headers, when the segments hold only the verified pieces a region needs."""
+    stager = Stager(state, base=base, torch_scatter=torch_scatter, regions=regions, specs=specs)
+    stager.add_segments(segments, headers=headers)
+    return stager.finish()
+
+
+def apply_delta(state: Mapping[str, Any], segments: Iterable[bytes], *, base: str) -> None:
+    """Apply a delta to ``state`` in place, transactionally: either all of it is written or none.
+
+    Every segment is decoded and checked first (:func:`stage_delta`); only then are the changed
+    values written.
+
+    Args:
+        state: the base state, written in place (torch tensors on any device, or numpy arrays).
+        segments: the delta's segments, as :func:`encode_delta` made them.
+        base: the identifier the segments were encoded against.
+
+    Raises:
+        FormatError: a malformed or truncated segment, or one made against another ``base`` or
+            for other tensors; ``state`` is then unchanged.
+
+    Example:
+        >>> apply_delta(state, encode_delta(state, new, base="v1"), base="v1")  # doctest: +SKIP
+    """
+    stage_delta(state, segments, base=base).commit()
