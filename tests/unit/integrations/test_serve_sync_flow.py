@@ -85,7 +85,7 @@ def _until(cond: Any, timeout_s: float = 20.0) -> None:
 
 
 def test_servers_follow_head_independently(tmp_path: Path) -> None:
-    fast, slow = FakeServer(), FakeServer(finish_delay_s=1.5)
+    fast, slow = FakeServer(), FakeServer(finish_delay_s=2.0)
     store = LocalStore(tmp_path)
     pub = Publisher(store, "r")
     _publish(pub, 0)
@@ -96,11 +96,10 @@ def test_servers_follow_head_independently(tmp_path: Path) -> None:
     runner.start()
     try:
         _until(lambda: fast.version == 0 and slow.version == 0)
-        t0 = time.monotonic()
         for v in (1, 2, 3):
             _publish(pub, v)
         _until(lambda: fast.version == 3)
-        assert time.monotonic() - t0 < 1.5  # the slow server's first commit has not even ended
+        assert (slow.version or 0) < 3  # its three commits take 6 s: the fast one did not wait for them
         _until(lambda: slow.version == 3)
         per_version = ["collective_rpc", "start_weight_update", "update_weights", "pause", "finish_weight_update",
                        "reset_prefix_cache", "resume", "collective_rpc", "update_weight_version"]
