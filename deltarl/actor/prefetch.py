@@ -58,7 +58,7 @@ class VersionStaging:
     """Decode one version's segments into a Stager, speculatively or from a manifest."""
 
     def __init__(self, state: Mapping[str, Any], base: str) -> None:
-        from deltarl.codec.apply import Stager
+        from deltarl.codec.stager import Stager
 
         self._state = state
         self._base = base
@@ -149,7 +149,7 @@ class VersionStaging:
 
     async def complete(self, fetcher: Fetcher, manifest: Manifest) -> Any:
         """Verify speculative segments against ``manifest``, fetch the rest, return the StagedUpdate."""
-        from deltarl.codec.apply import Stager
+        from deltarl.codec.stager import Stager
 
         await asyncio.gather(*self._pending, return_exceptions=True)
         for key, sha, fut in self._spec_decodes:

@@ -22,7 +22,7 @@ from deltarl.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "encode": ("encode_delta", "iter_encode_delta"),
-    "apply": ("stage_delta", "apply_delta"),
+    "stager": ("stage_delta", "apply_delta"),
     "segment": ("read_segment_header", "delta_stats"),
     "tensors": ("state_digest", "BF16"),
 })

@@ -206,7 +206,7 @@ async def apply_chain(
     """Apply the deltas of ``chain[1:]`` in place onto ``state``, which holds ``chain[0]``: each
     version staged (checked) then committed, all or nothing, the next version's segments fetched
     while one is applied; the digest of ``chain[check_at]`` checked once it is applied."""
-    from deltarl.codec.apply import stage_delta
+    from deltarl.codec.stager import stage_delta
 
     fetching = {} if fetching is None else fetching
 

@@ -23,19 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from deltarl.codec import (
-    ChunkRef,
-    Grid,
-    Region,
-    SegmentHeader,
-    TensorSpec,
-    byte_ranges,
-    flat_bits,
-    plan_chunks,
-    read_segment_header,
-    span_of,
-    uint_dtype,
-)
+from deltarl.codec.grid import Grid
+from deltarl.codec.regions import ChunkRef, Region, byte_ranges, plan_chunks, span_of
+from deltarl.codec.segment import SegmentHeader, read_segment_header
+from deltarl.codec.tensors import TensorSpec, flat_bits, uint_dtype
 from deltarl.errors import FormatError, IntegrityError, short_pair
 from deltarl.pipeline.manifest import KeyframePart, Manifest, ObjectRef
 from deltarl.pipeline.pieces import hash_piece

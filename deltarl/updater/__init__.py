@@ -10,4 +10,7 @@ from __future__ import annotations
 
 from deltarl.lazy import lazy_exports
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__)  # its names: deltarl.lazy.SURFACE
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "inplace": ("InPlaceUpdater",),
+    "probe": ("derive_views",),
+})

@@ -142,7 +142,7 @@ class InPlaceUpdater:
         """Serve ``run`` at ``version`` (default HEAD) from ``store`` (after ``relays``); see the module doc."""
         from deltarl.actor.fetcher import Fetcher
         from deltarl.actor.source import FetcherSource
-        from deltarl.codec import trim
+        from deltarl.codec.heap import trim
         from deltarl.storage.open import open_store
 
         origin = open_store(store, must_exist=True, **(store_options or {}))  # nothing changed yet
@@ -171,7 +171,7 @@ class InPlaceUpdater:
 
     def _map(self, views_for: ViewsFor, table: list[Any]) -> None:
         """The views for ``table``, asked of the adapter only when the table changes."""
-        from deltarl.codec import warm_codec_quietly
+        from deltarl.codec.jit_warmup import warm_codec_quietly
 
         if table == self._table:
             return
@@ -303,7 +303,7 @@ class InPlaceUpdater:
     # --- read back, close ---------------------------------------------------------------------------
     def digest(self, algo: str | None = None) -> str:
         """The state digest of the served weights by checkpoint name (hashed in place, no copy)."""
-        from deltarl.codec import DIGEST_ALGO, state_digest
+        from deltarl.codec.tensors import DIGEST_ALGO, state_digest
 
         return state_digest(self.views, algo or DIGEST_ALGO)
 

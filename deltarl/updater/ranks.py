@@ -53,7 +53,7 @@ class Ranks:
         """The state digest of the whole engine's served weights (each rank hashes the parts it owns;
         the cut blocks' bytes travel)."""
         if self.size == 1:
-            from deltarl.codec import state_digest
+            from deltarl.codec.tensors import state_digest
 
             return state_digest(views)
         from deltarl.pipeline.shard_digest import combine_digest

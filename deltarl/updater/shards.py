@@ -65,7 +65,7 @@ def stage_regions(views: Mapping[str, Any], placements: Sequence[Placement], tab
     Raises:
         BaseMismatch, TensorMismatch, FormatError, StagingError: as :func:`~deltarl.codec.stage_delta`.
     """
-    from deltarl.codec import stage_delta
+    from deltarl.codec.stager import stage_delta
 
     return stage_delta(views, segments, base=base, regions=codec_regions(placements, table), specs=table)
 
@@ -75,8 +75,8 @@ def stage_region_reads(get_range: Any, manifest: Any, views: Mapping[str, Any], 
     """Read only the pieces of ``manifest``'s segments that hold this rank's chunks (each verified;
     :mod:`deltarl.pipeline.region_reads`) and stage them into ``views``; also the bytes read.
     ``get_range(key, start, end)`` is any ranged read (a store's, the fetcher's)."""
-    from deltarl.codec import stage_delta
-    from deltarl.pipeline import read_segment_parts
+    from deltarl.codec.stager import stage_delta
+    from deltarl.pipeline.region_reads import read_segment_parts
 
     regions = codec_regions(placements, table)
     parts = read_segment_parts(get_range, manifest, regions)

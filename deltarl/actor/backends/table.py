@@ -56,8 +56,9 @@ BACKENDS: dict[str, BackendEntry] = {
                      "deltarl.actor.backends.hf"),
         BackendEntry("vllm", "vLLM with deltarl's weight-transfer engine in its workers (engine options: vllm.LLM keywords)",
                      "deltarl.actor.backends.vllm", takes_engine_options=True,
-                     parallel_limits={"tensor_parallel_size": 1, "pipeline_parallel_size": 1},
-                     parallel_why="deltarl's vLLM engine writes checkpoint tensors onto whole parameters",
+                     parallel_limits={"tensor_parallel_size": 8, "pipeline_parallel_size": 1},
+                     parallel_why="each tensor-parallel rank reads and commits its own part, up to the 8-way "
+                                  "shard grid of format 2; pipeline stages are not served",
                      needs_checkpoint=True,
                      demo_options={"enforce_eager": True, "gpu_memory_utilization": 0.05, "max_num_seqs": 64},
                      demo_env={"VLLM_CPU_KVCACHE_SPACE": "1"}),  # vLLM's CPU build: a 1 GiB KV cache

@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, TrainerWeightTransferEngine, WeightSource
 
-from deltarl.integrations.vllm import sources
 from deltarl.actor.backends.vllm import take_update
+from deltarl.integrations.vllm import sources
 from deltarl.integrations.vllm.plugin import BACKEND
 
 log = logging.getLogger(__name__)

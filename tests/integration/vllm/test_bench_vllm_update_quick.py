@@ -1,27 +1,23 @@
-"""``python -m benchmarks.vllm_update --quick`` runs end to end against vLLM's real engine: every
-version committed, every path timed, the JSON written where asked."""
+"""benchmarks/vllm_update.py cannot rot: its --quick mode (tiny shape, one version) runs against vLLM's
+real engine and prints its table (the measured runs are benchmarks/results/vllm_update*.json)."""
 
 from __future__ import annotations
 
-import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+ROOT = Path(__file__).resolve().parents[3]
 
-REPO = Path(__file__).resolve().parents[3]
 
-
-def test_vllm_update_quick(tmp_path: Path) -> None:
-    out = tmp_path / "vllm_update.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.vllm_update", "--quick", "--out", str(out),
-                           "--workdir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=590)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
-    assert (doc["benchmark"], doc["quick"], doc["shape"], doc["final_version"]) == ("vllm_update", True, "tiny", 2)
-    assert len(doc["versions"]) == 2
-    for key in ("fetch_s", "decode_s", "pause_s", "scatter_s", "vllm_sparse_s", "dense_reload_s"):
-        assert doc["median"][key] > 0, key
+def test_the_quick_run_updates_a_tiny_engine_and_prints_its_table() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.vllm_update", "--quick"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "deltarl pause (commit)" in out.stdout
+    assert "bytes a rank fetched" in out.stdout

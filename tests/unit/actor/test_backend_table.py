@@ -33,15 +33,17 @@ def test_an_unknown_backend_is_refused_when_the_config_is_read(tmp_path: Path) -
         ActorConfig.load(path)
 
 
-@pytest.mark.parametrize("key", ["tensor_parallel_size", "pipeline_parallel_size"])
-def test_a_parallel_layout_the_engine_cannot_serve_is_refused_naming_engine_and_limit(tmp_path: Path, key: str) -> None:
+@pytest.mark.parametrize(("key", "most"), [("tensor_parallel_size", 8), ("pipeline_parallel_size", 1)])
+def test_a_parallel_layout_the_engine_cannot_serve_is_refused_naming_engine_and_limit(
+    tmp_path: Path, key: str, most: int
+) -> None:
     path = tmp_path / "actor.yaml"
-    path.write_text(f"actor:\n  backend: vllm\n  engine_options:\n    {key}: 2\n")
-    with pytest.raises(ConfigError, match=rf"backend 'vllm' serves {key} up to 1, got 2"):
+    path.write_text(f"actor:\n  backend: vllm\n  engine_options:\n    {key}: {most + 1}\n")
+    with pytest.raises(ConfigError, match=rf"backend 'vllm' serves {key} up to {most}, got {most + 1}"):
         ActorConfig.load(path)
-    with pytest.raises(ConfigError, match=rf"backend 'vllm' serves {key} up to 1, got 4"):
-        ActorConfig.load(None, backend="vllm", engine_options={key: 4})
-    assert ActorConfig.load(path, engine_options={key: 1}).engine_options == {key: 1}
+    with pytest.raises(ConfigError, match=rf"backend 'vllm' serves {key} up to {most}, got {2 * most + 2}"):
+        ActorConfig.load(None, backend="vllm", engine_options={key: 2 * most + 2})
+    assert ActorConfig.load(path, engine_options={key: most}).engine_options == {key: most}
 
 
 def test_engine_options_reach_only_an_engine_that_takes_them() -> None:

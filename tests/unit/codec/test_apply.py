@@ -14,7 +14,7 @@ from deltarl.codec import (
     stage_delta,
     state_digest,
 )
-from deltarl.codec.apply import Stager
+from deltarl.codec.stager import Stager
 from deltarl.codec.tensors import check_compatible, tensor_table
 from deltarl.errors import BaseMismatch, FormatError, StagingError, TensorMismatch
 

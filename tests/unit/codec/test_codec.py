@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deltarl.codec import BF16, bitio, chunk, encode_delta, registry, stage_delta, state_digest
-from deltarl.codec.apply import Stager
 from deltarl.codec.encode import CODECS, encode_chunk
+from deltarl.codec.stager import Stager
 
 DTYPES = ["bfloat16", "float16", "float32"]
 SPECIAL16 = [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFFF, 0x0001, 0x8001, 0x007F, 0x3F80, 0xBF80]

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deltarl.codec import BF16, ctx, encode_delta, stage_delta, state_digest
-from deltarl.codec.apply import Stager
 from deltarl.codec.encode import encode_chunk
+from deltarl.codec.stager import Stager
 from deltarl.errors import BaseMismatch, FormatError, TensorMismatch
 
 

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deltarl.codec import BF16, delta_stats, encode_delta, read_segment_header, state_digest
-from deltarl.codec.apply import Stager
 from deltarl.codec.segment import MAX_HEADER_BYTES, ChunkInfo, pack_segment
+from deltarl.codec.stager import Stager
 from deltarl.codec.tensors import TensorSpec
 from deltarl.errors import (
     BaseMismatch,
