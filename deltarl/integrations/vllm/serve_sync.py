@@ -119,9 +119,13 @@ def attach(url: str, store: str, run: str, *, relays: Sequence[str] = (), versio
 
 def stage(url: str, version: int, *, timeout_s: float = 600.0) -> None:
     """``/start_weight_update`` and ``/update_weights``: the workers fetch, verify and decode ``version``
-    (the next after the served one) while the server keeps generating."""
-    call_route(url, "start_weight_update", timeout_s=timeout_s)
-    call_route(url, "update_weights", {"update_info": {"version": version}}, timeout_s=timeout_s)
+    (the next after the served one) in the background while the server keeps generating; the
+    engine answers ``NotStaged`` at once until it has, and this asks again (``take_update``)."""
+    from deltarl.actor.backends.vllm import take_update
+
+    take_update(lambda: call_route(url, "start_weight_update", timeout_s=timeout_s),
+                lambda info: call_route(url, "update_weights", {"update_info": info}, timeout_s=timeout_s),
+                version, stage_timeout_s=timeout_s)
 
 
 def commit(url: str, version: int, *, timeout_s: float = 600.0) -> None:
