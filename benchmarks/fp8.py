@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 from benchmarks._peers import PEERS, round_trip
-from deltarl.codec import encode_delta, read_segment_header, stage_delta, trim
+from deltarl.codec import encode_delta, read_segment_header, stage_delta
 from deltarl.codec.fp8 import quantize_state
+from deltarl.codec.heap import trim
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.tensors import flat_bits
 

@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import torch
     from transformers import Qwen3Config, Qwen3MoeConfig
 
-    from deltarl.codec import trim
+    from deltarl.codec.heap import trim
     from deltarl.integrations.vllm import ENGINE_KWARGS, attach, status, update
     from deltarl.model.build import ModelSpec
     from deltarl.pipeline.publisher import Publisher

@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 
 #: Waits between polls while every source fails (an outage): 0.25 s doubling to 5 s, with jitter.
 _OUTAGE_BACKOFF = RetryPolicy(attempts=1, base_delay=0.25, max_delay=5.0)
+#: catch-ups from the newest keyframe that find no chain, in a row, before the subscriber stops (fatal)
+_REJOIN_ATTEMPTS = 3
 
 
 class Subscriber(SafePoint):
@@ -250,7 +252,7 @@ class Subscriber(SafePoint):
             await self._warm_codec()
         except DeltaRLError as err:  # best effort (run.json unreachable now): the first delta loads the kernels
             log.debug("codec warm-up not started: %s", err)
-        quiet = failures = 0  # polls that found nothing new / failed in a row: each waits longer, with jitter
+        quiet = failures = rejoins = 0  # polls that found nothing new / failed / could not rejoin, in a row
         while True:
             if self._staged is not None:
                 self._wake.clear()
@@ -259,7 +261,7 @@ class Subscriber(SafePoint):
             self.attempts += 1
             try:
                 await self._stage_next()
-                quiet = failures = 0
+                quiet = failures = rejoins = 0
             except asyncio.CancelledError:
                 raise
             except ObjectNotFound as err:  # not committed yet: relays held the poll, the origin answered at once
@@ -276,15 +278,28 @@ class Subscriber(SafePoint):
                 self._stop_fatally(err)
                 return
             except ChainBroken as err:  # the run's history no longer holds our version
-                log.warning("%s; catching up from the newest keyframe", err)
+                (log.warning if rejoins == 0 else log.debug)("%s; catching up from the newest keyframe", err)
                 try:
                     await self._rejoin()
+                    rejoins = 0
                 except RunReplaced as fatal:
                     self._stop_fatally(fatal)
                     return
+                except ChainBroken as again:  # no chain even from the newest keyframe: not a passing state
+                    rejoins += 1
+                    if rejoins >= _REJOIN_ATTEMPTS:
+                        self._stop_fatally(ChainBroken(
+                            f"run {self.layout.run!r}: its history does not chain from the newest keyframe "
+                            f"({rejoins} tries): {again}; was the run deleted and re-created under the same name "
+                            "while a relay still serves the old run's objects? restart the relay or follow the origin"))
+                        return
+                    log.debug("cannot catch up with run %s yet (%d): %s", self.layout.run, rejoins, again)
+                    await self._sleep(_OUTAGE_BACKOFF.delay(rejoins - 1))
                 except Exception as again:
                     self._set_error(again)
-                    log.error("cannot catch up with run %s: %s", self.layout.run, again)
+                    passing = isinstance(again, (ObjectNotFound, TransferError))  # a run being re-created, a source down
+                    (log.debug if failures else log.warning if passing else log.error)(
+                        "cannot catch up with run %s: %s", self.layout.run, again)
                     failures += 1
                     await self._sleep(_OUTAGE_BACKOFF.delay(failures - 1))
             except Exception as err:  # a bad version: keep the error for the actor, retry later
@@ -329,7 +344,7 @@ class Subscriber(SafePoint):
         self._source.forget()
 
     def _stop_fatally(self, err: BaseException) -> None:
-        log.error("%s", err)
+        log.debug("background staging stopped: %s", err)  # raised to whoever waits for a version: said once there
         self._error = self._fatal = err
         if self.on_staged is not None:
             self.on_staged()  # wake whoever waits for a version: there will be none

@@ -14,7 +14,10 @@ import pytest
 from deltarl.actor.fetcher import Fetcher
 from deltarl.actor.source import FetcherSource
 from deltarl.errors import ChainBroken
-from deltarl.pipeline import HeldState, RunLayout, catch_up, replay, version_id
+from deltarl.pipeline import RunLayout
+from deltarl.pipeline.catch_up import HeldState, catch_up
+from deltarl.pipeline.manifest import version_id
+from deltarl.pipeline.replay import replay
 from deltarl.storage import MemoryStore
 from tests.fixtures.runs import publish_run, states_equal
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from deltarl.pipeline import Publisher, replay
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.replay import replay
 from deltarl.storage import LocalStore
 from tests.fixtures.runs import TinyTrainer, publish_run, states_equal
 

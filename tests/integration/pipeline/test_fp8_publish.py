@@ -11,8 +11,11 @@ import pytest
 from deltarl.codec import state_digest
 from deltarl.codec.fp8 import QUANTIZATION_CONFIG, quantize_state
 from deltarl.errors import NonFiniteTensor, TensorMismatch
-from deltarl.pipeline import PublishConfig, Publisher, RunReader, replay
 from deltarl.pipeline.fp8_checkpoint import check_fp8_state, save_fp8_checkpoint
+from deltarl.pipeline.publish_config import PublishConfig
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.reader import RunReader
+from deltarl.pipeline.replay import replay
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch

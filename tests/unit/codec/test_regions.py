@@ -8,10 +8,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltarl.codec import BF16, encode_delta, read_segment_header, stage_delta, tensor_table
+from deltarl.codec import BF16, encode_delta, read_segment_header, stage_delta
 from deltarl.codec import encode as encode_mod
 from deltarl.codec.grid import Grid, cell_size, morton
 from deltarl.codec.regions import Region, plan_chunks
+from deltarl.codec.tensors import tensor_table
 from deltarl.errors import RegionError, StagingError
 
 # A 16 x 16 bfloat16 tensor, 2 x 2 cells of 8 x 8, coded ctx cell by cell (Z order: 0, 1, 8, 9; classes

@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deltarl.codec import Region, stage_delta
 from deltarl.codec import encode as encode_mod
+from deltarl.codec import stage_delta
+from deltarl.codec.regions import Region
 from deltarl.errors import IntegrityError
-from deltarl.pipeline import PublishConfig, Publisher, RunReader, read_segment_parts
-from deltarl.pipeline.region_reads import read_part_regions
+from deltarl.pipeline.publish_config import PublishConfig
+from deltarl.pipeline.publisher import Publisher
+from deltarl.pipeline.reader import RunReader
+from deltarl.pipeline.region_reads import read_part_regions, read_segment_parts
 from deltarl.storage.memory import MemoryStore
 
 SHAPES = {"a.q": (256, 128), "b.down": (128, 384), "c.norm": (128,)}
