@@ -227,6 +227,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run)")
     ap.add_argument("--allow-cpu", action="store_true", help="without CUDA, run the torch scatter path on CPU")
+    ap.add_argument("--out", type=Path, default=None, help=f"where the JSON goes (default {RESULTS} on a CUDA host's full run)")
     args = ap.parse_args()
     try:
         import torch
@@ -281,10 +282,11 @@ def main() -> int:
 
 
 def _write(res: dict[str, Any], cuda: bool, args: argparse.Namespace) -> int:
-    if cuda and not args.quick:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(res, indent=1) + "\n")
-        print(f"wrote {RESULTS}")
+    out = args.out or (RESULTS if cuda and not args.quick else None)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {out}")
     return 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 #: Every module of ``benchmarks/`` that runs as ``python -m benchmarks.NAME`` (a test keeps this in step).
 BENCHMARKS = ("codec", "publish", "transfer", "scheduler", "e2e", "scale", "sharded", "pause", "gpu", "idle_polling",
-              "trl_callback", "vllm_update")
+              "trl_callback", "vllm_update", "sharded_read", "fp8")
 
 HELP = f"run a benchmark of a source checkout: python -m benchmarks.NAME ({', '.join(BENCHMARKS)})"
 

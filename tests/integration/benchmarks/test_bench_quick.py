@@ -99,7 +99,9 @@ def test_gpu_quick_skips_cleanly_without_cuda_and_runs_its_torch_path_on_cpu(tmp
     if not torch.cuda.is_available():
         assert doc is None
         assert stdout.startswith("skipped: no CUDA"), stdout
-    _, doc = _run(["benchmarks.gpu", "--quick", "--allow-cpu"], tmp_path)
+    stdout, doc = _run(["benchmarks.gpu", "--quick", "--allow-cpu"], tmp_path)
     assert doc is not None
     assert doc["quick"] is True
     assert doc["hf"]["bit_exact"] is True
+    assert [r["case"] for r in doc["states"]] == ["dense", "moe"]  # deltarl's own staging and commit, both shapes
+    assert stdout.count("bit-exact") >= 2
