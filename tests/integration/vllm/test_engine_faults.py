@@ -21,7 +21,7 @@ class Runs:
     """A local store with runs published on demand (tiny Qwen3, ~1% of elements changed a version)."""
 
     def __init__(self, root: Path) -> None:
-        from deltarl.integrations.vllm import request_amx
+        from deltarl.integrations.vllm.plugin import request_amx
         from deltarl.model.build import ModelSpec
         from deltarl.testing.vllm_runs import write_checkpoint
 

@@ -46,7 +46,7 @@ class Layout:
 def _publish(root: Path, arch: str) -> tuple[Path, list[dict[str, Any]]]:
     from transformers import Qwen3Config, Qwen3MoeConfig
 
-    from deltarl.integrations.vllm import request_amx
+    from deltarl.integrations.vllm.plugin import request_amx
     from deltarl.model.build import ModelSpec
     from deltarl.pipeline.publisher import Publisher
     from deltarl.storage.open import open_store
