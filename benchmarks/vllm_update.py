@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from deltarl.integrations.vllm import request_amx
+    from deltarl.integrations.vllm.plugin import request_amx
 
     request_amx()  # before vLLM starts (deltarl.integrations.vllm.plugin)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
