@@ -185,7 +185,7 @@ def test_a_relay_serving_a_manifest_that_does_not_verify_falls_back_to_the_origi
     """Issue 33.5: a relay caches a cut manifest (the origin's, later repaired); an engine reading
     through the relay and then the origin takes the origin's manifest."""
     from deltarl.integrations.vllm import attach, status, update
-    from deltarl.relay import BackgroundRelay, RelayConfig
+    from deltarl.relay.runner import BackgroundRelay, RelayConfig
 
     runs.publish("e", 1)
     cfg = RelayConfig(cache_dir=str(tmp_path / "cache"), piece_bytes=256 << 10, poll_interval_s=0.02, head_ttl_s=0.1)

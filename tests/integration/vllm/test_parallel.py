@@ -65,7 +65,18 @@ def _publish(root: Path, arch: str) -> tuple[Path, list[dict[str, Any]]]:
     return root / "ckpt", states
 
 
-@pytest.fixture(scope="module", params=list(LAYOUTS))
+#: MoE at TP 2 and with expert parallel do not pass yet (issue 32 stays open): the tiny Qwen3-MoE
+#: checkpoint transformers writes holds its experts fused and transposed, and vLLM narrows w2 along
+#: that transposed dimension at TP 2, which the probe refuses (TensorMismatch, "transposed or
+#: repacked"); with expert parallel the engine dies after init (cause not found yet). Strict where
+#: the refusal is deterministic, so a fix shows up as an XPASS failure and this list shrinks.
+KNOWN_FAILING = {
+    "moe-tp2": pytest.mark.xfail(reason="issue 32: a TP 2 rank's w2 of fused transposed experts is refused", strict=True),
+    "moe-ep2": pytest.mark.xfail(reason="issue 32: the expert-parallel engine dies after init", strict=False),
+}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=KNOWN_FAILING.get(name, ())) for name in LAYOUTS])
 def layout(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Layout]:
     arch, options = LAYOUTS[request.param]
     if options.get("tensor_parallel_size", 1) > 1:
