@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -74,3 +77,15 @@ def have_torch(command: str) -> bool:
         print(f"deltarl {command}: {TORCH_HINT}", file=sys.stderr)
         return False
     return True
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT set: a long-running command's clean stop."""
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    return stop

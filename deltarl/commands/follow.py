@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
-from types import FrameType
 from typing import TYPE_CHECKING
+
+from deltarl.commands._store import stop_on_signals
 
 if TYPE_CHECKING:
     from deltarl.actor.subscriber import CommitInfo
@@ -44,13 +44,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from deltarl.actor.follower import Follower
 
-    stop = threading.Event()
-
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop = stop_on_signals()
     server = None
     try:
         follower = Follower(args.run, relays=args.relay, store=args.store, streams=args.streams)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
-from types import FrameType
+
+from deltarl.commands._store import stop_on_signals
 
 HELP = ("keep vllm serve endpoints (started with deltarl's engine and VLLM_SERVER_DEV_MODE=1) on a run's HEAD: "
         "attach, stage each version as it is published, commit under a pause, reset the prefix cache")
@@ -45,13 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from deltarl.errors import DeltaRLError
     from deltarl.integrations.vllm.serve_sync import ServeSync, ServeSyncMetrics
 
-    stop = threading.Event()
-
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop = stop_on_signals()
     server = None
     metrics = None
     try:
