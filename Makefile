@@ -49,10 +49,16 @@ test-vllm-window: $(VLLM_STAMP)
 demo: $(STAMP)
 	$(BIN)/deltarl demo
 
+# The main suite runs on two pytest-xdist workers (many tests wait on servers, links and
+# subprocesses); .venv-vllm installs in the background meanwhile (pip waits on the network and the
+# disk); its log is printed only if the install fails
 test: $(STAMP)
 	$(BIN)/ruff check deltarl tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(MAKE) --no-print-directory vllm-venv > $(VLLM_VENV).log 2>&1 & venv=$$!; \
+	  rc=0; $(BIN)/pytest -q -n 2 || rc=$$?; \
+	  wait $$venv || { cat $(VLLM_VENV).log; echo "building $(VLLM_VENV) failed"; exit 1; }; \
+	  exit $$rc
 	$(MAKE) test-vllm
 
 lint: $(STAMP)

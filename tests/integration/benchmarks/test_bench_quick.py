@@ -57,7 +57,7 @@ def _idle_polling(doc: dict[str, Any]) -> None:
 def _scale(doc: dict[str, Any]) -> None:
     assert doc["model"] == "tiny"
     assert doc["phases"]
-    assert not [name for name, res in doc["phases"].items() if "error" in res]
+    assert not {name: res["error"] for name, res in doc["phases"].items() if "error" in res}
 
 
 def _sharded(doc: dict[str, Any]) -> None:

@@ -1,5 +1,5 @@
 """Whole-model paths hold one copy of the model (keyframe publish, replay, bootstrap) and delta
-publishing two, flat over 30 versions; each runs in a subprocess that reads its own peak RSS
+publishing two, flat over 16 versions; each runs in a subprocess that reads its own peak RSS
 (VmHWM) at a ~256 MB state, bit-exact.
 
 Memory is not noisy the way time is: the peak counts the state once (the caller's state, or the
@@ -106,7 +106,7 @@ print(json.dumps({"copies": (peak - base) / COPY, "after": after, "digest": stat
 ''',
 }
 
-DELTA_VERSIONS = 30
+DELTA_VERSIONS = 16
 DELTA_LIMIT = 2.3  # the previous base plus the new export
 
 
