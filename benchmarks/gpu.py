@@ -1,7 +1,8 @@
 """deltarl's own staging and commit on a GPU, at dense (Qwen3-1.7B) and MoE (two Qwen3-30B-A3B
-layers: 128 experts of gate/up/down each) shapes, from weights made on the device with torch alone;
-also, where installed, the HF backend's live CUDA weights and the vLLM worker extension. Bit-exact
-against the CPU result.
+layers: 128 experts of gate/up/down each) shapes and as the FP8 serving state of the dense shapes
+(``serve_as="fp8-block128"``: E4M3 codes and FP32 block scales, quantized on the device), from
+weights made with torch alone; also, where installed, the HF backend's live CUDA weights and the
+vLLM worker extension. Bit-exact against the CPU result.
 
 Needs only PyTorch with CUDA and deltarl's small wheels (numpy, blake3, zstandard): the GPU hosts
 have no vLLM, no transformers and no network. Run: ``python -m benchmarks.gpu`` (a few minutes on one
@@ -55,6 +56,13 @@ def _next_version(state: dict[str, Any], fraction: float) -> dict[str, Any]:
         step_in_place(bits, fraction, 7000 + i)
         out[name] = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).reshape(t.shape)
     return out
+
+
+def _raw(t: Any) -> np.ndarray:
+    """The bytes of a tensor of any dtype (BF16, FP8 codes, FP32 scales), on the host."""
+    import torch
+
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
 def _sync(device: Any) -> None:
@@ -161,21 +169,29 @@ def state_shapes(cfg: dict[str, int]) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def bench_state(args: argparse.Namespace, device: Any, name: str, cfg: dict[str, int]) -> dict[str, Any]:
+def bench_state(args: argparse.Namespace, device: Any, name: str, cfg: dict[str, int], fp8: bool = False) -> dict[str, Any]:
     """deltarl's staging (decode on the host against the device's weights, positions and values moved
     to the device) and commit (a checked ``index_copy_``) of one version of a synthetic state made
-    with torch on ``device``, against a plain ``index_copy_`` of the same changes; bit-exact."""
+    with torch on ``device``, against a plain ``index_copy_`` of the same changes; bit-exact. With
+    ``fp8`` the two versions are the FP8 serving states of the BF16 ones, quantized on ``device``."""
     import torch
 
     from deltarl.codec import encode_delta, stage_delta
+    from deltarl.codec.fp8 import quantize_state
 
     gen = torch.Generator(device="cpu").manual_seed(11)
     old = {n: (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16) for n, shape in state_shapes(cfg).items()}
     new = _next_version(old, args.fraction)
+    if fp8:
+        t = time.perf_counter()
+        old, new = ({k: v.cpu() for k, v in quantize_state({k: v.to(device) for k, v in s.items()}).items()} for s in (old, new))
+        quantize_s = time.perf_counter() - t
     t = time.perf_counter()
     segs = encode_delta(old, new, base="b")
     out: dict[str, Any] = {"case": name, "tensors": len(old), "elements": sum(v.numel() for v in old.values()),
                            "delta_bytes": sum(len(s) for s in segs), "encode_s": round(time.perf_counter() - t, 2)}
+    if fp8:
+        out["quantize_two_versions_s"] = round(quantize_s, 2)
     live = {n: v.to(device) for n, v in old.items()}
     _sync(device)
     t = time.perf_counter()
@@ -192,7 +208,7 @@ def bench_state(args: argparse.Namespace, device: Any, name: str, cfg: dict[str,
         _sync(device)
         pauses.append(time.perf_counter() - t)
         if rep == 0:
-            assert all(np.array_equal(_bits(live[k]), _bits(new[k])) for k in new), f"{name}: commit is not bit-exact"
+            assert all(np.array_equal(_raw(live[k]), _raw(new[k])) for k in new), f"{name}: commit is not bit-exact"
         upd.rollback()
         _sync(device)
         t = time.perf_counter()
@@ -201,7 +217,7 @@ def bench_state(args: argparse.Namespace, device: Any, name: str, cfg: dict[str,
         _sync(device)
         plain_s.append(time.perf_counter() - t)
         upd.rollback()
-    assert all(np.array_equal(_bits(live[k]), _bits(old[k])) for k in old), f"{name}: rollback is not exact"
+    assert all(np.array_equal(_raw(live[k]), _raw(old[k])) for k in old), f"{name}: rollback is not exact"
     out |= {"pause_s": round(min(pauses), 5), "plain_index_copy_s": round(min(plain_s), 5),
             "pause_vs_plain_index_copy": round(min(pauses) / min(plain_s), 3), "bit_exact": True}
     return out
@@ -244,6 +260,8 @@ def main() -> int:
     cases = {"dense": TINY | {"experts": 0}, "moe": TINY} if args.quick else {"dense-qwen3-1.7b": DENSE_1_7B,
                                                                           "moe-qwen3-30b-a3b-2-layers": MOE_30B_A3B}
     res["states"] = [bench_state(args, device, name, cfg) for name, cfg in cases.items()]
+    dense_name, dense = next(iter(cases.items()))
+    res["states"].append(bench_state(args, device, f"{dense_name}-fp8", dense, fp8=True))
     for r in res["states"]:
         print(f"{r['case']:28s} {r['elements'] / 1e9:.2f}e9 in {r['tensors']} tensors: stage {r['stage_s'] * 1e3:.1f} ms, "
               f"pause {r['pause_s'] * 1e3:.2f} ms = x{r['pause_vs_plain_index_copy']} plain index_copy_ "

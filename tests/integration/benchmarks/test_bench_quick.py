@@ -103,5 +103,5 @@ def test_gpu_quick_skips_cleanly_without_cuda_and_runs_its_torch_path_on_cpu(tmp
     assert doc is not None
     assert doc["quick"] is True
     assert doc["hf"]["bit_exact"] is True
-    assert [r["case"] for r in doc["states"]] == ["dense", "moe"]  # deltarl's own staging and commit, both shapes
+    assert [r["case"] for r in doc["states"]] == ["dense", "moe", "dense-fp8"]  # staging and commit: both shapes, and FP8
     assert stdout.count("bit-exact") >= 2
