@@ -21,13 +21,13 @@ from deltarl.pipeline.shard_digest import combine_digest  # noqa: E402
 from deltarl.updater.probe import derive_views  # noqa: E402
 from deltarl.updater.shards import _local_positions, digest_shares, owners, stage_regions  # noqa: E402
 
-E, I, H, RANKS = 4, 64, 256, 2
-TABLE = [TensorSpec("down", "bfloat16", (E, H, I)), TensorSpec("gate_up", "bfloat16", (E, 2 * I, H))]
+E, INTER, H, RANKS = 4, 64, 256, 2
+TABLE = [TensorSpec("down", "bfloat16", (E, H, INTER)), TensorSpec("gate_up", "bfloat16", (E, 2 * INTER, H))]
 
 
 def _loader(params: dict[str, Any], rank: int, ep: bool) -> Any:
     """vLLM's FusedMoE weight loader for full (3-D) fused checkpoint tensors, one rank of two."""
-    p = I // RANKS
+    p = INTER // RANKS
 
     def load(weights: Iterable[tuple[str, Any]]) -> None:
         for name, t in weights:
@@ -44,7 +44,7 @@ def _loader(params: dict[str, Any], rank: int, ep: bool) -> Any:
 
 
 def _params(ep: bool) -> dict[str, Any]:
-    e, p = (E // RANKS, I) if ep else (E, I // RANKS)
+    e, p = (E // RANKS, INTER) if ep else (E, INTER // RANKS)
     return {"w13": torch.zeros(e, 2 * p, H, dtype=torch.bfloat16), "w2": torch.zeros(e, H, p, dtype=torch.bfloat16)}
 
 
@@ -84,9 +84,9 @@ def test_a_rank_part_of_fused_experts_is_a_view_of_its_parameters(ep: bool) -> N
             assert {n: (r.kind, r.start, r.stop, r.fold) for n, r in regions.items()} == {
                 "gate_up": ("rows", 2 * rank, 2 * rank + 2, None), "down": ("rows", 2 * rank, 2 * rank + 2, None)}
         else:  # columns of a fold: (2E, I, H) for gate/up, (E * H, I) for down
-            p = I // RANKS
+            p = INTER // RANKS
             assert {n: (r.kind, r.start, r.stop, r.fold) for n, r in regions.items()} == {
-                "gate_up": ("cols", rank * p, rank * p + p, (2 * E, I, H)), "down": ("cols", rank * p, rank * p + p, (E * H, I))}
+                "gate_up": ("cols", rank * p, rank * p + p, (2 * E, INTER, H)), "down": ("cols", rank * p, rank * p + p, (E * H, INTER))}
         assert torch.equal(views["gate_up"].reshape(params["w13"].shape), params["w13"])
         assert torch.equal(views["down"].reshape(params["w2"].shape), params["w2"])
         for name, r in regions.items():  # checkpoint flat positions -> the view's, as a keyframe is read
