@@ -19,10 +19,12 @@ BF16 model copies, and the bytes of vLLM's RPC messages an update sends (msgpack
 With ``--tp 2`` (vLLM's CPU build: one core a rank) each rank reads and stages only its part: per
 rank, the bytes it fetched against the version's delta bytes and its fetch + decode + stage time
 (``stage_s``), beside the same run at TP 1 (``--compare-tp1`` runs both). MoE shapes (``moe-*``:
-Qwen3-30B-A3B layers, 128 experts) run the same; vLLM's own sparse path and the dense reload are
-measured at TP 1 on dense shapes only (they read the model whole).
+Qwen3-30B-A3B layers, 128 experts, one tensor per expert and projection as the released checkpoints
+hold them) run the same; vLLM's own sparse path and the dense reload are measured at TP 1 on dense
+shapes only (they read the model whole).
 
-    python -m benchmarks.vllm_update [--shape 0.6b|1.7b|moe-tiny|moe-30b-a3b] [--tp 1|2] [--versions 3] [--fraction 0.01]
+    python -m benchmarks.vllm_update [--shape 0.6b|1.7b|moe-tiny|moe-30b-a3b-layer|moe-30b-a3b] [--tp 1|2]
+        [--versions 3] [--fraction 0.01]
 """
 
 from __future__ import annotations
@@ -49,10 +51,37 @@ SHAPES = {  # Qwen3 dense configs (config.json of the released checkpoints), wei
     "moe-tiny": {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128, "num_experts": 8,
                  "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                  "head_dim": 64, "vocab_size": 4096, "tie_word_embeddings": False},
+    # one Qwen3-30B-A3B layer (388 tensors: 128 experts of 768) under a small vocabulary: ~1.4 GB, fits a small host
+    "moe-30b-a3b-layer": {"hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+                          "num_experts_per_tok": 8, "num_hidden_layers": 1, "num_attention_heads": 32,
+                          "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 16384, "tie_word_embeddings": False},
     "moe-30b-a3b": {"hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
                     "num_experts_per_tok": 8, "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 4,
                     "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False},
 }
+
+
+def _per_expert(ckpt: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's fused experts (transformers' ``gate_up_proj`` ``[E, 2I, H]``, ``down_proj``
+    ``[E, H, I]``) rewritten one tensor per expert and projection, as the released Qwen3-MoE
+    checkpoints hold them (``experts.{e}.gate_proj.weight`` ...; vLLM loads either); the new state."""
+    from safetensors.torch import save_file
+
+    out: dict[str, Any] = {}
+    for name, t in state.items():
+        prefix, _, last = name.rpartition(".")
+        if last == "gate_up_proj":
+            for e, (gate, up) in enumerate(zip(*t.chunk(2, dim=1), strict=True)):
+                out[f"{prefix}.{e}.gate_proj.weight"], out[f"{prefix}.{e}.up_proj.weight"] = gate.clone(), up.clone()
+        elif last == "down_proj" and t.dim() == 3:
+            for e, down in enumerate(t):
+                out[f"{prefix}.{e}.down_proj.weight"] = down.clone()
+        else:
+            out[name] = t
+    for f in [*ckpt.glob("*.safetensors"), *ckpt.glob("*.safetensors.index.json")]:
+        f.unlink()
+    save_file(out, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    return out
 
 
 def _scatter_s(state: dict[str, Any], changes: dict[str, tuple[Any, Any]], repeats: int = 5, *, sync: bool = False) -> float:
@@ -122,6 +151,8 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))  # one core a rank
     t0 = time.perf_counter()
     state = vllm_runs.write_checkpoint(tmp / "ckpt", ModelSpec(seed=1), config=cfg)
+    if moe:
+        state = _per_expert(tmp / "ckpt", state)
     model_bytes = sum(t.numel() * t.element_size() for t in state.values())
     print(f"checkpoint: {model_bytes / 1e9:.2f} GB BF16 in {time.perf_counter() - t0:.0f} s", flush=True)
     store = open_store(str(tmp / "store"))

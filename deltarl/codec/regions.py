@@ -48,11 +48,16 @@ PART_CODECS = frozenset({"none", "sparse", "dense"})
 
 @dataclass(frozen=True)
 class Region:
-    """The part of one checkpoint tensor a rank holds (``start``/``stop`` index dim 0 or dim 1)."""
+    """The part of one checkpoint tensor a rank holds (``start``/``stop`` index dim 0 or dim 1).
+    ``fold``: the shape (same elements, same row-major order) a column range is taken in, for a part
+    no range of the tensor's own shape expresses (a tensor-parallel rank's part of fused experts:
+    ``[E, 2I, H]`` as ``(2E, I, H)``); such a part reads row-major chunks only (RegionError for a
+    cell chunk: the grid cuts the tensor's own dimensions)."""
 
     kind: Kind = "whole"
     start: int = 0
     stop: int = 0
+    fold: tuple[int, ...] | None = None
 
     @classmethod
     def whole(cls) -> Region:
@@ -100,6 +105,7 @@ class Region:
 
     def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The shape of this region of a tensor of ``shape`` (the rank's view has it)."""
+        shape = self.fold or shape
         if self.kind == "rows":
             return (self.stop - self.start, *shape[1:])
         if self.kind == "cols":
@@ -191,7 +197,8 @@ def plan_chunks(
         off += c.nbytes
         if region is None or region.kind == "none" or not c.changed:
             continue
-        grid = grids.get(c.tensor) or grids.setdefault(c.tensor, Grid(specs[c.tensor].shape))
+        folded_cell(region, c)
+        grid = grids.get(c.tensor) or grids.setdefault(c.tensor, Grid(region.fold or specs[c.tensor].shape))
         how = "all" if region.kind == "whole" else overlap(grid, c, region.bounds(grid))
         if how == "none":
             continue
@@ -202,6 +209,13 @@ def plan_chunks(
             )
         out.append(ChunkRef(i, c, here, how))
     return out
+
+
+def folded_cell(region: Region, c: ChunkInfo) -> None:
+    """RegionError for a grid cell's chunk of a tensor whose region is taken in a fold."""
+    if region.fold is not None and c.cell != FLAT:
+        raise RegionError(f"cell {c.cell} of {c.tensor!r}: a part taken in the fold {list(region.fold)} reads "
+                          "row-major chunks only (the grid cuts the tensor's own dimensions)")
 
 
 def byte_ranges(refs: list[ChunkRef]) -> list[tuple[int, int]]:
@@ -288,7 +302,7 @@ class Placement:
 
     def __init__(self, name: str, spec: TensorSpec, region: Region, value: Any) -> None:
         self.name, self.spec, self.region = name, spec, region
-        self.grid = Grid(spec.shape)
+        self.grid = Grid(region.fold or spec.shape)
         self.bounds = region.bounds(self.grid)
         self.whole = region.kind == "whole"
         self._view2d: np.ndarray | None = None

@@ -13,7 +13,7 @@ from deltarl.codec import kernels, registry
 from deltarl.codec.apply import StagedUpdate, _old_range, _old_reader, _Part
 from deltarl.codec.chunk import Decoded
 from deltarl.codec.kernels import worker_threads
-from deltarl.codec.regions import PART_CODECS, Placement, Region, in_region_count, overlap
+from deltarl.codec.regions import PART_CODECS, Placement, Region, folded_cell, in_region_count, overlap
 from deltarl.codec.segment import FLAT, ChunkInfo, SegmentHeader, read_segment_header
 from deltarl.codec.tensors import TensorSpec, tensor_table, uint_dtype
 from deltarl.errors import BaseMismatch, FormatError, RegionError, StagingError, TensorMismatch
@@ -129,6 +129,7 @@ class Stager:
             return None
         if place.whole:
             return "all"
+        folded_cell(place.region, c)
         how = overlap(place.grid, c, place.bounds)
         if how == "part" and c.changed and c.codec not in PART_CODECS:
             raise RegionError(

@@ -131,7 +131,7 @@ def read_segment_parts(
 def _needed_bytes(spec: TensorSpec, region: Region, start: int, count: int, isz: int) -> tuple[int, int] | None:
     """Bytes ``[a, b)`` of a keyframe range (elements ``start..start+count`` of ``spec``) that hold a
     region's elements: a row range's are contiguous; a column block's span its first to last row."""
-    grid = Grid(spec.shape)
+    grid = Grid(region.fold or spec.shape)
     ra, rb, ca, cb = region.bounds(grid)
     rw = grid.row_elems
     lo = max(start, ra * rw + ca)
@@ -144,7 +144,7 @@ def _needed_bytes(spec: TensorSpec, region: Region, start: int, count: int, isz:
 def _copy_rows(src: np.ndarray, start: int, spec: TensorSpec, region: Region, dst: np.ndarray, s0: int) -> None:
     """Copy the region's elements of ``src`` (elements ``start..`` of the tensor) into the region's
     span ``dst`` (rows ``s0`` apart): whole rows as one 2-D copy, a cut row at either end alone."""
-    grid = Grid(spec.shape)
+    grid = Grid(region.fold or spec.shape)
     ra, rb, ca, cb = region.bounds(grid)
     rw, end = grid.row_elems, start + src.size
     view = np.lib.stride_tricks.as_strided(dst, shape=(rb - ra, cb - ca), strides=(s0 * dst.itemsize, dst.itemsize))

@@ -15,9 +15,13 @@ model; every code written is a finite, normal number in both BF16 and FP16, :dat
 
 The part is a :class:`Region` of the checkpoint tensor: whole, a row range along dim 0
 (column-parallel layers: q/k/v, gate/up, a vocabulary-parallel embedding or LM head, replicated KV
-heads, an expert's gate/up rows inside a fused ``w13``) or a column block along dim 1 (row-parallel
-layers: ``o_proj``, ``down_proj``, an expert's ``w2``: a strided block of the checkpoint, contiguous
-in the parameter). Each held tensor is then a *view* of the live parameter shaped like the rank's
+heads, an expert's gate/up rows inside a fused ``w13``, the experts an expert-parallel rank holds of
+a fused experts tensor) or a column block along dim 1 (row-parallel layers: ``o_proj``,
+``down_proj``, an expert's ``w2``: a strided block of the checkpoint, contiguous in the parameter),
+of the tensor or of a *fold* of it (the same elements in the same order, seen in another shape): a
+tensor-parallel rank's part of a fused experts tensor (``[E, 2I, H]`` gate/up: columns of
+``(2E, I, H)``, each expert's gate half then its up half; ``[E, H, I]`` down: columns of
+``(E * H, I)``). Each held tensor is then a *view* of the live parameter shaped like the rank's
 part: decoding reads old values there and the commit writes there, so deltarl keeps no host copy of
 the model. Whatever fusing and sharding the engine does, its loader did it during the probe; a
 layout no region expresses (transposed, permuted, repacked, split over two blocks) is refused with a
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
     from deltarl.codec.tensors import TensorSpec
 
 _SENTINEL = -1  # 0xFFFF: a NaN in BF16 and FP16, never a code
+_FOLD_PIECES = 8  # pieces a dimension may be cut into by a fold (fused gate/up: 2)
 _CHUNK = 1 << 24  # elements a scan reads at once (bounded temporaries)
 
 LoadWeights = Callable[[Iterable[tuple[str, "torch.Tensor"]]], Any]
@@ -65,19 +70,30 @@ _M = 61440  # len(_code_table()): tensors the first pass tells apart, and the di
 @dataclass(frozen=True)
 class Region:
     """The part of a checkpoint tensor one rank holds: ``kind`` ``"whole"``, ``"rows"`` (dim-0 range
-    ``[start, stop)``) or ``"cols"`` (dim-1 range ``[start, stop)`` of a 2-D tensor, every row)."""
+    ``[start, stop)``) or ``"cols"`` (dim-1 range ``[start, stop)``, every row). ``fold``: the shape,
+    in the tensor's own row-major order, that a ``"cols"`` range is taken in (None: the tensor's own):
+    a fused experts tensor ``[E, 2I, H]`` split by tensor parallel is ``(2E, I, H)`` (every expert's
+    gate rows, then its up rows), a fused ``[E, H, I]`` is ``(E * H, I)``."""
 
     kind: str
     start: int
     stop: int
     shape: tuple[int, ...]
+    fold: tuple[int, ...] | None = None
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """``(rows, cols, inner)`` of the shape the range is taken in."""
+        f = self.fold or self.shape
+        return (f[0] if f else 1), (f[1] if len(f) > 1 else 1), _row(f[1:]) if len(f) > 1 else 1
 
     @property
     def local_shape(self) -> tuple[int, ...]:
         if self.kind == "rows":
             return (self.stop - self.start, *self.shape[1:])
         if self.kind == "cols":
-            return (self.shape[0], self.stop - self.start)
+            f = self.fold or self.shape
+            return (f[0], self.stop - self.start, *f[2:])
         return self.shape
 
     @property
@@ -93,7 +109,8 @@ class Region:
         if self.kind == "rows":
             return self.start * row, self.stop * row
         if self.kind == "cols":
-            return self.start, (self.shape[0] - 1) * row + self.stop
+            rows, cols, inner = self.grid
+            return self.start * inner, ((rows - 1) * cols + self.stop) * inner
         return 0, self.numel
 
 
@@ -176,27 +193,36 @@ def _region_indices(region: Region, a: int, b: int) -> torch.Tensor:
     import torch
 
     k = torch.arange(a, b, dtype=torch.int64)
-    row = _row(region.shape)
     if region.kind == "cols":
-        w = region.stop - region.start
-        return (k // w) * row + region.start + k % w
-    return k + (region.start * row if region.kind == "rows" else 0)
+        _, cols, inner = region.grid
+        w = (region.stop - region.start) * inner  # the local elements of one row
+        return (k // w) * (cols * inner) + region.start * inner + k % w
+    return k + (region.start * _row(region.shape) if region.kind == "rows" else 0)
 
 
-def _candidates(spec: TensorSpec, first: int, length: int) -> list[Region]:
-    """The regions whose first element is checkpoint index ``first`` and that hold ``length`` elements."""
+def _candidates(spec: TensorSpec, first: int, length: int) -> Iterator[Region]:
+    """The regions whose first element is checkpoint index ``first`` and that hold ``length`` elements:
+    whole, a row range, then a column range of the tensor or of one of its folds (dim ``k`` cut into
+    ``m`` equal pieces, everything before the last piece's columns counted as rows): ``(d0 * m, d1 / m,
+    ...)`` for fused gate/up experts, ``(d0 * d1, d2)`` for a fused ``w2``. A few per tensor, each
+    checked element by element by the caller."""
     shape = tuple(spec.shape)
     row = _row(shape) if shape else 1
-    out = []
     if first == 0 and length == spec.numel:
-        out.append(Region("whole", 0, shape[0] if shape else 1, shape))
+        yield Region("whole", 0, shape[0] if shape else 1, shape)
     elif shape and first % row == 0 and length % row == 0 and first + length <= spec.numel:
-        out.append(Region("rows", first // row, first // row + length // row, shape))
-    if len(shape) == 2 and shape[0] and length % shape[0] == 0 and first + length // shape[0] <= shape[1]:
-        w = length // shape[0]
-        if w < shape[1]:
-            out.append(Region("cols", first, first + w, shape))
-    return out
+        yield Region("rows", first // row, first // row + length // row, shape)
+    for k in range(1, len(shape)):
+        inner = _row(shape[k:])  # elements of one index of dim k
+        for m in (d for d in range(1, min(shape[k], _FOLD_PIECES) + 1) if shape[k] % d == 0):
+            cols = shape[k] // m
+            rows = spec.numel // (cols * inner) if cols * inner else 0
+            if not rows or first % inner or length % (rows * inner):
+                continue
+            a, w = first // inner, length // (rows * inner)
+            if 0 < w < cols and a + w <= cols:
+                fold = (rows, cols, *shape[k + 1 :])
+                yield Region("cols", a, a + w, shape, None if fold == shape else fold)
 
 
 def _matches(block: torch.Tensor, region: Region, digit: int) -> bool:
@@ -271,14 +297,14 @@ def _locate(load_weights: LoadWeights, wide: dict[str, torch.Tensor], specs: Seq
             if digit:
                 continue
             # every element's low digit checked against each layout the block's first element allows
-            kept = [r for r in _candidates(spec, firsts[i], block[2]) if _matches(flat, r, 0)]
-            if not kept:
+            region = next((r for r in _candidates(spec, firsts[i], block[2]) if _matches(flat, r, 0)), None)
+            if region is None:
                 raise TensorMismatch(f"{spec.name}: the engine's loader reorders its elements inside {block[0]} "
                                      "(transposed or repacked): not an in-place view")
-            if kept[0].kind != "whole" and not sharded:
-                raise TensorMismatch(f"{spec.name}: this engine holds {kept[0].kind} [{kept[0].start}, {kept[0].stop}) "
+            if region.kind != "whole" and not sharded:
+                raise TensorMismatch(f"{spec.name}: this engine holds {region.kind} [{region.start}, {region.stop}) "
                                      "of it; a partial tensor needs the sharded updater (tensor or expert parallel ranks)")
-            placements.append(Placement(spec.name, block[0], block[1], block[2], tuple(spec.shape), kept[0]))
+            placements.append(Placement(spec.name, block[0], block[1], block[2], tuple(spec.shape), region))
     return placements
 
 

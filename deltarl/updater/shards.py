@@ -27,7 +27,7 @@ from deltarl.errors import BaseMismatch, FormatError, IntegrityError, TensorMism
 from deltarl.pipeline.shard_digest import ShardHashes, TensorShardHashes
 from deltarl.updater.probe import Placement, Region
 
-RegionKey = tuple[str, str, int, int]  # (tensor, kind, start, stop)
+RegionKey = tuple[str, str, int, int, tuple[int, ...] | None]  # (tensor, kind, start, stop, fold)
 _HEADER_PROBE = 64 << 10  # a keyframe part's first read: its header, in one request mostly
 
 
@@ -37,10 +37,11 @@ def _local_positions(region: Region, pos: np.ndarray) -> tuple[np.ndarray, np.nd
     if region.kind != "cols":
         inside = (pos >= lo) & (pos < hi)
         return inside, pos - lo
-    row = region.shape[1]
-    col = pos % row
+    _, cols, inner = region.grid
+    col = (pos // inner) % cols
     inside = (col >= region.start) & (col < region.stop)
-    return inside, (pos // row) * (region.stop - region.start) + col - region.start
+    local = (pos // (cols * inner)) * ((region.stop - region.start) * inner) + (col - region.start) * inner + pos % inner
+    return inside, local
 
 
 def codec_regions(placements: Sequence[Placement], table: Sequence[TensorSpec]) -> dict[str, CodecRegion]:
@@ -51,7 +52,7 @@ def codec_regions(placements: Sequence[Placement], table: Sequence[TensorSpec]) 
     for spec in table:
         r = held.get(spec.name)
         out[spec.name] = CodecRegion.none() if r is None else (
-            CodecRegion.whole() if r.kind == "whole" else CodecRegion(r.kind, r.start, r.stop))  # type: ignore[arg-type]  # rows / cols
+            CodecRegion.whole() if r.kind == "whole" else CodecRegion(r.kind, r.start, r.stop, r.fold))  # type: ignore[arg-type]  # rows / cols
     return out
 
 
@@ -169,10 +170,11 @@ def owners(table: Sequence[TensorSpec], regions: Sequence[Mapping[str, Region]])
         for rank, rs in enumerate(regions):
             r = rs.get(spec.name)
             if r is not None:
-                held.setdefault((spec.name, r.kind, r.start, r.stop), rank)
-        kinds = {k[1] for k in held}
+                held.setdefault((spec.name, r.kind, r.start, r.stop, r.fold), rank)
+        kinds = {(k[1], k[4]) for k in held}  # one kind, in one fold
         spans = sorted((k[2], k[3]) for k in held)
-        whole_dim = spec.shape[1] if kinds == {"cols"} else (spec.shape[0] if spec.shape else 1)
+        sample = regions[next(iter(held.values()))][spec.name] if held else None
+        whole_dim = sample.grid[1] if sample is not None and sample.kind == "cols" else (spec.shape[0] if spec.shape else 1)
         tiled = bool(held) and len(kinds) == 1 and spans[0][0] == 0 and spans[-1][1] == whole_dim and all(
             a[1] == b[0] for a, b in itertools.pairwise(spans))
         if not tiled:
@@ -221,9 +223,10 @@ def digest_shares(table: Sequence[TensorSpec], placements: Sequence[Placement], 
         if r.kind != "cols":
             out.append({pl.name: _range_part(raw, offsets[pl.name] + lo * size, total)})
             continue
-        w, row = r.stop - r.start, r.shape[1]
-        for i in range(r.shape[0]):
-            start = offsets[pl.name] + (i * row + r.start) * size
+        rows, cols, inner = r.grid
+        w = (r.stop - r.start) * inner  # elements of one row of the part
+        for i in range(rows):
+            start = offsets[pl.name] + (i * cols + r.start) * inner * size
             out.append({pl.name: _range_part(raw[i * w * size : (i + 1) * w * size], start, total)})
     return out
 

@@ -1,6 +1,11 @@
 """MoE and tensor/expert parallel layouts in vLLM's real engine (CPU build): after N updates every
-layout generates exactly as a fresh engine of the same layout on ``replay(N)``; a corrupt piece is
-refused on every rank with the served weights bit-identical everywhere; a late engine bootstraps.
+layout serves the trainer's state bit for bit and generates exactly as a fresh engine of the same
+layout on ``replay(N)``; a corrupt piece is refused on every rank with the served weights
+bit-identical everywhere; a late engine bootstraps, each rank reading its part.
+
+The checkpoints hold their experts fused, as transformers writes Qwen3-MoE (``gate_up_proj``
+``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``): at TP 2 each rank holds a column range of a fold of
+them, with expert parallel a row range (its experts).
 
 One engine per layout serves all of its checks (an engine costs ~15-30 s to start on two cores).
 """
@@ -41,6 +46,7 @@ class Layout:
     store: str
     states: list[dict[str, Any]]
     options: dict[str, Any]
+    generates: bool  # False: vLLM's CPU build cannot generate with this layout (NO_GENERATE)
 
 
 def _publish(root: Path, arch: str) -> tuple[Path, list[dict[str, Any]]]:
@@ -65,26 +71,23 @@ def _publish(root: Path, arch: str) -> tuple[Path, list[dict[str, Any]]]:
     return root / "ckpt", states
 
 
-#: MoE at TP 2 and with expert parallel do not pass yet (issue 32 stays open): the tiny Qwen3-MoE
-#: checkpoint transformers writes holds its experts fused and transposed, and vLLM narrows w2 along
-#: that transposed dimension at TP 2, which the probe refuses at init (TensorMismatch, "transposed
-#: or repacked"); with expert parallel the engine dies after init (cause not found yet). Skipped,
-#: not xfailed: an engine that dies leaves vLLM's zmq contexts behind, which the suite's
-#: warnings-as-errors turns into a failure of the whole session.
-KNOWN_FAILING = {
-    "moe-tp2": pytest.mark.skip(reason="issue 32: a TP 2 rank's w2 of fused transposed experts is refused at init"),
-    "moe-ep2": pytest.mark.skip(reason="issue 32: the expert-parallel engine dies after init"),
-}
+#: Layouts whose engine cannot generate on vLLM's CPU build; their updates, digests, refusals and
+#: bootstrap are checked all the same. Expert parallel: ``CPUUnquantizedExperts.apply``
+#: (vllm/model_executor/layers/fused_moe/experts/cpu_moe.py) hands ``cpu_fused_moe`` the router's
+#: global ``topk_ids`` and never its ``expert_map``, while ``w13``/``w2`` hold only the rank's experts:
+#: a plain vLLM 0.32 engine (no deltarl) with ``enable_expert_parallel=True`` segfaults in
+#: ``csrc/cpu/cpu_fused_moe.cpp:242`` (``fused_moe_impl``) on its first generate.
+NO_GENERATE = {"moe-ep2": "vLLM 0.32's CPU experts kernel ignores expert_map (segfaults on generate)"}
 
 
-@pytest.fixture(scope="module", params=[pytest.param(name, marks=KNOWN_FAILING.get(name, ())) for name in LAYOUTS])
+@pytest.fixture(scope="module", params=list(LAYOUTS))
 def layout(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Layout]:
     arch, options = LAYOUTS[request.param]
     if options.get("tensor_parallel_size", 1) > 1:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core a rank
     root = tmp_path_factory.mktemp(request.param)
     ckpt, states = _publish(root, arch)
-    yield Layout(root, ckpt, str(root / "store"), states, options)
+    yield Layout(root, ckpt, str(root / "store"), states, options, request.param not in NO_GENERATE)
     os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
 
 
@@ -122,14 +125,16 @@ def test_updates_equal_a_fresh_engine_of_the_same_layout(layout: Layout, served:
     ranks = status(served, digest=True)
     assert {r["version"] for r in ranks} == {N}
     assert ranks[0]["engine_digest"] == _digest(layout.states[N])  # the whole engine, bit for bit the trainer's
-    after = greedy(served)
+    after = greedy(served) if layout.generates else None
     fresh = engine(_fresh_dir(layout, N), **layout.options)  # vLLM's own loader on replay(N)
     try:
-        assert greedy(fresh) == after  # tokens and logprobs, exactly
+        if layout.generates:
+            assert greedy(fresh) == after  # tokens and logprobs, exactly
         boot = attach(fresh, layout.store, "r")  # late: from the keyframe, each rank reading its part
         assert boot["version"] == N
         assert status(fresh, digest=True)[0]["engine_digest"] == ranks[0]["engine_digest"]
-        assert greedy(fresh) == after
+        if layout.generates:
+            assert greedy(fresh) == after
     finally:
         shut(fresh)
 
@@ -141,7 +146,7 @@ def test_a_corrupt_piece_is_refused_on_every_rank_and_nothing_changes(layout: La
     from deltarl.testing.vllm_runs import evolve
 
     before = status(served, digest=True)
-    tokens = greedy(served)
+    tokens = greedy(served) if layout.generates else None
     v = before[0]["version"]
     store = open_store(layout.store)
     with Publisher(store, "r", keyframe_interval=1000) as pub:
@@ -157,4 +162,5 @@ def test_a_corrupt_piece_is_refused_on_every_rank_and_nothing_changes(layout: La
         update(served, v + 1)
     after = status(served, digest=True)
     assert [(r["version"], r["digest"]) for r in after] == [(r["version"], r["digest"]) for r in before]  # every rank
-    assert greedy(served) == tokens
+    if layout.generates:
+        assert greedy(served) == tokens
