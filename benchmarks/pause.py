@@ -7,7 +7,9 @@ in its own process so its peak RSS (VmHWM) is its own:
   version with ~1% of elements moved by +-1-2 ulp; encode and stage with 1 and 2 threads (bytes
   and staged changes identical), staging bytes per change, then the commit pause (best of
   ``--repeat``, rolled back between) next to a plain numpy scatter ``flat[pos] = new`` of the same
-  positions and values (int64 positions prepared beforehand), bit-exact against the new version.
+  positions and values and a torch ``index_copy_`` of them on 1 and 2 threads (int64 positions
+  prepared beforehand), bit-exact against the new version; core-seconds per GB of model of the
+  commit (process CPU time), of encode and of staging.
 * ``publish``: version 0 then ``--deltas`` 1% deltas through a :class:`Publisher` on a local
   store (fsync'd files), each export handed over (``owned=True``): GB of model per second, wall
   against max(encode, upload), and the delta phase's peak RSS as a multiple of one BF16 copy.
@@ -121,7 +123,18 @@ def phase_commit(args: argparse.Namespace) -> dict[str, Any]:
         for flat, pos, o, _n in plain.values():
             flat[pos] = o
 
-    pauses: dict[str, list[float]] = {"numpy": [], "commit_1t": [], "commit_2t": [], "rollback_2t": []}
+    import torch  # the floor: torch's index_copy_ of the same changes, on 1 and 2 threads
+
+    as_torch = {name: (torch.from_numpy(flat.view(np.int16)), torch.from_numpy(pos), torch.from_numpy(n.view(np.int16)))
+                for name, (flat, pos, _o, n) in plain.items()}  # fmt: skip
+
+    def index_copy() -> None:
+        for flat, pos, n in as_torch.values():
+            flat.index_copy_(0, pos, n)
+
+    pauses: dict[str, list[float]] = {k: [] for k in ("numpy", "index_copy_1t", "index_copy_2t", "commit_1t", "commit_2t",
+                                                      "rollback_2t")}  # fmt: skip
+    commit_cpu: dict[str, list[float]] = {"commit_1t": [], "commit_2t": []}
     loads = []
     for rep in range(args.repeat):  # interleaved, so load swings hit every variant alike
         loads.append(load())
@@ -130,10 +143,17 @@ def phase_commit(args: argparse.Namespace) -> dict[str, Any]:
         pauses["numpy"].append(time.perf_counter() - t)
         numpy_restore()
         for n in (1, 2):
-            _threads(n)
+            torch.set_num_threads(n)
             t = time.perf_counter()
+            index_copy()
+            pauses[f"index_copy_{n}t"].append(time.perf_counter() - t)
+            numpy_restore()
+        for n in (1, 2):
+            _threads(n)
+            t, c = time.perf_counter(), time.process_time()
             upd.commit()
             pauses[f"commit_{n}t"].append(time.perf_counter() - t)
+            commit_cpu[f"commit_{n}t"].append(time.process_time() - c)
             if rep == 0 and n == 1:
                 assert all(np.array_equal(old[k].bits, new[k].bits) for k in old), "commit is not bit-exact"
             t = time.perf_counter()
@@ -145,6 +165,12 @@ def phase_commit(args: argparse.Namespace) -> dict[str, Any]:
     out["pause_runs_s"] = {k: [round(x, 4) for x in v] for k, v in pauses.items()}
     out["pause_loads"] = loads
     out["commit_vs_numpy"] = {k: round(min(pauses[k]) / min(pauses["numpy"]), 3) for k in ("commit_1t", "commit_2t")}
+    out["commit_vs_index_copy"] = {f"commit_{n}t": round(min(pauses[f"commit_{n}t"]) / min(pauses[f"index_copy_{n}t"]), 3)
+                                   for n in (1, 2)}  # fmt: skip
+    # core-seconds (process CPU time, every thread) per GB of model, the least of the runs
+    out["core_s_per_gb"] = {**{k: round(min(v) / (model_bytes / 1e9), 4) for k, v in commit_cpu.items()},
+                            **{f"{what}_{n}t": round(1 / out[f"{what}_{n}t"]["gb_per_cpu_s"], 4)
+                               for what in ("encode", "stage") for n in (1, 2)}}  # fmt: skip
     out["ns_per_change"] = {k: round(min(v) / upd.changed_elements * 1e9, 2) for k, v in pauses.items()}
     out["peak_rss_copies"] = round(vm_hwm() / model_bytes, 3)
     return out
@@ -229,8 +255,12 @@ def _table(res: dict[str, Any]) -> None:
              f"{c['stage_1t']['gb_per_cpu_s']} / {c['stage_2t']['gb_per_cpu_s']} GB/cpu-s, load {c['stage_2t']['load']}"),
             ("staging bytes / change", str(c["staging_bytes_per_change"]), "<= 8"),
             ("numpy scatter", f"{c['pause_s']['numpy']:.3f} s ({c['ns_per_change']['numpy']} ns/change)", ""),
+            ("torch index_copy_ 1t / 2t", f"{c['pause_s']['index_copy_1t']:.3f} / {c['pause_s']['index_copy_2t']:.3f} s", ""),
             ("commit pause 1t / 2t", f"{c['pause_s']['commit_1t']:.3f} / {c['pause_s']['commit_2t']:.3f} s",
-             f"x{c['commit_vs_numpy']['commit_1t']} / x{c['commit_vs_numpy']['commit_2t']} numpy (<= 1.3)"),
+             f"x{c['commit_vs_index_copy']['commit_1t']} / x{c['commit_vs_index_copy']['commit_2t']} index_copy_ (<= 1.3), "
+             f"x{c['commit_vs_numpy']['commit_1t']} / x{c['commit_vs_numpy']['commit_2t']} numpy"),
+            ("commit core-s / GB 1t / 2t", f"{c['core_s_per_gb']['commit_1t']} / {c['core_s_per_gb']['commit_2t']}",
+             f"stage {c['core_s_per_gb']['stage_1t']} / {c['core_s_per_gb']['stage_2t']}"),
             ("rollback 2t", f"{c['pause_s']['rollback_2t']:.3f} s", f"loads {c['pause_loads']}"),
             ("commit phase peak RSS", f"{c['peak_rss_copies']} copies", "old + new + staging"),
         ]  # fmt: skip

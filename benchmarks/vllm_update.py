@@ -163,6 +163,8 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         for v in range(1, args.versions + 1):
             new = vllm_runs.evolve(state, args.fraction, seed=v)
             ch = vllm_runs.changes_between(state, new)
+            if v == args.versions:  # the old values too: the pause is taken apart on this version
+                torch.save({n: state[n].view(-1)[idx].clone() for n, (idx, _) in ch.items()}, tmp / "old-last.pt")
             pub.publish(new, v, owned=True)
             state = new
             torch.save({n: (tuple(state[n].shape), idx, vals) for n, (idx, vals) in ch.items()}, tmp / f"changes-{v}.pt")
@@ -214,6 +216,14 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     # the plain scatter in the worker, on the cores vLLM gives it (the fair floor of the pause; the
     # driver's scatter above runs on every core of the host)
     in_worker = llm.collective_rpc(vllm_runs.worker_scatter, args=(str(tmp / f"changes-{args.versions}.pt"),))[0] if tp == 1 else None
+    parts = None
+    if whole_model_paths:  # the pause taken apart in the worker, beside its index_copy_ on the same thread
+        from benchmarks._pause_parts import worker_commit_parts
+
+        parts = llm.collective_rpc(worker_commit_parts, args=(str(tmp / f"changes-{args.versions}.pt"),
+                                                              str(tmp / "old-last.pt"), args.versions))[0]
+        print("pause parts in the worker (median s): " + ", ".join(
+            f"{k} {v * 1e3:.1f} ms" for k, v in parts.items() if isinstance(v, float)), flush=True)
     for row in rows if whole_model_paths else []:  # vLLM's own paths on the same engine, the same changes (they rewrite values already there)
         v = row["version"]
         row["vllm_sparse_s"] = llm.collective_rpc(vllm_runs.worker_vllm_sparse, args=(str(tmp / f"changes-{v}.pt"),))[0]
@@ -243,7 +253,7 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "extra_copies_peak": max(0, mem_deltarl["VmHWM"] - max(mem0["VmHWM"], mem0["VmRSS"])) / (model_bytes / tp),
         # vLLM's sparse path and the dense reload (with its own clone of the state) on top
         "extra_copies_peak_all_paths": max(0, mem2["VmHWM"] - mem0["VmHWM"]) / (model_bytes / tp),
-        "rpc_bytes_per_update": _rpc_bytes(args.versions), "final_version": final["version"],
+        "pause_parts": parts, "rpc_bytes_per_update": _rpc_bytes(args.versions), "final_version": final["version"],
         "note": "2 shared cores; pause = the worker's finish_weight_update commit (prefetch off, so fetch/decode "
                 "are timed alone); memory from the worker's /proc/self/status (VmRSS, VmHWM)",
     }

@@ -262,18 +262,17 @@ def first_stale(flat, pos, old, new):
 
 
 @njit(cache=True, nogil=True)
-def write_checked(flat, pos, other, vals, prev):
-    """One pass of check + write: each position must hold vals[j] or other[j]; its bits go to
-    prev[j] and vals[j] is written. At the first position holding neither, everything this call
-    wrote is restored and that index is returned; -1 when all were written."""
+def write_strict(flat, pos, other, vals):
+    """One pass of check + write: each position must hold other[j] (the bits being replaced), and
+    vals[j] is written. At the first position that does not, everything this call wrote is set back
+    to other (exactly what it held) and that index is returned; -1 when all were written."""
     for j in range(pos.size):
-        x = flat[pos[j]]
-        if x != vals[j] and x != other[j]:
+        p = pos[j]
+        if flat[p] != other[j]:
             for i in range(j):
-                flat[pos[i]] = prev[i]
+                flat[pos[i]] = other[i]
             return j
-        prev[j] = x
-        flat[pos[j]] = vals[j]
+        flat[p] = vals[j]
     return -1
 
 

@@ -65,6 +65,14 @@ def _data_ptr(value: Any) -> int | None:
     return None
 
 
+def _unchanged(value: Any, seen: tuple[Any, int, Any], shape: tuple[int, ...]) -> bool:
+    """Whether ``value``, the tensor object checked before (``seen``), still has that memory, dtype
+    and ``shape`` and is writable: its spec and target need no new look."""
+    if _data_ptr(value) != seen[1] or getattr(value, "dtype", None) != seen[2] or value.shape != shape:
+        return False
+    return not isinstance(value, np.ndarray) or bool(value.flags.writeable)
+
+
 class _Part:
     """One chunk's changes: positions relative to ``start`` (uint32 when they fit), old and new bits."""
 
@@ -74,9 +82,33 @@ class _Part:
         self.start, self.count, self.pos, self.old, self.new = start, count, pos, old, new
 
 
-# A prepared target: the tensor object staged against, its data pointer, and either one writable
-# bit view per part (CPU) or the tensor's DevicePlan (torch scatter path).
-_Prepared = tuple[Any, "int | None", "list[np.ndarray] | DevicePlan"]
+# One tensor's staged changes: absolute positions (uint32 when the tensor has at most 2**32
+# elements, else int64), the old bits there and the new bits.
+_Changes = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _joined(parts: list[_Part]) -> _Changes:
+    """One tensor's parts as one ``_Changes`` (positions made absolute); ``parts`` is emptied as it
+    is copied, so staging holds each change once more only for the tensor being joined."""
+    if len(parts) == 1 and parts[0].start == 0:
+        p = parts.pop()
+        return p.pos, p.old, p.new
+    total = sum(int(p.pos.size) for p in parts)
+    wide = max(p.start + p.count for p in parts) > 1 << 32
+    pos = np.empty(total, dtype=np.int64 if wide else np.uint32)
+    old, new = np.empty(total, dtype=parts[0].old.dtype), np.empty(total, dtype=parts[0].new.dtype)
+    a = total
+    while parts:  # from the last part: each is released once copied
+        p = parts.pop()
+        b, a = a, a - int(p.pos.size)
+        np.add(p.pos, p.start, out=pos[a:b], dtype=pos.dtype)
+        old[a:b], new[a:b] = p.old, p.new
+    return pos, old, new
+
+
+# A prepared target: the tensor object staged against, its data pointer, and either its writable
+# flat bit view (CPU) or its DevicePlan (torch scatter path).
+_Prepared = tuple[Any, "int | None", "np.ndarray | DevicePlan"]
 
 
 class StagedUpdate:
@@ -85,12 +117,13 @@ class StagedUpdate:
     ``changed_elements`` counts the elements the update writes, ``tensors`` names the tensors
     with at least one of them (sorted), ``base`` is the version id the update applies to.
 
-    Everything that can be prepared is prepared here, at staging: positions are kept per chunk
-    relative to the chunk start (4 bytes each), next to the new and old bits (the old ones are
-    what rollback needs), and each target's writable bit views are resolved once; tensors on the
-    torch scatter path (CUDA) get their indices and values moved to the device. The commit then
-    checks and writes in place, nothing else. ``host_bytes`` is what the staged changes hold in
-    host memory.
+    Everything that can be prepared is prepared here, at staging: each tensor's changes are joined
+    into one array of absolute positions (4 bytes each where they fit) next to the new and old bits
+    (the old ones are what a rollback, or the undo of a refused commit, writes back), and each
+    target's writable bit view is resolved once; tensors on the torch scatter path (CUDA) get their
+    indices and values moved to the device. The commit then checks and writes in place, one kernel
+    call per tensor, nothing else. ``host_bytes`` is what the staged changes hold in host memory.
+    ``parts`` (the stager's, per tensor) is consumed.
     """
 
     def __init__(
@@ -105,30 +138,35 @@ class StagedUpdate:
         self._state = state
         self._specs = specs
         self.base = base
-        self._parts = parts
+        self._order: list[str] = list(parts)  # tensor order: the first refusal in it is the one raised
+        self._changes: dict[str, _Changes] = {}
         self._prepared: dict[str, _Prepared] = {}
+        # per tensor checked against its spec at staging or by a commit: (the object, its data pointer, its dtype)
+        self._seen: dict[str, tuple[Any, int, Any]] = {}
         self.tensors: tuple[str, ...] = tuple(sorted(parts))
-        self.changed_elements: int = sum(int(p.pos.size) for ps in parts.values() for p in ps)
         device_items = []
-        for name in list(parts):
+        for name in self._order:
+            self._changes[name] = _joined(parts.pop(name))
             value = state[name]
             if is_cuda(value) or (torch_scatter and _data_ptr(value) is not None and hasattr(value, "device")):
                 device_items.append((name, value, *self._host(name)))
                 continue
             with contextlib.suppress(TensorMismatch):  # read-only or odd: the commit raises it
-                self._prepared[name] = (value, _data_ptr(value), self._views(name, value))
+                self._prepared[name] = (value, _data_ptr(value), flat_bits(name, value, writable=True))
+                self._see(name, value)
+        self.changed_elements: int = sum(int(c[0].size) for c in self._changes.values())
         for name, plan in DeviceBatch.build(device_items).items():
-            self._parts[name] = []  # the device holds them now
+            del self._changes[name]  # the device holds them now
             self._prepared[name] = (plan.source, _data_ptr(plan.source), plan)
+            self._see(name, plan.source)
 
     def _host(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        parts = self._parts[name]
-        if not parts:
+        changes = self._changes.get(name)
+        if changes is None:
             plan = self._prepared[name][2]
             assert isinstance(plan, DevicePlan)
             return plan.host()
-        pos = np.concatenate([p.pos.astype(np.int64) + p.start for p in parts])
-        old, new = np.concatenate([p.old for p in parts]), np.concatenate([p.new for p in parts])
+        pos, old, new = changes[0].astype(np.int64), changes[1].copy(), changes[2].copy()
         if pos.size > 1 and bool((pos[1:] < pos[:-1]).any()):  # cell parts interleave row by row
             order = np.argsort(pos, kind="stable")
             return pos[order], old[order], new[order]
@@ -136,18 +174,14 @@ class StagedUpdate:
 
     def changes(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per tensor: absolute int64 positions (sorted), old bits, new bits (fresh host arrays)."""
-        return {name: self._host(name) for name in self._parts}
+        return {name: self._host(name) for name in self._order}
 
     @property
     def host_bytes(self) -> int:
         """Host memory held by the staged changes (positions, old and new bits)."""
-        return sum(p.pos.nbytes + p.old.nbytes + p.new.nbytes for ps in self._parts.values() for p in ps)
+        return sum(p.nbytes + o.nbytes + n.nbytes for p, o, n in self._changes.values())
 
-    def _views(self, name: str, value: Any) -> list[np.ndarray]:
-        flat = flat_bits(name, value, writable=True)
-        return [flat[p.start : p.start + p.count] for p in self._parts[name]]
-
-    def _resolve(self, name: str, value: Any) -> list[np.ndarray] | DevicePlan:
+    def _resolve(self, name: str, value: Any) -> np.ndarray | DevicePlan:
         """The prepared target of ``name``, re-resolved if the tensor object or its memory changed."""
         prep = self._prepared.get(name)
         ptr = _data_ptr(value)
@@ -155,17 +189,21 @@ class StagedUpdate:
         if prep is not None and prep[0] is value and ptr is not None and prep[1] == ptr and writable:
             return prep[2]
         if prep is not None and isinstance(prep[2], DevicePlan):
-            target: list[np.ndarray] | DevicePlan = prep[2].rebind(name, value)
+            target: np.ndarray | DevicePlan = prep[2].rebind(name, value)
         else:
-            target = self._views(name, value)
+            target = flat_bits(name, value, writable=True)
         self._prepared[name] = (value, ptr, target)
         return target
 
     def _targets(self, direction: str) -> tuple[list[_Job], DeltaRLError | None]:
         """The tensors to write, in order, up to the first one that was replaced or is read-only."""
         jobs: list[_Job] = []
-        for name in self._parts:
+        for name in self._order:
             value = self._state.get(name)
+            seen = self._seen.get(name)
+            if seen is not None and seen[0] is value and _unchanged(value, seen, self._specs[name].shape):
+                jobs.append((name, self._prepared[name][2]))  # checked before: the pause looks no further
+                continue
             if value is None or spec_of(name, value) != self._specs[name]:
                 return jobs, TensorMismatch(
                     f"cannot {direction}: tensor {name!r} was replaced or reshaped since staging"
@@ -174,7 +212,14 @@ class StagedUpdate:
                 jobs.append((name, self._resolve(name, value)))
             except TensorMismatch as err:
                 return jobs, err
+            self._see(name, value)
         return jobs, None
+
+    def _see(self, name: str, value: Any) -> None:
+        """Record ``value`` as checked against its spec, so the commit looks at it again only if it changed."""
+        ptr = _data_ptr(value)
+        if ptr is not None and spec_of(name, value) == self._specs[name]:
+            self._seen[name] = (value, ptr, getattr(value, "dtype", None))
 
     def _stale(self, direction: str, name: str) -> StagingError:
         return StagingError(
@@ -182,15 +227,14 @@ class StagedUpdate:
         )
 
     def _cpu_tasks(self, jobs: list[_Job], to_new: bool | None) -> list[tuple[Any, ...]]:
-        """(job index, part view, positions, *bits) per part of the CPU jobs; bits ordered
-        (other, to write) for a write, (old, new) for a check (``to_new`` None)."""
+        """(job index, flat bit view, positions, *bits) per CPU job; bits ordered (other, to write)
+        for a write, (old, new) for a check (``to_new`` None)."""
         out = []
         for i, (name, target) in enumerate(jobs):
             if isinstance(target, DevicePlan):
                 continue
-            for view, p in zip(target, self._parts[name], strict=True):
-                vals = (p.new, p.old) if to_new is False else (p.old, p.new)
-                out.append((i, view, p.pos, *vals))
+            pos, old, new = self._changes[name]
+            out.append((i, target, pos, *((new, old) if to_new is False else (old, new))))
         return out
 
     def _check(self, direction: str, jobs: list[_Job], refused: DeltaRLError | None) -> None:
@@ -209,26 +253,29 @@ class StagedUpdate:
     def _swap(self, direction: str, to_new: bool) -> None:
         """Write the new (or old) bits after checking that every position holds the old or new bits.
 
-        On CPU the check and the write are one pass (each position is read, checked and written
-        once); if any position turns out stale, every write is undone before raising, so a refused
-        commit leaves the state exactly as it was, as the separate check would. Tensors on the
-        torch scatter path are checked first (one sync per device), then written with index_copy_.
+        On CPU the common case is one pass: each position must hold the bits being replaced, and is
+        read, checked and written once (:func:`kernels.write_strict`); nothing is saved during the
+        pause, since every position it wrote held the staged old (or new) bits, which undo it. If
+        any position holds something else, every write is undone that way and the general path
+        runs: every position is checked (old or new bits: a commit over a state already partly
+        new is allowed, a moved-on state refused with nothing written), then written. Tensors on
+        the torch scatter path are checked first (one sync per device), then written with
+        index_copy_.
         """
         jobs, refused = self._targets(direction)
         plans = [t for _, t in jobs if isinstance(t, DevicePlan)]
-        if refused is not None or plans:
-            self._check(direction, jobs, refused)
-            for _, view, pos, *vals in self._cpu_tasks(jobs, to_new):
-                kernels.scatter(view, pos, vals[1])
-            device_write(plans, to_new)
-            return
-        done = _run_sliced(self._cpu_tasks(jobs, to_new), kernels.write_checked)  # (flat, pos, other, to write)
-        stale = [key for key, _, prev in done if prev is None]
-        if stale:
-            for _, (flat, pos, *_vals), prev in done:
-                if prev is not None:
-                    kernels.scatter(flat, pos, prev)
-            raise self._stale(direction, jobs[min(stale)][0])
+        tasks = self._cpu_tasks(jobs, to_new)
+        if refused is None and not plans:
+            done = _run_sliced(tasks, kernels.write_strict)  # (flat, pos, other, to write)
+            if all(at < 0 for _, _, at in done):
+                return
+            for _, (flat, pos, other, _vals), at in done:
+                if at < 0:  # written whole: undone exactly (a refused slice undid itself)
+                    kernels.scatter(flat, pos, other)
+        self._check(direction, jobs, refused)
+        for _, flat, pos, _other, vals in tasks:
+            kernels.scatter(flat, pos, vals)
+        device_write(plans, to_new)
 
     def commit(self) -> None:
         """Write the new values in place. Idempotent; refuses a state that moved on since staging."""
@@ -239,33 +286,30 @@ class StagedUpdate:
         self._swap("roll back", to_new=False)
 
 
-# A tensor to write: its name and its prepared target (bit views per part, or a DevicePlan).
-_Job = tuple[str, "list[np.ndarray] | DevicePlan"]
-_SLICE = 1 << 17  # changed elements per commit task: enough to amortise a task, small enough to balance
+# A tensor to write: its name and its prepared target (flat bit view, or a DevicePlan).
+_Job = tuple[str, "np.ndarray | DevicePlan"]
+_SLICE = 1 << 17  # changed elements per commit task on several threads: amortises a task, balances
 
 
 def _run_sliced(
     jobs: list[tuple[Any, ...]], fn: Callable[..., Any]
 ) -> list[tuple[Any, tuple[Any, ...], Any]]:
-    """Run ``fn(target, pos, *values)`` for each job ``(key, target, pos, *values)``, cut into slices of
-    positions, on worker threads when there is enough work (the kernels release the GIL).
+    """Run ``fn(target, pos, *values)`` for each job ``(key, target, pos, *values)``: on one thread,
+    one call per job; on several (the kernels release the GIL), cut into slices of positions when
+    there is enough work.
 
     Returns ``(key, (target, pos slice, *value slices), result)`` per slice, in job and slice order.
     """
-    tasks = []
-    for key, target, pos, *vals in jobs:
-        if pos.size <= _SLICE:
-            tasks.append((key, (target, pos, *vals)))
-            continue
-        for a in range(0, pos.size, _SLICE):
-            tasks.append((key, (target, pos[a : a + _SLICE], *(v[a : a + _SLICE] for v in vals))))
-    threads = min(worker_threads(), len(tasks))
-    if threads > 1 and sum(int(t[1][1].size) for t in tasks) >= 2 * _SLICE:
-        with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-commit") as pool:
+    threads = worker_threads()
+    if threads > 1 and sum(int(j[2].size) for j in jobs) >= 2 * _SLICE:
+        tasks = []
+        for key, target, pos, *vals in jobs:
+            for a in range(0, max(1, pos.size), _SLICE):
+                tasks.append((key, (target, pos[a : a + _SLICE], *(v[a : a + _SLICE] for v in vals))))
+        with ThreadPoolExecutor(min(threads, len(tasks)), thread_name_prefix="deltarl-commit") as pool:
             results = list(pool.map(lambda t: fn(*t[1]), tasks))
-    else:
-        results = [fn(*t[1]) for t in tasks]
-    return [(key, args, r) for (key, args), r in zip(tasks, results, strict=True)]
+        return [(key, args, r) for (key, args), r in zip(tasks, results, strict=True)]
+    return [(key, tuple(args), fn(*args)) for key, *args in jobs]
 
 
 def _by_key(done: list[tuple[Any, tuple[Any, ...], Any]]) -> dict[Any, list[Any]]:

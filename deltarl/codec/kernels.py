@@ -159,18 +159,15 @@ def all_old_or_new(flat: np.ndarray, pos: np.ndarray, old: np.ndarray, new: np.n
     return bool(k.first_stale(flat, pos, old, new) < 0)
 
 
-def write_checked(
-    flat: np.ndarray, pos: np.ndarray, other: np.ndarray, vals: np.ndarray
-) -> np.ndarray | None:
-    """``flat[pos] = vals`` if every ``flat[pos[j]]`` holds ``vals[j]`` or ``other[j]``: returns the bits
-    it overwrote (to undo the write), or None, with nothing written, if any position holds neither.
-    """
+def write_strict(flat: np.ndarray, pos: np.ndarray, other: np.ndarray, vals: np.ndarray) -> int:
+    """``flat[pos] = vals`` if every ``flat[pos[j]]`` holds ``other[j]``: -1. Else the index of the
+    first position that does not, with ``flat`` as it was (what was written is undone with ``other``,
+    the bits it replaced: nothing needs saving while writing)."""
     k = jit()
-    if k is None:
-        cur = flat[pos]
-        if not bool(((cur == other) | (cur == vals)).all()):
-            return None
-        flat[pos] = vals
-        return cur
-    prev = np.empty_like(vals)
-    return prev if k.write_checked(flat, pos, other, vals, prev) < 0 else None
+    if k is not None:
+        return int(k.write_strict(flat, pos, other, vals))
+    bad = np.flatnonzero(flat[pos] != other)
+    if bad.size:
+        return int(bad[0])
+    flat[pos] = vals
+    return -1

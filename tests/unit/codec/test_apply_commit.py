@@ -1,4 +1,4 @@
-"""Commit and rollback of large updates (checked and written in one pass, on worker threads)."""
+"""Commit and rollback of large updates (checked and written in one pass, on one or two threads)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from deltarl.codec import BF16, encode_delta, stage_delta, state_digest
 from deltarl.errors import StagingError, TensorMismatch
 
 
-@pytest.fixture(params=["numba", "numpy"])
+@pytest.fixture(params=["numba-1t", "numba-2t", "numpy-2t"])
 def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("DELTARL_NO_NUMBA", "1" if request.param == "numpy" else "0")
-    monkeypatch.setenv("DELTARL_THREADS", "2")
-    return str(request.param)
+    path, threads = str(request.param).split("-")
+    monkeypatch.setenv("DELTARL_NO_NUMBA", "1" if path == "numpy" else "0")
+    monkeypatch.setenv("DELTARL_THREADS", threads[0])
+    return path
 
 
 def _big() -> tuple[dict, dict]:
@@ -106,5 +107,30 @@ def test_read_only_tensor_is_refused_before_any_write(kernel_path: str) -> None:
     state["c"].bits.flags.writeable = False
     before = state_digest(state)
     with pytest.raises(TensorMismatch, match="read-only"):
+        upd.commit()
+    assert state_digest(state) == before
+
+
+def test_a_state_already_partly_written_is_finished_or_refused_whole(kernel_path: str) -> None:
+    """The one-pass kernel writes only over the bits it replaces; a state where some positions
+    already hold the bits being written (a commit over a half-new state, a rollback over a
+    half-old one) takes the general path: finished, or refused with nothing written."""
+    state = _copy(BIG_OLD)
+    upd = stage_delta(state, BIG_SEGS, base="b")
+    half = {name: np.flatnonzero(BIG_OLD[name].bits != BIG_NEW[name].bits)[::2] for name in ("b", "c")}
+    for name, pos in half.items():
+        state[name].bits[pos] = BIG_NEW[name].bits[pos]
+    upd.commit()
+    assert state_digest(state) == state_digest(BIG_NEW)
+    for name, pos in half.items():
+        state[name].bits[pos] = BIG_OLD[name].bits[pos]
+    upd.rollback()
+    assert state_digest(state) == state_digest(BIG_OLD)
+    for name, pos in half.items():  # half new again, and one position of 'c' moved on
+        state[name].bits[pos] = BIG_NEW[name].bits[pos]
+    p = _changed("c", -1)
+    state["c"].bits[p] = _neither("c", p)
+    before = state_digest(state)
+    with pytest.raises(StagingError, match="'c' changed since"):
         upd.commit()
     assert state_digest(state) == before

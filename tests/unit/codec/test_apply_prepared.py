@@ -89,3 +89,22 @@ def test_replaced_tensor_is_rebound_or_refused(torch_scatter: bool) -> None:
     state["b.bias"] = torch.zeros(5, dtype=torch.bfloat16)
     with pytest.raises(TensorMismatch, match=r"b\.bias"):
         upd.rollback()
+
+
+def test_a_tensor_changed_under_the_same_object_is_looked_at_again() -> None:
+    """The commit skips the spec check only for the very tensor checked at staging, at the same
+    memory with the same shape and dtype: new memory is written, a new shape refused."""
+    old, new = _states(4)
+    segs = encode_delta(old, new, base="p", segment_bytes=4096)
+    state = _clone(old)
+    upd = stage_delta(state, segs, base="p")
+    t = state["a.weight"]
+    t.data = old["a.weight"].clone()  # type: ignore[attr-defined]  # same object, new memory
+    upd.commit()
+    assert state_digest(state) == state_digest(new)
+    t.data = torch.zeros(5, dtype=torch.bfloat16)  # type: ignore[attr-defined]  # same object, another shape
+    with pytest.raises(TensorMismatch, match=r"a\.weight"):
+        upd.rollback()
+    assert state_digest({k: v for k, v in state.items() if k != "a.weight"}) == state_digest(
+        {k: v for k, v in new.items() if k != "a.weight"}
+    )
