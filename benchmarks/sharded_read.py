@@ -196,7 +196,8 @@ def run_plan(layers: int, seed: int = 0) -> dict[str, Any]:
                 pack_segment("b", list(cur_specs.values()), cur_chunks, [bytes(x.nbytes) for x in cur_chunks])
             )
             cur_specs, cur_chunks, size = {}, [], 0
-    rest = [s for s in specs if not any(s.name == c.tensor for c in cur_chunks)]
+    in_last = {c.tensor for c in cur_chunks}
+    rest = [s for s in specs if s.name not in in_last]
     segs.append(pack_segment("b", [*cur_specs.values(), *[s for s in rest if s.name not in cur_specs]], cur_chunks,
                              [bytes(x.nbytes) for x in cur_chunks]))  # fmt: skip
     layout = RunLayout("r")
@@ -221,7 +222,7 @@ def run_plan(layers: int, seed: int = 0) -> dict[str, Any]:
     planned = sum(len(plan_chunks(h, regions, grids=grids)) for h in headers)
     t_plan = time.perf_counter() - t
     return {"tensors": len(specs), "segments": len(parsed.segments), "manifest_bytes": len(raw),
-            "chunks": sum(len(h.chunks) for h in headers), "planned_chunks": planned,
+            "chunks": sum(len(h.table) for h in headers), "planned_chunks": planned,
             "parse_manifest_s": round(t_manifest, 4), "parse_headers_s": round(t_headers, 4), "plan_s": round(t_plan, 4),
             "total_s": round(t_manifest + t_headers + t_plan, 4)}  # fmt: skip
 
