@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from deltarl.codec import registry
+from deltarl.codec import kernels, registry
 from deltarl.codec.chunk import Changes
 from deltarl.codec.classes import rank_classes
 from deltarl.codec.finite import nonfinite_bits
@@ -65,8 +65,11 @@ def encode_chunk(
     ``CELL_COARSE_CHANGES`` changes its ``ctx`` classes come from ``CELL_CLASS_FIELDS``.
     """
     named = None if codec == "auto" else registry.by_name(codec)
-    classes = named.needs_classes if named else _looks_dense(old, new)
-    ch = registry.detect(old, new, dtype, classes and not cell)
+    if named is None and cell:
+        ch = _cell_changes(old, new, dtype)
+    else:
+        classes = named.needs_classes if named else _looks_dense(old, new)
+        ch = registry.detect(old, new, dtype, classes and not cell)
     changed = ch.count
     if changed == 0:
         return registry.NONE, 0, b""
@@ -97,6 +100,32 @@ def _classes(old: np.ndarray, new: np.ndarray, dtype: str, ch: Changes, cell: bo
         return registry.detect(old, new, dtype, True)
     code = rank_classes(old, new, dtype, cell=ch.count < CELL_COARSE_CHANGES)
     return Changes(code.pos, code)
+
+
+def _cell_changes(old: np.ndarray, new: np.ndarray, dtype: str) -> Changes:
+    """A cell chunk's changes, ranked in the detection pass when a sample says ``ctx`` will code it,
+    with the class field its exact change count calls for (``CELL_COARSE_CHANGES``): the sample
+    picks the field, and a wrong guess costs a second pass, never other bytes."""
+    hits, n = _sample(old, new)
+    if not any(c.auto is not None and c.needs_classes and 2 * c.auto[0] * n <= hits < c.auto[1] * n
+               for c in registry.AUTO):  # fmt: skip
+        return Changes(kernels.changed_positions(old, new))
+    coarse = hits * old.size < CELL_COARSE_CHANGES * n
+    code = rank_classes(old, new, dtype, cell=coarse)
+    if (code.pos.size < CELL_COARSE_CHANGES) != coarse:
+        code = rank_classes(old, new, dtype, cell=not coarse)
+    return Changes(code.pos, code)
+
+
+def _sample(old: np.ndarray, new: np.ndarray) -> tuple[int, int]:
+    """Changed elements in 32 evenly spaced runs of up to 512 elements, and the elements compared."""
+    step = old.size // _SAMPLE_BLOCKS
+    if step == 0:
+        return int(np.count_nonzero(old != new)), int(old.size)
+    run = min(_SAMPLE_BLOCK, step)
+    a = old[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :run]
+    b = new[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :run]
+    return int(np.count_nonzero(a != b)), _SAMPLE_BLOCKS * run
 
 
 _SAMPLE_BLOCKS, _SAMPLE_BLOCK = 32, 512
@@ -189,26 +218,30 @@ def iter_encode_delta(
                 continue
             for start in range(0, spec.numel, step):
                 stop = min(spec.numel, start + step)
-                yield spec, FLAT, start, o[start:stop], n[start:stop]
+                yield spec, FLAT, start, stop - start, o[start:stop], n[start:stop]
         tiled.sort(key=lambda item: (kind_of(item[0].name), item[0].name))
         for quarter in range(4):  # Z-order quarters; in each, tensors of a kind together, then their cells
             for spec, grid, o, n in tiled:
                 for cell in MORTON_ORDER[16 * quarter : 16 * quarter + 16]:
                     if grid.has(cell):
-                        ot, nt = grid.tile(o, cell), grid.tile(n, cell)
-                        for start in range(0, ot.size, step):
-                            yield spec, cell, start, ot[start : start + step], nt[start : start + step]
+                        size = grid.numel(cell)
+                        for start in range(0, size, step):  # the worker copies the cell's rows
+                            yield spec, cell, start, min(size, start + step) - start, o, n
 
     yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, worker_threads(), empty=True,
                          finite=check_finite, part_safe=cells)
 
 
-# One chunk to encode: the tensor, its cell (FLAT: row-major), the first index, old and new bits.
-_Task = tuple[TensorSpec, int, int, np.ndarray, np.ndarray]
+# One chunk to encode: the tensor, its cell (FLAT: row-major), the first index, the element count,
+# old and new bits (of the chunk; of the whole tensor for a cell's chunk, cut out by the worker).
+_Task = tuple[TensorSpec, int, int, int, np.ndarray, np.ndarray]
 
 
-def _encode_named(spec: TensorSpec, cell: int, start: int, old: np.ndarray, new: np.ndarray, codec: str,
-                  finite: bool, part_safe: bool) -> tuple[str, int, bytes]:  # fmt: skip
+def _encode_named(spec: TensorSpec, cell: int, start: int, count: int, old: np.ndarray, new: np.ndarray,
+                  codec: str, finite: bool, part_safe: bool) -> tuple[str, int, bytes]:  # fmt: skip
+    if cell != FLAT:  # the copy runs on the worker thread (numpy releases the GIL), not the producer
+        grid = Grid(spec.shape)
+        old, new = grid.tile_range(old, cell, start, start + count), grid.tile_range(new, cell, start, start + count)
     try:
         return encode_chunk(old, new, spec.dtype, codec, finite=finite, part_safe=part_safe and cell == FLAT,
                             cell=cell != FLAT)
@@ -225,14 +258,14 @@ def _encoded(
     """Encode chunks in order, ``threads`` at a time (the kernels release the GIL). ``part_safe``:
     ``auto`` codes row-major chunks with codecs that find the changes without the base."""
     if threads <= 1:
-        for spec, cell, start, o, n in tasks:
-            yield spec, cell, start, o.size, _encode_named(spec, cell, start, o, n, codec, finite, part_safe)
+        for spec, cell, start, count, o, n in tasks:
+            yield spec, cell, start, count, _encode_named(spec, cell, start, count, o, n, codec, finite, part_safe)
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-encode") as pool:
         window: deque[tuple[TensorSpec, int, int, int, Future[tuple[str, int, bytes]]]] = deque()
-        for spec, cell, start, o, n in tasks:
-            fut = pool.submit(_encode_named, spec, cell, start, o, n, codec, finite, part_safe)
-            window.append((spec, cell, start, o.size, fut))
+        for spec, cell, start, count, o, n in tasks:
+            fut = pool.submit(_encode_named, spec, cell, start, count, o, n, codec, finite, part_safe)
+            window.append((spec, cell, start, count, fut))
             if len(window) > 2 * threads:
                 s, g, st, c, f = window.popleft()
                 yield s, g, st, c, f.result()
@@ -294,7 +327,7 @@ def iter_encode_rows(
                 raise TensorMismatch(f"tensor {name!r}: old and new shards differ in size")
             for start in range(0, o.size, step):
                 stop = min(o.size, start + step)
-                yield spec, FLAT, offset + start, o[start:stop], n[start:stop]
+                yield spec, FLAT, offset + start, stop - start, o[start:stop], n[start:stop]
 
     threads = worker_threads() if threads is None else threads
     yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, threads, empty=False, finite=check_finite)
