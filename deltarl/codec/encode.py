@@ -40,7 +40,7 @@ TILE_MIN_ELEMENTS = 1 << 16
 CELL_COARSE_CHANGES = 4096
 # ``auto`` cuts a tensor into cells only when a cell will hold this many changes on average (at 1%
 # changed: cells of 51K elements, tensors of 3.3M); smaller tensors stay row-major and ``sparse``.
-CELL_MIN_CHANGES = 512
+CELL_MIN_CHANGES = 256
 
 
 def chunk_elements(segment_bytes: int) -> int:
@@ -206,30 +206,57 @@ def iter_encode_delta(
     check_compatible(new, table)
     step = chunk_elements(segment_bytes)
 
-    def tasks() -> Iterator[_Task]:
-        tiled: list[tuple[TensorSpec, Grid, np.ndarray, np.ndarray]] = []
-        for spec in table:  # row-major tensors first (every rank reads them), then cell by cell
-            o = flat_bits(spec.name, _cpu(old[spec.name]))
-            n = flat_bits(spec.name, _cpu(new[spec.name]))
-            if o.size != spec.numel or n.size != spec.numel:
-                raise TensorMismatch(f"tensor {spec.name!r}: element count differs from its shape")
-            if cells and _tiles(spec.numel, o, n, codec):
-                tiled.append((spec, Grid(spec.shape), o, n))
-                continue
+    tasks = _delta_tasks(table, old, new, step, cells, codec)
+    yield from _segments(tasks, base, segment_bytes, segment_changes, codec, worker_threads(), empty=True,
+                         finite=check_finite, part_safe=cells)
+
+
+def _delta_tasks(table: list[TensorSpec], old: Mapping[str, Any], new: Mapping[str, Any], step: int, cells: bool,
+                 codec: str) -> Iterator[_Task]:  # fmt: skip
+    """The chunks of a delta in the order segments hold them: row-major tensors first (small ones,
+    every rank reads them whole), then by Z-order quarter the cells of the tiled tensors (in each
+    quarter the tensors of a kind together, each tensor's cells in Z order), with the top row bands
+    of the banded tensors (:func:`_bands`) after quarter 0 and the bottom ones after quarter 2: a
+    TP 2 rank's part is then one run (rows: quarters 0, 1 or 2, 3 with their bands) or two."""
+    tiled: list[tuple[TensorSpec, Grid, np.ndarray, np.ndarray]] = []
+    banded: list[tuple[TensorSpec, Grid, np.ndarray, np.ndarray]] = []
+    for spec in table:
+        o = flat_bits(spec.name, _cpu(old[spec.name]))
+        n = flat_bits(spec.name, _cpu(new[spec.name]))
+        if o.size != spec.numel or n.size != spec.numel:
+            raise TensorMismatch(f"tensor {spec.name!r}: element count differs from its shape")
+        if cells and _tiles(spec.numel, o, n, codec):
+            tiled.append((spec, Grid(spec.shape), o, n))
+        elif cells and spec.numel >= TILE_MIN_ELEMENTS and len(spec.shape) >= 2:
+            banded.append((spec, Grid(spec.shape), o, n))
+        else:
             for start in range(0, spec.numel, step):
                 stop = min(spec.numel, start + step)
                 yield spec, FLAT, start, stop - start, o[start:stop], n[start:stop]
-        tiled.sort(key=lambda item: (kind_of(item[0].name), item[0].name))
-        for quarter in range(4):  # Z-order quarters; in each, tensors of a kind together, then their cells
-            for spec, grid, o, n in tiled:
-                for cell in MORTON_ORDER[16 * quarter : 16 * quarter + 16]:
-                    if grid.has(cell):
-                        size = grid.numel(cell)
-                        for start in range(0, size, step):  # the worker copies the cell's rows
-                            yield spec, cell, start, min(size, start + step) - start, o, n
+    tiled.sort(key=lambda item: (kind_of(item[0].name), item[0].name))
+    banded.sort(key=lambda item: (kind_of(item[0].name), item[0].name))
+    for quarter in range(4):
+        for spec, grid, o, n in tiled:
+            for cell in MORTON_ORDER[16 * quarter : 16 * quarter + 16]:
+                if grid.has(cell):
+                    size = grid.numel(cell)
+                    for start in range(0, size, step):  # the worker copies the cell's rows
+                        yield spec, cell, start, min(size, start + step) - start, o, n
+        if quarter in (0, 2):
+            for spec, grid, o, n in banded:
+                yield from _bands(spec, grid, o, n, step, quarter // 2)
 
-    yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, worker_threads(), empty=True,
-                         finite=check_finite, part_safe=cells)
+
+def _bands(spec: TensorSpec, grid: Grid, o: np.ndarray, n: np.ndarray, step: int, half: int) -> Iterator[_Task]:
+    """Row-major chunks of a tensor kept out of cells (its cells would hold too few changes to pay
+    for their own headers), cut at its grid's row bands ``4 half .. 4 half + 3``: a rank holding a
+    row range (k/v projections are split by rows) reads only its bands; any region decodes them."""
+    band = grid.row_cell * grid.row_elems
+    for a in range(4 * half * band, min(spec.numel, 4 * (half + 1) * band), band):
+        end = min(spec.numel, a + band)
+        for start in range(a, end, step):
+            stop = min(end, start + step)
+            yield spec, FLAT, start, stop - start, o[start:stop], n[start:stop]
 
 
 # One chunk to encode: the tensor, its cell (FLAT: row-major), the first index, the element count,
