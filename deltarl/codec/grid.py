@@ -97,13 +97,6 @@ class Grid:
         r0, r1, c0, c1 = self.rect(cell)
         return (r1 - r0) * (c1 - c0) * self.inner
 
-    def tile(self, flat: np.ndarray, cell: int) -> np.ndarray:
-        """The elements of ``cell`` (row-major in the cell) from the tensor's flat row-major array
-        (a view when the cell spans whole rows, else a copy)."""
-        r0, r1, c0, c1 = self.rect(cell)
-        block = flat.reshape(self.rows, self.row_elems)[r0:r1, c0 * self.inner : c1 * self.inner]
-        return np.ascontiguousarray(block).reshape(-1)
-
     def tile_range(self, flat: np.ndarray, cell: int, start: int, stop: int) -> np.ndarray:
         """Elements ``[start, stop)`` of ``cell``'s enumeration (copying only the rows they lie in)."""
         r0, _, c0, c1 = self.rect(cell)
