@@ -14,7 +14,7 @@ from deltarl.codec import kernels, registry
 from deltarl.codec.chunk import Changes
 from deltarl.codec.classes import rank_classes
 from deltarl.codec.finite import nonfinite_bits
-from deltarl.codec.grid import CELLS, MORTON_ORDER, Grid
+from deltarl.codec.grid import CELLS, GRID, MORTON_ORDER, Grid
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.segment import FLAT, ChunkInfo, pack_segment
 from deltarl.codec.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, spec_of, tensor_table
@@ -43,6 +43,8 @@ CELL_COARSE_CHANGES = 4096
 # Qwen3-30B-A3B expert, whose 64 cells of ~245 changes would stage ~25x slower than its sparse
 # chunks); smaller tensors stay row-major and ``sparse``, cut at their row bands.
 CELL_MIN_CHANGES = 288
+# A row-major tensor is cut at its grid's row bands only when a band will hold this many changes.
+BAND_MIN_CHANGES = 256
 
 
 def chunk_elements(segment_bytes: int) -> int:
@@ -229,7 +231,7 @@ def _delta_tasks(table: list[TensorSpec], old: Mapping[str, Any], new: Mapping[s
             raise TensorMismatch(f"tensor {spec.name!r}: element count differs from its shape")
         if cells and _tiles(spec.numel, o, n, codec):
             tiled.append((spec, Grid(spec.shape), o, n))
-        elif cells and spec.numel >= TILE_MIN_ELEMENTS and len(spec.shape) >= 2:
+        elif cells and _banded(spec, o, n):
             banded.append((spec, Grid(spec.shape), o, n))
         else:
             for start in range(0, spec.numel, step):
@@ -247,6 +249,17 @@ def _delta_tasks(table: list[TensorSpec], old: Mapping[str, Any], new: Mapping[s
         if quarter in (0, 2):
             for spec, grid, o, n in banded:
                 yield from _bands(spec, grid, o, n, step, quarter // 2)
+
+
+def _banded(spec: TensorSpec, old: np.ndarray, new: np.ndarray) -> bool:
+    """Whether a row-major tensor is cut at its row bands: 2-D or more, ``TILE_MIN_ELEMENTS`` or
+    more, and (from the cells' sample) ``BAND_MIN_CHANGES`` changes a band: a band's own chunk
+    entry, codec parameters and stream lengths (~30 bytes) then stay a few % of its payload, and an
+    untouched tensor keeps costing only its table entry."""
+    if spec.numel < TILE_MIN_ELEMENTS or len(spec.shape) < 2:
+        return False
+    hits, n = _sample(old, new, _TILE_SAMPLE_BLOCKS)
+    return hits * spec.numel >= BAND_MIN_CHANGES * GRID * n
 
 
 def _bands(spec: TensorSpec, grid: Grid, o: np.ndarray, n: np.ndarray, step: int, half: int) -> Iterator[_Task]:

@@ -98,12 +98,13 @@ def test_every_tp_part_decodes_alone(rows: int, cols: int, density: float, codec
     old_v, new_v = _pair(1, rows * 2, density, seed + 1)
     old = {"w": BF16(old_w), "v": BF16(old_v.reshape(-1))}
     new = {"w": BF16(new_w), "v": BF16(new_v.reshape(-1))}
-    saved = encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES
-    encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES = 64, cell_min  # these small tensors in cells too
+    saved = encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES, encode_mod.BAND_MIN_CHANGES
+    # these small tensors in cells too, or (cell_min 1 << 40, codec auto) in row bands
+    encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES, encode_mod.BAND_MIN_CHANGES = 64, cell_min, 1
     try:
         segs = encode_delta(old, new, base="b", codec=codec, segment_bytes=512)
     finally:
-        encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES = saved
+        encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES, encode_mod.BAND_MIN_CHANGES = saved
     whole = {k: _torch(v.bits) for k, v in old.items()}
     stage_delta(whole, segs, base="b").commit()
     assert np.array_equal(whole["w"].view(torch.int16).numpy().view(np.uint16), new_w)
@@ -153,6 +154,7 @@ def test_row_bands_of_a_tensor_kept_out_of_cells(monkeypatch: pytest.MonkeyPatch
     a TP 2 row half plans only its own bands' chunks."""
     monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 64)
     monkeypatch.setattr(encode_mod, "CELL_MIN_CHANGES", 1 << 40)
+    monkeypatch.setattr(encode_mod, "BAND_MIN_CHANGES", 1)
     old_w, new_w = _pair(128, 64, 0.01, 3)
     (seg,) = encode_delta({"w": BF16(old_w)}, {"w": BF16(new_w)}, base="b")
     h = read_segment_header(seg)
