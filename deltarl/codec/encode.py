@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from deltarl.codec import registry
+from deltarl.codec import kernels, registry
 from deltarl.codec.chunk import Changes
 from deltarl.codec.classes import rank_classes
 from deltarl.codec.finite import nonfinite_bits
-from deltarl.codec.grid import CELLS, MORTON_ORDER, Grid
+from deltarl.codec.grid import CELLS, GRID, MORTON_ORDER, Grid
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.segment import FLAT, ChunkInfo, pack_segment
 from deltarl.codec.tensors import TensorSpec, check_compatible, flat_bits, is_cuda, spec_of, tensor_table
@@ -39,8 +39,12 @@ TILE_MIN_ELEMENTS = 1 << 16
 # table is then half as long, which outweighs the coarser context below this many changes.
 CELL_COARSE_CHANGES = 4096
 # ``auto`` cuts a tensor into cells only when a cell will hold this many changes on average (at 1%
-# changed: cells of 51K elements, tensors of 3.3M); smaller tensors stay row-major and ``sparse``.
-CELL_MIN_CHANGES = 512
+# changed: cells of 29K elements, tensors of 1.8M: Qwen3-0.6B and 1.7B projections but 0.6B k/v, not a
+# Qwen3-30B-A3B expert, whose 64 cells of ~245 changes would stage ~25x slower than its sparse
+# chunks); smaller tensors stay row-major and ``sparse``, cut at their row bands.
+CELL_MIN_CHANGES = 288
+# A row-major tensor is cut at its grid's row bands only when a band will hold this many changes.
+BAND_MIN_CHANGES = 256
 
 
 def chunk_elements(segment_bytes: int) -> int:
@@ -65,8 +69,11 @@ def encode_chunk(
     ``CELL_COARSE_CHANGES`` changes its ``ctx`` classes come from ``CELL_CLASS_FIELDS``.
     """
     named = None if codec == "auto" else registry.by_name(codec)
-    classes = named.needs_classes if named else _looks_dense(old, new)
-    ch = registry.detect(old, new, dtype, classes and not cell)
+    if named is None and cell:
+        ch = _cell_changes(old, new, dtype)
+    else:
+        classes = named.needs_classes if named else _looks_dense(old, new)
+        ch = registry.detect(old, new, dtype, classes and not cell)
     changed = ch.count
     if changed == 0:
         return registry.NONE, 0, b""
@@ -99,7 +106,37 @@ def _classes(old: np.ndarray, new: np.ndarray, dtype: str, ch: Changes, cell: bo
     return Changes(code.pos, code)
 
 
+def _cell_changes(old: np.ndarray, new: np.ndarray, dtype: str) -> Changes:
+    """A cell chunk's changes, ranked in the detection pass when a sample says ``ctx`` will code it,
+    with the class field its exact change count calls for (``CELL_COARSE_CHANGES``): the sample
+    picks the field, and a wrong guess costs a second pass, never other bytes."""
+    hits, n = _sample(old, new)
+    if not any(c.auto is not None and c.needs_classes and 2 * c.auto[0] * n <= hits < c.auto[1] * n
+               for c in registry.AUTO):  # fmt: skip
+        return Changes(kernels.changed_positions(old, new))
+    coarse = hits * old.size < CELL_COARSE_CHANGES * n
+    code = rank_classes(old, new, dtype, cell=coarse)
+    if (code.pos.size < CELL_COARSE_CHANGES) != coarse:
+        code = rank_classes(old, new, dtype, cell=not coarse)
+    return Changes(code.pos, code)
+
+
+def _sample(old: np.ndarray, new: np.ndarray, blocks: int = 32) -> tuple[int, int]:
+    """Changed elements in ``blocks`` evenly spaced runs of up to 512 elements, and the elements compared."""
+    step = old.size // blocks
+    if step == 0:
+        return int(np.count_nonzero(old != new)), int(old.size)
+    run = min(_SAMPLE_BLOCK, step)
+    a = old[: step * blocks].reshape(blocks, step)[:, :run]
+    b = new[: step * blocks].reshape(blocks, step)[:, :run]
+    return int(np.count_nonzero(a != b)), blocks * run
+
+
 _SAMPLE_BLOCKS, _SAMPLE_BLOCK = 32, 512
+# The cut-into-cells decision samples 4x more (65,536 elements): at 1% changed, Qwen3-30B-A3B's
+# experts (1.57M elements, 245 changes a cell) and 2M-element projections (327) lie on either side
+# of CELL_MIN_CHANGES by ~3 standard deviations of this sample, ~1.5 of the 32-run one.
+_TILE_SAMPLE_BLOCKS = 128
 
 
 def _looks_dense(old: np.ndarray, new: np.ndarray) -> bool:
@@ -121,19 +158,15 @@ def _looks_dense(old: np.ndarray, new: np.ndarray) -> bool:
 
 def _tiles(numel: int, old: np.ndarray, new: np.ndarray, codec: str) -> bool:
     """Whether a tensor is cut into grid cells: a codec that needs the base's classes will code it,
-    and (for ``auto``, from a sample of 32 evenly spaced runs) its cells will hold at least
+    and (for ``auto``, from a sample of 128 evenly spaced runs of 512) its cells will hold at least
     ``CELL_MIN_CHANGES`` changes each on average; below that a cell's own chunk entry, stream lengths
     and class table outweigh what ``ctx`` saves over ``sparse``, which decodes any part alone."""
     if numel < TILE_MIN_ELEMENTS:
         return False
     if codec != "auto":
         return registry.by_name(codec).needs_classes
-    step = old.size // _SAMPLE_BLOCKS
-    run = min(_SAMPLE_BLOCK, step)
-    a = old[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :run]
-    b = new[: step * _SAMPLE_BLOCKS].reshape(_SAMPLE_BLOCKS, step)[:, :run]
-    density = int(np.count_nonzero(a != b)) / (_SAMPLE_BLOCKS * run)
-    return density >= registry.SPARSE_MAX_FRACTION and density * numel / CELLS >= CELL_MIN_CHANGES
+    hits, n = _sample(old, new, _TILE_SAMPLE_BLOCKS)
+    return hits >= registry.SPARSE_MAX_FRACTION * n and hits * numel >= CELL_MIN_CHANGES * CELLS * n
 
 
 def kind_of(name: str) -> str:
@@ -177,38 +210,80 @@ def iter_encode_delta(
     check_compatible(new, table)
     step = chunk_elements(segment_bytes)
 
-    def tasks() -> Iterator[_Task]:
-        tiled: list[tuple[TensorSpec, Grid, np.ndarray, np.ndarray]] = []
-        for spec in table:  # row-major tensors first (every rank reads them), then cell by cell
-            o = flat_bits(spec.name, _cpu(old[spec.name]))
-            n = flat_bits(spec.name, _cpu(new[spec.name]))
-            if o.size != spec.numel or n.size != spec.numel:
-                raise TensorMismatch(f"tensor {spec.name!r}: element count differs from its shape")
-            if cells and _tiles(spec.numel, o, n, codec):
-                tiled.append((spec, Grid(spec.shape), o, n))
-                continue
-            for start in range(0, spec.numel, step):
-                stop = min(spec.numel, start + step)
-                yield spec, FLAT, start, o[start:stop], n[start:stop]
-        tiled.sort(key=lambda item: (kind_of(item[0].name), item[0].name))
-        for quarter in range(4):  # Z-order quarters; in each, tensors of a kind together, then their cells
-            for spec, grid, o, n in tiled:
-                for cell in MORTON_ORDER[16 * quarter : 16 * quarter + 16]:
-                    if grid.has(cell):
-                        ot, nt = grid.tile(o, cell), grid.tile(n, cell)
-                        for start in range(0, ot.size, step):
-                            yield spec, cell, start, ot[start : start + step], nt[start : start + step]
-
-    yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, worker_threads(), empty=True,
+    tasks = _delta_tasks(table, old, new, step, cells, codec)
+    yield from _segments(tasks, base, segment_bytes, segment_changes, codec, worker_threads(), empty=True,
                          finite=check_finite, part_safe=cells)
 
 
-# One chunk to encode: the tensor, its cell (FLAT: row-major), the first index, old and new bits.
-_Task = tuple[TensorSpec, int, int, np.ndarray, np.ndarray]
+def _delta_tasks(table: list[TensorSpec], old: Mapping[str, Any], new: Mapping[str, Any], step: int, cells: bool,
+                 codec: str) -> Iterator[_Task]:  # fmt: skip
+    """The chunks of a delta in the order segments hold them: row-major tensors first (small ones,
+    every rank reads them whole), then by Z-order quarter the cells of the tiled tensors (in each
+    quarter the tensors of a kind together, each tensor's cells in Z order), with the top row bands
+    of the banded tensors (:func:`_bands`) after quarter 0 and the bottom ones after quarter 2: a
+    TP 2 rank's part is then one run (rows: quarters 0, 1 or 2, 3 with their bands) or two."""
+    tiled: list[tuple[TensorSpec, Grid, np.ndarray, np.ndarray]] = []
+    banded: list[tuple[TensorSpec, Grid, np.ndarray, np.ndarray]] = []
+    for spec in table:
+        o = flat_bits(spec.name, _cpu(old[spec.name]))
+        n = flat_bits(spec.name, _cpu(new[spec.name]))
+        if o.size != spec.numel or n.size != spec.numel:
+            raise TensorMismatch(f"tensor {spec.name!r}: element count differs from its shape")
+        if cells and _tiles(spec.numel, o, n, codec):
+            tiled.append((spec, Grid(spec.shape), o, n))
+        elif cells and _banded(spec, o, n):
+            banded.append((spec, Grid(spec.shape), o, n))
+        else:
+            for start in range(0, spec.numel, step):
+                stop = min(spec.numel, start + step)
+                yield spec, FLAT, start, stop - start, o[start:stop], n[start:stop]
+    tiled.sort(key=lambda item: (kind_of(item[0].name), item[0].name))
+    banded.sort(key=lambda item: (kind_of(item[0].name), item[0].name))
+    for quarter in range(4):
+        for spec, grid, o, n in tiled:
+            for cell in MORTON_ORDER[16 * quarter : 16 * quarter + 16]:
+                if grid.has(cell):
+                    size = grid.numel(cell)
+                    for start in range(0, size, step):  # the worker copies the cell's rows
+                        yield spec, cell, start, min(size, start + step) - start, o, n
+        if quarter in (0, 2):
+            for spec, grid, o, n in banded:
+                yield from _bands(spec, grid, o, n, step, quarter // 2)
 
 
-def _encode_named(spec: TensorSpec, cell: int, start: int, old: np.ndarray, new: np.ndarray, codec: str,
-                  finite: bool, part_safe: bool) -> tuple[str, int, bytes]:  # fmt: skip
+def _banded(spec: TensorSpec, old: np.ndarray, new: np.ndarray) -> bool:
+    """Whether a row-major tensor is cut at its row bands: 2-D or more, ``TILE_MIN_ELEMENTS`` or
+    more, and (from the cells' sample) ``BAND_MIN_CHANGES`` changes a band: a band's own chunk
+    entry, codec parameters and stream lengths (~30 bytes) then stay a few % of its payload, and an
+    untouched tensor keeps costing only its table entry."""
+    if spec.numel < TILE_MIN_ELEMENTS or len(spec.shape) < 2:
+        return False
+    hits, n = _sample(old, new, _TILE_SAMPLE_BLOCKS)
+    return hits * spec.numel >= BAND_MIN_CHANGES * GRID * n
+
+
+def _bands(spec: TensorSpec, grid: Grid, o: np.ndarray, n: np.ndarray, step: int, half: int) -> Iterator[_Task]:
+    """Row-major chunks of a tensor kept out of cells (its cells would hold too few changes to pay
+    for their own headers), cut at its grid's row bands ``4 half .. 4 half + 3``: a rank holding a
+    row range (k/v projections are split by rows) reads only its bands; any region decodes them."""
+    band = grid.row_cell * grid.row_elems
+    for a in range(4 * half * band, min(spec.numel, 4 * (half + 1) * band), band):
+        end = min(spec.numel, a + band)
+        for start in range(a, end, step):
+            stop = min(end, start + step)
+            yield spec, FLAT, start, stop - start, o[start:stop], n[start:stop]
+
+
+# One chunk to encode: the tensor, its cell (FLAT: row-major), the first index, the element count,
+# old and new bits (of the chunk; of the whole tensor for a cell's chunk, cut out by the worker).
+_Task = tuple[TensorSpec, int, int, int, np.ndarray, np.ndarray]
+
+
+def _encode_named(spec: TensorSpec, cell: int, start: int, count: int, old: np.ndarray, new: np.ndarray,
+                  codec: str, finite: bool, part_safe: bool) -> tuple[str, int, bytes]:  # fmt: skip
+    if cell != FLAT:  # the copy runs on the worker thread (numpy releases the GIL), not the producer
+        grid = Grid(spec.shape)
+        old, new = grid.tile_range(old, cell, start, start + count), grid.tile_range(new, cell, start, start + count)
     try:
         return encode_chunk(old, new, spec.dtype, codec, finite=finite, part_safe=part_safe and cell == FLAT,
                             cell=cell != FLAT)
@@ -225,14 +300,14 @@ def _encoded(
     """Encode chunks in order, ``threads`` at a time (the kernels release the GIL). ``part_safe``:
     ``auto`` codes row-major chunks with codecs that find the changes without the base."""
     if threads <= 1:
-        for spec, cell, start, o, n in tasks:
-            yield spec, cell, start, o.size, _encode_named(spec, cell, start, o, n, codec, finite, part_safe)
+        for spec, cell, start, count, o, n in tasks:
+            yield spec, cell, start, count, _encode_named(spec, cell, start, count, o, n, codec, finite, part_safe)
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-encode") as pool:
         window: deque[tuple[TensorSpec, int, int, int, Future[tuple[str, int, bytes]]]] = deque()
-        for spec, cell, start, o, n in tasks:
-            fut = pool.submit(_encode_named, spec, cell, start, o, n, codec, finite, part_safe)
-            window.append((spec, cell, start, o.size, fut))
+        for spec, cell, start, count, o, n in tasks:
+            fut = pool.submit(_encode_named, spec, cell, start, count, o, n, codec, finite, part_safe)
+            window.append((spec, cell, start, count, fut))
             if len(window) > 2 * threads:
                 s, g, st, c, f = window.popleft()
                 yield s, g, st, c, f.result()
@@ -294,7 +369,7 @@ def iter_encode_rows(
                 raise TensorMismatch(f"tensor {name!r}: old and new shards differ in size")
             for start in range(0, o.size, step):
                 stop = min(o.size, start + step)
-                yield spec, FLAT, offset + start, o[start:stop], n[start:stop]
+                yield spec, FLAT, offset + start, stop - start, o[start:stop], n[start:stop]
 
     threads = worker_threads() if threads is None else threads
     yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, threads, empty=False, finite=check_finite)

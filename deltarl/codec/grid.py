@@ -97,12 +97,15 @@ class Grid:
         r0, r1, c0, c1 = self.rect(cell)
         return (r1 - r0) * (c1 - c0) * self.inner
 
-    def tile(self, flat: np.ndarray, cell: int) -> np.ndarray:
-        """The elements of ``cell`` (row-major in the cell) from the tensor's flat row-major array
-        (a view when the cell spans whole rows, else a copy)."""
-        r0, r1, c0, c1 = self.rect(cell)
-        block = flat.reshape(self.rows, self.row_elems)[r0:r1, c0 * self.inner : c1 * self.inner]
-        return np.ascontiguousarray(block).reshape(-1)
+    def tile_range(self, flat: np.ndarray, cell: int, start: int, stop: int) -> np.ndarray:
+        """Elements ``[start, stop)`` of ``cell``'s enumeration (copying only the rows they lie in)."""
+        r0, _, c0, c1 = self.rect(cell)
+        width = (c1 - c0) * self.inner
+        qa, qb = start // width, -(-stop // width)
+        if c1 - c0 == self.cols:  # the cell spans whole rows: a view of the flat array
+            return flat[r0 * width + start : r0 * width + stop]
+        block = flat.reshape(self.rows, self.row_elems)[r0 + qa : r0 + qb, c0 * self.inner : c1 * self.inner]
+        return np.ascontiguousarray(block).reshape(-1)[start - qa * width : stop - qa * width]
 
     def to_global(self, cell: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global ``(row, column element)`` of the cell-enumeration indices ``index`` (int64)."""

@@ -36,7 +36,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from deltarl.codec.grid import Grid, flat_to_global
+from deltarl.codec.grid import GRID, Grid, flat_to_global
+from deltarl.codec.registry import codec_id
 from deltarl.codec.segment import FLAT, ChunkInfo, SegmentHeader
 from deltarl.codec.tensors import BF16, TensorSpec, dtype_of, flat_bits, is_cuda
 from deltarl.errors import RegionError
@@ -44,6 +45,7 @@ from deltarl.errors import RegionError
 Kind = Literal["whole", "none", "rows", "cols"]
 # Codecs that find a chunk's changes from the payload alone: a region decodes any part of their chunks.
 PART_CODECS = frozenset({"none", "sparse", "dense"})
+_PART_IDS = np.array([0, *(codec_id(n) for n in sorted(PART_CODECS) if n != "none")], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -183,32 +185,70 @@ def plan_chunks(
 ) -> list[ChunkRef]:
     """The chunks of one segment that the ``regions`` need (with a change and touching a region).
 
-    Cost: one pass over the chunk table. Raises RegionError for a chunk coded with a codec that
-    needs its whole base (``ctx``) that lies partly in a region: that region is not a union of the
-    tensor's grid cells (or the delta came from a sharded writer's row-major chunks).
+    Cost: array operations over the chunk table and one step per tensor with a change. Raises
+    RegionError for a chunk coded with a codec that needs its whole base (``ctx``) that lies partly
+    in a region: that region is not a union of the tensor's grid cells (or the delta came from a
+    sharded writer's row-major chunks).
     """
     grids = {} if grids is None else grids
-    specs = {t.name: t for t in header.tensors}
-    out: list[ChunkRef] = []
-    off = header.payload_offset
-    for i, c in enumerate(header.chunks):
-        region = regions.get(c.tensor)
-        here = off
-        off += c.nbytes
-        if region is None or region.kind == "none" or not c.changed:
+    t = header.table
+    live = np.flatnonzero(t.changed > 0)
+    tensors = np.unique(t.tensor[live])
+    # per tensor with a change: rows, row elements, inner, row cell, column cell, cols, region bounds
+    # (ra, rb, ca, cb), and whether the region is whole (1), absent (0) or a part (2)
+    dims = np.zeros((len(header.tensors), 10), dtype=np.int64)
+    how = np.zeros(len(header.tensors), dtype=np.int64)
+    for ti in tensors.tolist():
+        spec = header.tensors[ti]
+        region = regions.get(spec.name)
+        if region is None or region.kind == "none":
             continue
-        folded_cell(region, c)
-        grid = grids.get(c.tensor) or grids.setdefault(c.tensor, Grid(region.fold or specs[c.tensor].shape))
-        how = "all" if region.kind == "whole" else overlap(grid, c, region.bounds(grid))
-        if how == "none":
-            continue
-        if how == "part" and c.codec not in PART_CODECS:
-            raise RegionError(
-                f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} (cell {c.cell}, codec {c.codec}) needs base "
-                f"elements outside the region {region}: not a union of the tensor's grid cells"
-            )
-        out.append(ChunkRef(i, c, here, how))
-    return out
+        grid = grids.get(spec.name) or grids.setdefault(spec.name, Grid(region.fold or spec.shape))
+        how[ti] = 1 if region.kind == "whole" else 2
+        if region.fold is not None:
+            cells = np.flatnonzero((t.tensor[live] == ti) & (t.cell[live] != FLAT))
+            if cells.size:
+                folded_cell(region, header.chunk(int(live[cells[0]])))
+        bounds = region.bounds(grid) if how[ti] == 2 else (0, 0, 0, 0)
+        dims[ti] = (grid.rows, grid.row_elems, grid.inner, grid.row_cell, grid.col_cell, grid.cols, *bounds)
+    live = live[how[t.tensor[live]] > 0]
+    part = live[how[t.tensor[live]] == 2]
+    a, b, x, y = _boxes(dims[t.tensor[part]], t.cell[part], t.start[part], t.count[part])
+    ra, rb, ca, cb = (dims[t.tensor[part], k] for k in range(6, 10))
+    meets = (b > ra) & (a < rb) & (y > ca) & (x < cb)
+    inside = (ra <= a) & (b <= rb) & (ca <= x) & (y <= cb)
+    state = np.full(len(t), -1, dtype=np.int64)  # -1 not needed, 0 part, 1 all
+    state[live] = 1
+    state[part] = np.where(meets, np.where(inside, 1, 0), -1)
+    bad = np.flatnonzero((state == 0) & ~np.isin(t.codec, _PART_IDS))
+    if bad.size:
+        c = header.chunk(int(bad[0]))
+        raise RegionError(
+            f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} (cell {c.cell}, codec {c.codec}) needs base "
+            f"elements outside the region {regions[c.tensor]}: not a union of the tensor's grid cells"
+        )
+    return [ChunkRef(i, header.chunk(i), int(t.offset[i]), "all" if state[i] else "part")
+            for i in np.flatnonzero(state >= 0).tolist()]  # fmt: skip
+
+
+def _boxes(dims: np.ndarray, cell: np.ndarray, start: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Vector form of :func:`chunk_rows_cols`: each chunk's rows ``[a, b)`` and column elements
+    ``[x, y)`` (``dims`` per chunk: rows, row elements, inner, row cell, column cell, cols)."""
+    _, row_elems, inner, rc, cc, cols = (dims[:, k] for k in range(6))
+    flat = cell < 0
+    i, j = np.maximum(cell, 0) // GRID, np.maximum(cell, 0) % GRID
+    cc0 = j * cc
+    r0 = np.where(flat, 0, i * rc)
+    c0 = np.where(flat, 0, cc0 * inner)
+    width = np.where(flat, row_elems, (np.minimum(cols, cc0 + cc) - cc0) * inner)
+    width = np.maximum(width, 1)
+    last = start + count - 1
+    qa, qb = start // width, last // width
+    one = qa == qb
+    a, b = r0 + qa, r0 + qb + 1
+    x = np.where(one, c0 + start % width, c0)
+    y = np.where(one, c0 + last % width + 1, c0 + width)
+    return a, b, x, y
 
 
 def folded_cell(region: Region, c: ChunkInfo) -> None:

@@ -14,16 +14,16 @@ Byte layout (little-endian; docs/FORMAT.md is the specification)::
 
 from __future__ import annotations
 
-import itertools
 import struct
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
-from deltarl.codec.bitio import leb128_decode, leb128_encode
-from deltarl.codec.grid import CELLS, Grid
+from deltarl.codec.bitio import leb128_encode
+from deltarl.codec.chunk_table import ChunkTable, parse_chunk_table
 from deltarl.codec.registry import NONE, codec_id, codec_name
 from deltarl.codec.tensors import DTYPE_BY_CODE, DTYPES, TensorSpec
 from deltarl.errors import FormatError, IntegrityError, UnsupportedFormatVersion
@@ -35,7 +35,6 @@ MAX_BASE_BYTES = 1024
 MAX_NAME_BYTES = 4096
 MAX_NDIM = 32
 _PREFIX = struct.Struct("<4sHHII")
-_CHUNK_FIELDS = 6  # varints per chunk: tensor index, 8 * tile + codec, start, count, changed, nbytes
 FLAT = -1  # ChunkInfo.cell of a chunk of the tensor's row-major element order
 
 
@@ -58,14 +57,35 @@ class ChunkInfo:
 
 @dataclass(frozen=True)
 class SegmentHeader:
-    """The parsed, validated header of one segment."""
+    """The parsed, validated header of one segment. ``table`` holds the chunks as columns (what
+    planning reads); ``chunks`` the same chunks as :class:`ChunkInfo` records, made on first use."""
 
     format_version: int
     base: str
     tensors: tuple[TensorSpec, ...]
-    chunks: tuple[ChunkInfo, ...]
+    table: ChunkTable
     payload_offset: int
     chunk_table_bytes: int = 0  # length of the chunk table's varints
+
+    @cached_property
+    def chunks(self) -> tuple[ChunkInfo, ...]:
+        t = self.table
+        names = [s.name for s in self.tensors]
+        return tuple(
+            ChunkInfo(names[ti], start, count, changed, codec_name(codec), nbytes, cell)
+            for ti, cell, codec, start, count, changed, nbytes in zip(
+                t.tensor.tolist(), t.cell.tolist(), t.codec.tolist(), t.start.tolist(), t.count.tolist(),
+                t.changed.tolist(), t.nbytes.tolist(), strict=True,
+            )
+        )
+
+    def chunk(self, i: int) -> ChunkInfo:
+        """Chunk ``i`` of the table as a record (without making every other one)."""
+        if "chunks" in self.__dict__:
+            return self.chunks[i]
+        t = self.table
+        return ChunkInfo(self.tensors[int(t.tensor[i])].name, int(t.start[i]), int(t.count[i]), int(t.changed[i]),
+                         codec_name(int(t.codec[i])), int(t.nbytes[i]), int(t.cell[i]))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -194,77 +214,56 @@ def read_segment_header(data: bytes | bytearray | memoryview, *, partial: bool =
         raise FormatError(f"base id length {blen} out of bounds")
     base = r.text(blen, "base id")
     (ntensors,) = r.take("<I")
-    tensors: list[TensorSpec] = []
-    prev = b""
-    for _ in range(ntensors):
-        shared, nlen = r.take("<HH")
-        if shared > len(prev) or not 0 < shared + nlen <= MAX_NAME_BYTES or nlen == 0:
-            raise FormatError(f"tensor name of {shared} shared + {nlen} bytes out of bounds")
-        if r.off + nlen > len(body):
-            raise FormatError("segment header is truncated")
-        raw = prev[:shared] + bytes(body[r.off : r.off + nlen])
-        r.off += nlen
-        try:
-            name = raw.decode()
-        except UnicodeDecodeError as err:
-            raise FormatError("tensor name is not valid utf-8") from err
-        prev = raw
-        code, ndim = r.take("<BB")
-        if code not in DTYPE_BY_CODE:
-            raise FormatError(f"tensor {name!r}: unknown dtype code {code}")
-        if ndim > MAX_NDIM:
-            raise FormatError(f"tensor {name!r}: {ndim} dimensions")
-        shape = r.take(f"<{ndim}Q")
-        tensors.append(TensorSpec(name, DTYPE_BY_CODE[code], tuple(shape)))
-    if len({t.name for t in tensors}) != len(tensors):
-        raise FormatError("duplicate tensor name in segment")
+    tensors, r.off = _tensor_table(body, r.off, ntensors)
     nchunks, tlen = r.take("<II")
     if r.off + tlen > len(body) or nchunks > tlen:
         raise FormatError("segment header is truncated")
-    chunks = _chunk_table(body[r.off : r.off + tlen], nchunks, tensors)
-    r.off += tlen
-    total = sum(c.nbytes for c in chunks)
-    listed = {c.tensor for c in chunks}
-    for spec in tensors:  # a tensor without a chunk is covered whole, unchanged, by this segment
-        if spec.name not in listed and spec.numel:
-            chunks.append(ChunkInfo(spec.name, 0, spec.numel, 0, NONE, 0))
-    if r.off != len(body):
+    if r.off + tlen != len(body):
         raise FormatError("segment header has trailing bytes")
-    if _PREFIX.size + hlen + total + 4 != len(mv):
-        raise FormatError("chunk payload lengths do not add up to the segment length")
-    spans = sorted((c.tensor, c.cell, c.start, c.start + c.count) for c in chunks)
-    for (t0, g0, _, e0), (t1, g1, s1, _) in itertools.pairwise(spans):
-        if t0 == t1 and g0 == g1 and s1 < e0:
-            raise FormatError(f"chunks of {t0!r} overlap at element {s1}")
-        if t0 == t1 and g0 == FLAT and g1 != FLAT:
-            raise FormatError(f"tensor {t0!r} has both row-major and cell chunks")
-    return SegmentHeader(version, base, tuple(tensors), tuple(chunks), _PREFIX.size + hlen, tlen)
+    room = len(mv) - _PREFIX.size - hlen - 4
+    table = parse_chunk_table(body[r.off : r.off + tlen], nchunks, tensors, _PREFIX.size + hlen, room)
+    return SegmentHeader(version, base, tuple(tensors), table, _PREFIX.size + hlen, tlen)
 
 
-def _chunk_table(raw: memoryview, nchunks: int, tensors: list[TensorSpec]) -> list[ChunkInfo]:
-    """Parse and check the chunk table's varints (6 per chunk)."""
-    v = leb128_decode(raw, nchunks * _CHUNK_FIELDS).reshape(nchunks, _CHUNK_FIELDS)
-    if nchunks and int(v[:, 0].max()) >= len(tensors):
-        raise FormatError(f"chunk names tensor index {int(v[:, 0].max())} of {len(tensors)}")
-    grids: dict[int, Grid] = {}
-    chunks: list[ChunkInfo] = []
-    for ti, kind, start, count, changed, nbytes in v.tolist():
-        tile, codec = divmod(kind, 8)
-        name = codec_name(codec)
-        if tile > CELLS:
-            raise FormatError(f"unknown chunk tile {tile}")
-        spec = tensors[ti]
-        if tile:
-            grid = grids.get(ti) or grids.setdefault(ti, Grid(spec.shape))
-            limit = grid.numel(tile - 1) if grid.has(tile - 1) else 0
-        else:
-            limit = spec.numel
-        if count == 0 or start + count > limit:
-            raise FormatError(f"chunk [{start}, {start + count}) outside tensor {spec.name!r} (tile {tile}) of {limit}")
-        if changed > count or (codec == 0) != (changed == 0) or (codec == 0 and nbytes):
-            raise FormatError(f"chunk of {spec.name!r}: inconsistent changed={changed} codec={codec}")
-        chunks.append(ChunkInfo(spec.name, start, count, changed, name, nbytes, tile - 1))
-    return chunks
+_NAME_HEAD = struct.Struct("<HH")
+_DTYPE_NDIM = struct.Struct("<BB")
+_SHAPES = [struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1)]
+
+
+def _tensor_table(body: memoryview, off: int, ntensors: int) -> tuple[list[TensorSpec], int]:
+    """Parse ``ntensors`` tensor table entries from ``off``; returns them and the offset after them."""
+    raw = bytes(body)
+    end = len(raw)
+    tensors: list[TensorSpec] = []
+    prev = b""
+    try:
+        for _ in range(ntensors):
+            shared, nlen = _NAME_HEAD.unpack_from(raw, off)
+            if shared > len(prev) or not 0 < shared + nlen <= MAX_NAME_BYTES or nlen == 0:
+                raise FormatError(f"tensor name of {shared} shared + {nlen} bytes out of bounds")
+            off += 4
+            if off + nlen > end:
+                raise FormatError("segment header is truncated")
+            name_raw = prev[:shared] + raw[off : off + nlen]
+            off += nlen
+            prev = name_raw
+            code, ndim = _DTYPE_NDIM.unpack_from(raw, off)
+            off += 2
+            name = name_raw.decode()
+            if code not in DTYPE_BY_CODE:
+                raise FormatError(f"tensor {name!r}: unknown dtype code {code}")
+            if ndim > MAX_NDIM:
+                raise FormatError(f"tensor {name!r}: {ndim} dimensions")
+            shape = _SHAPES[ndim].unpack_from(raw, off)
+            off += 8 * ndim
+            tensors.append(TensorSpec(name, DTYPE_BY_CODE[code], shape))
+    except struct.error as err:
+        raise FormatError("segment header is truncated") from err
+    except UnicodeDecodeError as err:
+        raise FormatError("tensor name is not valid utf-8") from err
+    if len({t.name for t in tensors}) != len(tensors):
+        raise FormatError("duplicate tensor name in segment")
+    return tensors, off
 
 
 def delta_stats(segments: Iterable[bytes]) -> DeltaStats:
@@ -272,7 +271,7 @@ def delta_stats(segments: Iterable[bytes]) -> DeltaStats:
     changed = total = size = 0
     for seg in segments:
         h = read_segment_header(seg)
-        changed += sum(c.changed for c in h.chunks)
-        total += sum(c.count for c in h.chunks)
+        changed += int(h.table.changed.sum())
+        total += int(h.table.count.sum())
         size += len(seg)
     return DeltaStats(changed, total, size)

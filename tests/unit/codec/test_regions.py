@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from deltarl.codec import BF16, encode_delta, read_segment_header, stage_delta
 from deltarl.codec import encode as encode_mod
 from deltarl.codec.grid import Grid, cell_size, morton
-from deltarl.codec.regions import Region, plan_chunks
+from deltarl.codec.regions import Region, overlap, plan_chunks
+from deltarl.codec.segment import SegmentHeader
 from deltarl.codec.tensors import tensor_table
 from deltarl.errors import RegionError, StagingError
 
@@ -89,18 +90,21 @@ def _torch(a: np.ndarray) -> torch.Tensor:
     density=st.sampled_from([0.0, 1e-3, 1e-2, 0.05, 0.3, 0.7, 1.0]),
     codec=st.sampled_from(["auto", "ctx", "sparse", "dense"]),
     seed=st.integers(0, 2**16),
+    cell_min=st.sampled_from([1, 1 << 40]),  # 1 << 40: ``auto`` keeps w row-major, cut at its row bands
 )
-def test_every_tp_part_decodes_alone(rows: int, cols: int, density: float, codec: str, seed: int) -> None:
+def test_every_tp_part_decodes_alone(rows: int, cols: int, density: float, codec: str, seed: int,
+                                     cell_min: int) -> None:  # fmt: skip
     old_w, new_w = _pair(rows, cols, density, seed)
     old_v, new_v = _pair(1, rows * 2, density, seed + 1)
     old = {"w": BF16(old_w), "v": BF16(old_v.reshape(-1))}
     new = {"w": BF16(new_w), "v": BF16(new_v.reshape(-1))}
-    saved = encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES
-    encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES = 64, 1  # cut these small tensors into cells too
+    saved = encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES, encode_mod.BAND_MIN_CHANGES
+    # these small tensors in cells too, or (cell_min 1 << 40, codec auto) in row bands
+    encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES, encode_mod.BAND_MIN_CHANGES = 64, cell_min, 1
     try:
         segs = encode_delta(old, new, base="b", codec=codec, segment_bytes=512)
     finally:
-        encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES = saved
+        encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES, encode_mod.BAND_MIN_CHANGES = saved
     whole = {k: _torch(v.bits) for k, v in old.items()}
     stage_delta(whole, segs, base="b").commit()
     assert np.array_equal(whole["w"].view(torch.int16).numpy().view(np.uint16), new_w)
@@ -115,6 +119,9 @@ def test_every_tp_part_decodes_alone(rows: int, cols: int, density: float, codec
                 region = Region.tp(dim, rank, tp, n)
                 views = {"w": state["w"].narrow(dim, region.start, region.stop - region.start), "v": state["v"]}
                 regions = {"w": region, "v": Region.whole()}
+                for seg in segs:  # the plan is the chunk-by-chunk reading of the table
+                    h = read_segment_header(seg)
+                    assert [(r.index, r.offset, r.overlap) for r in plan_chunks(h, regions)] == _plan_by_chunk(h, regions)
                 upd = stage_delta(views, segs, base="b", regions=regions, specs=specs)
                 upd.commit()
                 got = state["w"].view(torch.int16).numpy().view(np.uint16)
@@ -124,6 +131,41 @@ def test_every_tp_part_decodes_alone(rows: int, cols: int, density: float, codec
                 assert np.array_equal(got, want), (dim, tp, rank)  # its part new, the rest untouched
                 upd.rollback()
                 assert np.array_equal(state["w"].view(torch.int16).numpy().view(np.uint16), old_w)
+
+
+def _plan_by_chunk(h: SegmentHeader, regions: dict[str, Region]) -> list[tuple[int, int, str]]:
+    """What plan_chunks must return, one chunk at a time."""
+    out, off = [], h.payload_offset
+    specs = {t.name: t for t in h.tensors}
+    for i, c in enumerate(h.chunks):
+        r = regions.get(c.tensor)
+        if r is not None and r.kind != "none" and c.changed:
+            grid = Grid(specs[c.tensor].shape)
+            how = "all" if r.kind == "whole" else overlap(grid, c, r.bounds(grid))
+            if how != "none":
+                out.append((i, off, how))
+        off += c.nbytes
+    return out
+
+
+def test_row_bands_of_a_tensor_kept_out_of_cells(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor too small for cells is written in row-major chunks cut at its grid's row bands, the
+    top half's after the first Z-order quarter and the bottom half's after the third: a rank holding
+    a TP 2 row half plans only its own bands' chunks."""
+    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 64)
+    monkeypatch.setattr(encode_mod, "CELL_MIN_CHANGES", 1 << 40)
+    monkeypatch.setattr(encode_mod, "BAND_MIN_CHANGES", 1)
+    old_w, new_w = _pair(128, 64, 0.01, 3)
+    (seg,) = encode_delta({"w": BF16(old_w)}, {"w": BF16(new_w)}, base="b")
+    h = read_segment_header(seg)
+    band = 16 * 64  # 8 bands of 16 rows
+    assert [(c.cell, c.start, c.count, c.codec) for c in h.chunks] == [
+        (-1, i * band, band, "sparse" if c.changed else "none") for i, c in enumerate(h.chunks)
+    ]
+    for rank in range(2):
+        planned = plan_chunks(h, {"w": Region.tp(0, rank, 2, 128)})
+        assert planned
+        assert all(rank * 4 * band <= r.chunk.start < (rank + 1) * 4 * band for r in planned)
 
 
 def test_a_region_that_cuts_a_cell_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
