@@ -42,7 +42,7 @@ def _train(store: ObjectStore, url: str, steps: int) -> TrainerLoop:
     return loop
 
 
-@pytest.mark.parametrize("backend", ["hf"], ids=["hf-in-place"])  # vllm: tests/integration/vllm/test_actor.py
+@pytest.mark.parametrize("backend", ["hf"], ids=["hf-in-place"])  # vllm: tests/integration/vllm/test_demo.py (a deltarl actor process with backend vllm)
 async def test_actor_follows_versions_and_ends_on_the_trainers_bits(
     coordinator_service: RunningCoordinator, tmp_path: Path, torch_threads: Any, backend: str
 ) -> None:

@@ -1,5 +1,7 @@
 """``deltarl demo --backend vllm`` with no --model: it writes a tiny servable checkpoint itself and runs the
-whole loop on vLLM actors (vLLM's CPU build), every actor ending on the trainer's bits."""
+whole loop on vLLM actors (vLLM's CPU build), every actor ending on the trainer's bits. The actor is a
+``deltarl actor`` process with ``backend: vllm``: its events show the bootstrap through the deltarl engine,
+vLLM's admitted rollouts, a commit per version and the bytes vLLM's workers fetched."""
 
 from __future__ import annotations
 
@@ -28,3 +30,12 @@ def test_demo_on_vllm_builds_its_own_checkpoint(tmp_path: Path) -> None:
     report = tmp_path / "deltarl-runs" / "_reports" / "v"
     assert json.loads((report / "summary.json").read_text())["ok"]
     assert json.loads((report / "actor-1.state.json").read_text())["version"] == 2
+    evs = [json.loads(line) for line in (report / "actor-1.events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in evs][:2] == ["bootstrap", "registered"]
+    assert [e["version"] for e in evs if e["event"] == "commit"] == [1, 2]
+    assert any(e["event"] == "result" and e.get("admitted") for e in evs)  # vLLM generated admitted rollouts
+    assert evs[-1]["event"] == "exit"  # a clean stop
+    # the weights are fetched in vLLM's workers; their bytes reach the actor's events
+    checkpoint = tmp_path / "deltarl-runs" / "_cache" / "vllm-tiny-qwen3" / "model.safetensors"
+    boot = next(e for e in evs if e["event"] == "bootstrap")
+    assert sum(boot["fetch"]["bytes_by_source"].values()) > checkpoint.stat().st_size // 4  # a keyframe: > 1/4 of BF16
