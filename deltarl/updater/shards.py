@@ -152,13 +152,31 @@ async def _read_pieces(fetcher: Any, ref: Any, data: bytearray, have: set[int], 
 def _copy_ranges(spans: Iterable[tuple[str, int, int, int]], data: bytearray, specs: Mapping[str, TensorSpec],
                  views: Mapping[str, Any], where: Mapping[str, Region]) -> None:
     """Copy the elements of each keyframe range ``(name, start, count, part offset)`` in the rank's
-    region from the part's bytes into its view."""
+    region from the part's bytes into its view, as slices: no index array of the range is built (one
+    of an embedding's 155M elements took 8 bytes each, several times over)."""
     for name, start, count, pos in spans:
         region = where[name]
         size = DTYPES[specs[name].dtype][1] // 8
         src = np.frombuffer(data, dtype=np.uint16 if size == 2 else np.uint32, count=count, offset=pos)
-        inside, local = _local_positions(region, np.arange(start, start + count, dtype=np.int64))
-        flat_bits(name, views[name], writable=True)[local[inside]] = src[inside]
+        dst = flat_bits(name, views[name], writable=True)
+        if region.kind != "cols":  # whole or a row range: one contiguous run of the checkpoint
+            lo, hi = region.flat_range()
+            a, b = max(start, lo), min(start + count, hi)
+            if a < b:
+                dst[a - lo : b - lo] = src[a - start : b - start]
+            continue
+        _, cols, inner = region.grid
+        row, width = cols * inner, (region.stop - region.start) * inner
+        first, last = -(-start // row), (start + count) // row  # the checkpoint rows the range holds whole
+        if first < last:
+            whole = src[first * row - start : last * row - start].reshape(last - first, row)
+            dst[first * width : last * width].reshape(last - first, width)[:] = whole[:, region.start * inner :
+                                                                                     region.stop * inner]
+        cut = [(start, start + count)] if first > last else [(start, first * row), (last * row, start + count)]
+        for a, b in cut:
+            if a < b:  # a row the range cuts: at most one row's positions
+                inside, local = _local_positions(region, np.arange(a, b, dtype=np.int64))
+                dst[local[inside]] = src[a - start : b - start][inside]
 
 
 def owners(table: Sequence[TensorSpec], regions: Sequence[Mapping[str, Region]]) -> list[set[str]]:
