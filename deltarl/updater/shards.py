@@ -29,6 +29,7 @@ from deltarl.updater.probe import Placement, Region
 
 RegionKey = tuple[str, str, int, int, tuple[int, ...] | None]  # (tensor, kind, start, stop, fold)
 _HEADER_PROBE = 64 << 10  # a keyframe part's first read: its header, in one request mostly
+_READ_BYTES = 64 << 20  # a keyframe read's request at most: its bytes are held twice until copied in
 
 
 def _local_positions(region: Region, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -133,7 +134,7 @@ async def _read_pieces(fetcher: Any, ref: Any, data: bytearray, have: set[int], 
     read = 0
     while todo:
         run = [todo.pop(0)]
-        while todo and todo[0] == run[-1] + 1:
+        while todo and todo[0] == run[-1] + 1 and len(run) * ps < _READ_BYTES:
             run.append(todo.pop(0))
         a, b = run[0] * ps, min(ref.size, (run[-1] + 1) * ps)
         got = memoryview(await fetcher.fetch_range(ref.key, a, b))
