@@ -188,24 +188,25 @@ class _Parsed:
 
 
 def _parse(payload: memoryview, changed: int, record: ClassRecord) -> _Parsed:
-    nx, off = read_varint(payload, 0, "ctxs payload")
+    raw = bytes(payload[:24]) if len(payload) > 0 and payload[0] == 0 else bytes(payload)  # no extras: 2 varints
+    nx, off = read_varint(raw, 0, "ctxs payload")
     if nx > 1 << record.cbits:
         raise FormatError(f"ctxs chunk lists {nx} extra classes")
     rows = []
     last = -1
     for _ in range(nx):
-        if off + 4 > len(payload):
+        if off + 4 > len(raw):
             raise FormatError("ctxs extra class is truncated")
-        c, kp, kb, kv = _ENTRY.unpack_from(payload, off)
-        n, off = read_varint(payload, off + 4, "ctxs extra class")
-        nb, off = read_varint(payload, off, "ctxs extra class")
+        c, kp, kb, kv = _ENTRY.unpack_from(raw, off)
+        n, off = read_varint(raw, off + 4, "ctxs extra class")
+        nb, off = read_varint(raw, off, "ctxs extra class")
         if c <= last or c >> record.cbits or c in record.classes or max(kp, kb, kv) > 32 or not 0 < n <= changed or nb > n:
             raise FormatError(f"ctxs extra class {c} (k {kp}, {kb}, {kv}, n {n}, n_big {nb}) is invalid")
         last = c
         rows.append((c, kp, kb, kv, n, nb))
     extra = tuple(np.array(rows, dtype=np.int64).reshape(-1, 6).T.copy())
-    nu, off = read_varint(payload, off, "ctxs payload")
-    ne, off = read_varint(payload, off, "ctxs payload")
+    nu, off = read_varint(raw, off, "ctxs payload")
+    ne, off = read_varint(raw, off, "ctxs payload")
     if ne % 8 or off + nu + ne > len(payload):
         raise FormatError("ctxs stream lengths do not fit the payload")
     unary = np.frombuffer(payload[off : off + nu], dtype=np.uint8)

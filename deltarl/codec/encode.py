@@ -39,11 +39,16 @@ TILE_MIN_ELEMENTS = 1 << 16
 # A cell chunk with fewer changes codes ctx classes of two exponents (CELL_CLASS_FIELDS): its class
 # table is then half as long, which outweighs the coarser context below this many changes.
 CELL_COARSE_CHANGES = 4096
-# ``auto`` cuts a tensor into cells only when a cell will hold this many changes on average (at 1%
-# changed: cells of 29K elements, tensors of 1.8M: Qwen3-0.6B and 1.7B projections but 0.6B k/v, not a
-# Qwen3-30B-A3B expert, whose 64 cells of ~245 changes would stage ~25x slower than its sparse
-# chunks); smaller tensors stay row-major and ``sparse``, cut at their row bands.
-CELL_MIN_CHANGES = 288
+# ``auto`` cuts a tensor into cells only when a cell will hold this many changes on average. A cell
+# chunk costs its chunk entry (~11 bytes), two stream lengths and its per-class counts (~20 bytes in
+# all: its classes' parameters are its tensor's class record, ctxs), so cells of 64+ changes coded
+# ctxs are smaller than the tensor's sparse row-major chunks: a Qwen3-30B-A3B-shaped layer at 1%
+# changed (experts: 245 changes a cell) 1.10x format 1 where sparse experts were 1.35x, at 0.4% (~98)
+# 1.18x where 1.35x. The price is staging speed: ctxs scans each cell's base (and each cell costs
+# ~100 us of per-chunk work) where sparse reads only the changes (that layer at 1%: 424 ms at TP 1
+# where 175 ms, benchmarks/codec.py), but a TP rank then stages only its cells (0.65x TP 1, where
+# row-major sparse chunks cost it the whole tensor: 0.99x).
+CELL_MIN_CHANGES = 64
 # A row-major tensor is cut at its grid's row bands only when a band will hold this many changes.
 BAND_MIN_CHANGES = 256
 
@@ -154,9 +159,9 @@ def _sample(old: np.ndarray, new: np.ndarray, blocks: int = 32) -> tuple[int, in
 
 
 _SAMPLE_BLOCKS, _SAMPLE_BLOCK = 32, 512
-# The cut-into-cells decision samples 4x more (65,536 elements): at 1% changed, Qwen3-30B-A3B's
-# experts (1.57M elements, 245 changes a cell) and 2M-element projections (327) lie on either side
-# of CELL_MIN_CHANGES by ~3 standard deviations of this sample, ~1.5 of the 32-run one.
+# The cut-into-cells decision (and a tiled tensor's class record) samples 4x more (65,536 elements):
+# at 1% changed a Qwen3-30B-A3B expert (1.57M elements, 245 changes a cell) lies ~19 standard
+# deviations of this sample above CELL_MIN_CHANGES (171 sampled changes).
 _TILE_SAMPLE_BLOCKS = 128
 
 

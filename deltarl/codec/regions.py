@@ -186,7 +186,7 @@ def plan_chunks(
     """The chunks of one segment that the ``regions`` need (with a change and touching a region).
 
     Cost: array operations over the chunk table and one step per tensor with a change. Raises
-    RegionError for a chunk coded with a codec that needs its whole base (``ctx``) that lies partly
+    RegionError for a chunk coded with a codec that needs its whole base (``ctx``, ``ctxs``) that lies partly
     in a region: that region is not a union of the tensor's grid cells (or the delta came from a
     sharded writer's row-major chunks).
     """
