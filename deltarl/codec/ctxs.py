@@ -85,15 +85,17 @@ def choose_record(old: np.ndarray, new: np.ndarray, dtype: str, chunk_elems: int
     shift, cbits = field or CLASS_FIELDS[dtype]
     mask = (1 << cbits) - 1
     width = old.dtype.itemsize * 8
-    cls = ((old >> old.dtype.type(shift)) & old.dtype.type(mask)).astype(np.int64)
-    d = (new.astype(np.int64) - old.astype(np.int64)) % (1 << width)
+    cls = (old >> old.dtype.type(shift)) & old.dtype.type(mask)
+    pop = np.bincount(cls, minlength=mask + 1)
+    hit = np.flatnonzero(old != new)
+    d = (new[hit].astype(np.int64) - old[hit].astype(np.int64)) % (1 << width)
     mag = np.where(d >= 1 << (width - 1), (1 << width) - d, d)
     big = mag > 1
     n = max(int(old.size), 1)
-    pop = np.bincount(cls, minlength=mask + 1)
-    chg = np.bincount(cls, weights=mag > 0, minlength=mask + 1).astype(np.int64)
-    nbig = np.bincount(cls, weights=big, minlength=mask + 1).astype(np.int64)
-    vsum = np.bincount(cls[big], weights=mag[big] - 2, minlength=mask + 1).astype(np.int64)
+    ch = cls[hit].astype(np.int64)
+    chg = np.bincount(ch, minlength=mask + 1)
+    nbig = np.bincount(ch[big], minlength=mask + 1)
+    vsum = np.bincount(ch[big], weights=mag[big] - 2, minlength=mask + 1).astype(np.int64)
     classes = np.flatnonzero(pop)
     classes = classes[np.lexsort((classes, -chg[classes]))]
     c, b = np.maximum(chg[classes], 1), np.maximum(nbig[classes], 1)
