@@ -206,3 +206,25 @@ def test_a_ctxs_payload_needs_its_record() -> None:
         encode(o, n, "bfloat16", Changes(np.flatnonzero(o != n)))
     with pytest.raises(FormatError, match="class record"):
         decode(o, memoryview(b"\x00"), 1)
+
+
+def test_row_shards_coded_ctxs_carry_their_own_records() -> None:
+    """A sharded writer's rows coded ``ctxs``: each shard's segments carry its own record of the
+    tensor (records are per segment), and the shards' segments together are one delta."""
+    from deltarl.codec.encode import iter_encode_rows
+    from deltarl.codec.tensors import TensorSpec
+
+    rng = np.random.default_rng(3)
+    old = (0x3C00 + rng.integers(0, 0x0400, size=(64, 48))).astype(np.uint16)
+    new = old.copy()
+    new[rng.random(old.shape) < 0.05] += 1
+    spec = TensorSpec("w", "bfloat16", (64, 48))
+    segs = []
+    for a, b in ((0, 24), (24, 64)):
+        o, n = {"w": BF16(old[a:b].copy())}, {"w": BF16(new[a:b].copy())}
+        segs += list(iter_encode_rows(o, n, {"w": (spec, a * 48)}, base="b", codec="ctxs", threads=1))
+    heads = [read_segment_header(s) for s in segs]
+    assert all(h.format_version == 3 and "w" in h.classes for h in heads)
+    state = {"w": BF16(old.copy())}
+    stage_delta(state, segs, base="b").commit()
+    assert np.array_equal(state["w"].bits, new)
