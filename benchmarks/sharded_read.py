@@ -11,6 +11,9 @@ reads (every segment's header pieces and the pieces of its chunks, each verified
 stage time (best of 3) into views of its part, against TP 1 staging the whole delta into the whole
 state. Then the plan of a Qwen3-235B-A22B-shaped run (~36k tensors, a MoE 0.02% step): manifest
 parse, segment headers, and one TP 8 + EP rank's plan. Writes benchmarks/results/sharded_read.json.
+``--moe-experts N``: the same on Qwen3-30B-A3B's first MoE layer with ``N`` of its 128 experts
+(one tensor per expert and projection; a rank holds every expert: down_proj by columns, gate/up
+by rows) instead of the dense model's layers.
 """
 
 from __future__ import annotations
@@ -67,6 +70,20 @@ def build(model: str, layers: int, seed: int) -> dict[str, np.ndarray]:
         out[spec.name] = (
             np.resize(src[s0:], spec.numel) ^ rng.integers(0, 4, spec.numel, dtype=np.uint16)
         ).reshape(spec.shape)
+    return out
+
+
+def build_moe(experts: int, seed: int) -> dict[str, np.ndarray]:
+    """Qwen3-30B-A3B's layer 0 with ``experts`` experts, generated as :func:`build` does."""
+    rng = np.random.default_rng(seed)
+    pool = _to_bf16_bits(rng.standard_normal(1 << 24, dtype=np.float32) * np.float32(0.02))
+    norm = _to_bf16_bits(rng.standard_normal(1 << 16, dtype=np.float32) * np.float32(0.02) + np.float32(1))
+    out = {}
+    for name, shape in layer_shapes(0, experts=experts).items():
+        n = int(np.prod(shape))
+        src = norm if name.endswith("norm.weight") else pool
+        s0 = int(rng.integers(src.size - n + 1)) if n <= src.size else 0
+        out[name] = (np.resize(src[s0:], n) ^ rng.integers(0, 4, n, dtype=np.uint16)).reshape(shape)
     return out
 
 
@@ -132,8 +149,8 @@ def measure_ranks(base: dict[str, np.ndarray], segs: list[bytes], target: dict[s
     return {"tp": tp, "delta_bytes": delta, "ranks": ranks}
 
 
-def run_dense(model: str, layers: int, repeat: int) -> dict[str, Any]:
-    base = build(model, layers, seed=0)
+def run_dense(model: str, layers: int, repeat: int, moe_experts: int = 0) -> dict[str, Any]:
+    base = build_moe(moe_experts, seed=0) if moe_experts else build(model, layers, seed=0)
     changes = step(base, 0.01, None, np.random.default_rng(1))
     target = {}
     for n, b in base.items():
@@ -230,17 +247,21 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--plan-layers", type=int, default=BIG["layers"])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--moe-experts", type=int, default=0,
+                        help="measure Qwen3-30B-A3B's layer 0 with this many experts instead of --model")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds (the CI test)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if args.quick:
         args.model, args.layers, args.plan_layers, args.repeat = "tiny", 2, 2, 1
-    dense = run_dense(args.model, args.layers, args.repeat)
+    dense = run_dense(args.model, args.layers, args.repeat, args.moe_experts)
     plan = run_plan(args.plan_layers)
-    result = {"model": args.model, "layers": args.layers, "threads": worker_threads(), "machine": platform.machine(),
-              "quick": args.quick, "dense_1pct": dense, "plan_235b": plan}  # fmt: skip
-    print(f"Qwen3-{args.model} shapes, embedding + {args.layers} layers, {dense['elements'] / 1e6:.0f}M elements, "
-          f"{dense['changed'] / dense['elements']:.2%} changed")  # fmt: skip
+    model = f"30b-a3b-layer-{args.moe_experts}-experts" if args.moe_experts else args.model
+    result = {"model": model, "layers": 1 if args.moe_experts else args.layers, "threads": worker_threads(),
+              "machine": platform.machine(), "quick": args.quick, "dense_1pct": dense, "plan_235b": plan}  # fmt: skip
+    what = (f"Qwen3-30B-A3B layer 0 with {args.moe_experts} experts" if args.moe_experts else
+            f"Qwen3-{args.model} shapes, embedding + {args.layers} layers")  # fmt: skip
+    print(f"{what}, {dense['elements'] / 1e6:.0f}M elements, {dense['changed'] / dense['elements']:.2%} changed")
     print(f"  bytes: format 2 {dense['bytes_format2']:,}  format 2 without cells {dense['bytes_format2_no_cells']:,}  "
           f"format 1 {dense['bytes_format1']:,}  -> {dense['format2_vs_format1']:.3f}x format 1 (target <= 1.03)")  # fmt: skip
     print(

@@ -209,6 +209,14 @@ def ctx_prepare(old, shift, mask, width, changed, tab, pu, pr, pe, bu, br, be, v
     err = _rice_groups(vu, vr, ve, kv, nbig, na, 40, np.uint64((np.int64(1) << (width - 1)) - 1), bv, 0)
     if err:
         return err, g2, dd, ptr, rem
+    return _fill(nclass, changed, width, na, active, cnt, nbig, bg, bv, signs, 0, g2, dd, ptr, rem)
+
+
+@njit(cache=True, nogil=True)
+def _fill(nclass, changed, width, na, active, cnt, nbig, bg, bv, signs, sbase, g2, dd, ptr, rem):
+    """The scan state from decoded groups (``g2`` already holds each group's rank gaps, a slot left
+    after each): signed differences, sentinels, each class's first slot and countdown. The sign of
+    change ``i`` (group order) is bit ``sbase + i`` of ``signs``. Returns (error, g2, dd, ptr, rem)."""
     last = changed + na
     ptr[:] = last
     g2[last:] = _FAR
@@ -221,7 +229,7 @@ def ctx_prepare(old, shift, mask, width, changed, tab, pu, pr, pe, bu, br, be, v
         m = cnt[a]
         ptr[active[a]] = slot
         for t in range(m):  # |d| = 1 with its sign (branch-free: signs are coin flips)
-            i = s + t
+            i = sbase + s + t
             neg = np.int64((signs[i >> 3] >> (7 - (i & 7))) & 1)
             dd[slot + t] = 1 + neg * (full - 2)
         w = -1

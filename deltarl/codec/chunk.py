@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import zstandard
@@ -56,14 +57,15 @@ class Changes:
 
 #: Reads the old bits at sorted, in-range positions (relative to the chunk start).
 OldReader = Callable[[np.ndarray], np.ndarray]
-#: ``(old bits, new bits, dtype name, changes) -> payload``.
-Encoder = Callable[[np.ndarray, np.ndarray, str, Changes], bytes]
-#: ``(old bits of the chunk, payload, changed count) -> Decoded``.
-Decoder = Callable[[np.ndarray, memoryview, int], Decoded]
+#: ``(old bits, new bits, dtype name, changes) -> payload`` (a ``shared`` codec: then the class record).
+Encoder = Callable[..., bytes]
+#: ``(old bits of the chunk, payload, changed count) -> Decoded`` (a ``shared`` codec: then the
+#: tensor's class record).
+Decoder = Callable[..., Decoded]
 #: ``(read_old, element count, payload, changed count, bit dtype) -> Decoded``.
 GatherDecoder = Callable[[OldReader, int, memoryview, int, np.dtype], Decoded]
-#: Two :data:`Decoder` calls at once: ``((old, payload, changed), (old, payload, changed))``.
-PairDecoder = Callable[[tuple[np.ndarray, memoryview, int], tuple[np.ndarray, memoryview, int]], tuple[Decoded, Decoded]]
+#: Two :data:`Decoder` calls at once: ``((old, payload, changed[, record]), (old, payload, changed[, record]))``.
+PairDecoder = Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Decoded, Decoded]]
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ class Codec:
         needs_classes: ``encode`` wants :attr:`Changes.classes` (ranked during change detection).
         auto: ``(low, high)``: ``auto`` tries this codec on a chunk with ``low * n <= changed <
             high * n`` of its ``n`` elements changed; None: only when asked for by name.
+        shared: ``encode`` and ``decode`` (and each ``decode_pair`` tuple) take one more argument,
+            the chunk's tensor's class record from the segment header (``ctxs``).
     """
 
     id: int
@@ -92,6 +96,7 @@ class Codec:
     decode_pair: PairDecoder | None = None
     needs_classes: bool = False
     auto: tuple[float, float] | None = None
+    shared: bool = False
 
     @property
     def reads_changes_only(self) -> bool:

@@ -117,10 +117,12 @@ def _arrays_numpy(
     )
 
 
-def rank_classes(old: np.ndarray, new: np.ndarray, dtype: str, *, cell: bool = False) -> ClassCode:
+def rank_classes(old: np.ndarray, new: np.ndarray, dtype: str, *, cell: bool = False,
+                 field: tuple[int, int] | None = None) -> ClassCode:  # fmt: skip
     """Detect the chunk's changes and rank them within their exponent classes (the ctx code arrays);
-    ``cell``: the coarser class field of a small grid cell's chunk (``CELL_CLASS_FIELDS``)."""
-    shift, cbits = (CELL_CLASS_FIELDS if cell else CLASS_FIELDS)[dtype]
+    ``cell``: the coarser class field of a small grid cell's chunk (``CELL_CLASS_FIELDS``);
+    ``field``: ``(shift, cbits)`` given (a ``ctxs`` chunk's, from its tensor's class record)."""
+    shift, cbits = field or (CELL_CLASS_FIELDS if cell else CLASS_FIELDS)[dtype]
     width = old.dtype.itemsize * 8
     jit = kernels.jit()
     if jit is not None:

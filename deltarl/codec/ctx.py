@@ -181,6 +181,18 @@ def _decode_numpy(
     if bv.size and int(bv.max()) >= (1 << (width - 1)) - 1:
         raise FormatError("ctx value difference out of range")
     neg = np.unpackbits(np.frombuffer(st[10], dtype=np.uint8), count=changed)
+    return changes_numpy(old, shift, mask, width, (active, counts, n_big), (gaps, bg, bv, neg))
+
+
+def changes_numpy(old: np.ndarray, shift: int, mask: int, width: int, groups: tuple[np.ndarray, ...],
+                  values: tuple[np.ndarray, ...]) -> Decoded:  # fmt: skip
+    """The changes from decoded groups (``groups``: classes ascending, their counts and large-value
+    counts; ``values``: rank gaps, large-value gaps, ``|d| - 2``, sign bits, class-major)."""
+    active, counts, n_big = groups
+    gaps, bg, bv, neg = values
+    changed = int(gaps.size)
+    nb = int(bg.size)
+    big_idx = np.repeat(np.arange(active.size), n_big)
     ranks = ranks_in_groups(gaps, counts)
     tptr = np.zeros(mask + 2, dtype=np.int64)
     per_class = np.zeros(mask + 1, dtype=np.int64)

@@ -12,7 +12,8 @@ import numpy as np
 
 from deltarl.codec import kernels, registry
 from deltarl.codec.chunk import Changes
-from deltarl.codec.classes import rank_classes
+from deltarl.codec.classes import CELL_CLASS_FIELDS, CLASS_FIELDS, rank_classes
+from deltarl.codec.ctxs import ClassRecord, choose_record
 from deltarl.codec.finite import nonfinite_bits
 from deltarl.codec.grid import CELLS, GRID, MORTON_ORDER, Grid
 from deltarl.codec.kernels import worker_threads
@@ -38,11 +39,16 @@ TILE_MIN_ELEMENTS = 1 << 16
 # A cell chunk with fewer changes codes ctx classes of two exponents (CELL_CLASS_FIELDS): its class
 # table is then half as long, which outweighs the coarser context below this many changes.
 CELL_COARSE_CHANGES = 4096
-# ``auto`` cuts a tensor into cells only when a cell will hold this many changes on average (at 1%
-# changed: cells of 29K elements, tensors of 1.8M: Qwen3-0.6B and 1.7B projections but 0.6B k/v, not a
-# Qwen3-30B-A3B expert, whose 64 cells of ~245 changes would stage ~25x slower than its sparse
-# chunks); smaller tensors stay row-major and ``sparse``, cut at their row bands.
-CELL_MIN_CHANGES = 288
+# ``auto`` cuts a tensor into cells only when a cell will hold this many changes on average. A cell
+# chunk costs its chunk entry (~11 bytes), two stream lengths and its per-class counts (~20 bytes in
+# all: its classes' parameters are its tensor's class record, ctxs), so cells of 64+ changes coded
+# ctxs are smaller than the tensor's sparse row-major chunks: a Qwen3-30B-A3B-shaped layer at 1%
+# changed (experts: 245 changes a cell) 1.10x format 1 where sparse experts were 1.35x, at 0.4% (~98)
+# 1.18x where 1.35x. The price is staging speed: ctxs scans each cell's base (and each cell costs
+# ~100 us of per-chunk work) where sparse reads only the changes (that layer at 1%: 424 ms at TP 1
+# where 175 ms, benchmarks/codec.py), but a TP rank then stages only its cells (0.65x TP 1, where
+# row-major sparse chunks cost it the whole tensor: 0.99x).
+CELL_MIN_CHANGES = 64
 # A row-major tensor is cut at its grid's row bands only when a band will hold this many changes.
 BAND_MIN_CHANGES = 256
 
@@ -54,7 +60,7 @@ def chunk_elements(segment_bytes: int) -> int:
 
 def encode_chunk(
     old: np.ndarray, new: np.ndarray, dtype: str, codec: str, *, finite: bool = False, part_safe: bool = False,
-    cell: bool = False,
+    cell: bool = False, record: ClassRecord | None = None,
 ) -> tuple[str, int, bytes]:
     """Encode one chunk's changes: (codec used, changed count, payload).
 
@@ -67,10 +73,13 @@ def encode_chunk(
     ``part_safe``: ``auto`` uses no codec that ``needs_classes`` (``sparse`` in their range), so any
     part of the chunk decodes alone. ``cell``: the chunk is a grid cell's; with fewer than
     ``CELL_COARSE_CHANGES`` changes its ``ctx`` classes come from ``CELL_CLASS_FIELDS``.
+    ``record``: its tensor's class record; ``auto`` then codes ``ctxs`` where it would code ``ctx``.
     """
     named = None if codec == "auto" else registry.by_name(codec)
+    if named is not None and named.shared and record is None:
+        raise ValueError(f"codec {codec!r} codes a chunk against its tensor's class record")
     if named is None and cell:
-        ch = _cell_changes(old, new, dtype)
+        ch = _cell_changes(old, new, dtype, record)
     else:
         classes = named.needs_classes if named else _looks_dense(old, new)
         ch = registry.detect(old, new, dtype, classes and not cell)
@@ -80,24 +89,37 @@ def encode_chunk(
     if finite and (bad := nonfinite_bits(new[ch.pos], dtype)):
         raise NonFiniteChunk(bad, changed)
     if named is not None:
-        return named.name, changed, named.encode(old, new, dtype, _classes(old, new, dtype, ch, cell) if named.needs_classes else ch)
+        ch = _classes(old, new, dtype, ch, cell, record) if named.needs_classes else ch
+        return named.name, changed, named.encode(old, new, dtype, ch, *((record,) if named.shared else ()))
     # 8-bit elements (FP8 codes) weigh a change double: the auto ranges are fitted to 16-bit bases,
     # and a chunk of 8-bit base is half the bytes a class-scanning decoder reads per change
     weight = 2 if old.dtype.itemsize == 1 else 1
     tried = [c for c in registry.AUTO if c.auto_tries(weight * changed, old.size) and not (part_safe and c.needs_classes)]
     if not tried:  # part_safe between sparse's and dense's ranges
         tried = [registry.by_name("sparse")]
+    if record is not None:
+        tried = [_CTXS if c.name == "ctx" else c for c in tried]
     if ch.classes is None and any(c.needs_classes for c in tried):
-        ch = _classes(old, new, dtype, ch, cell)
+        ch = _classes(old, new, dtype, ch, cell, record)
     elif ch.classes is not None and not any(c.needs_classes for c in tried):
         ch = Changes(ch.positions())
-    coded = [(c.name, c.encode(old, new, dtype, ch)) for c in tried]
+    coded = [(c.name, c.encode(old, new, dtype, ch, *((record,) if c.shared else ()))) for c in tried]
     used, payload = min(coded, key=lambda item: len(item[1]))  # the first listed on a tie
     return used, changed, payload
 
 
-def _classes(old: np.ndarray, new: np.ndarray, dtype: str, ch: Changes, cell: bool) -> Changes:
-    """The changes with their exponent classes ranked (a cell with few changes: coarse classes)."""
+_CTXS = registry.by_name("ctxs")
+
+
+def _classes(old: np.ndarray, new: np.ndarray, dtype: str, ch: Changes, cell: bool,
+             record: ClassRecord | None = None) -> Changes:  # fmt: skip
+    """The changes with their exponent classes ranked (a cell with few changes: coarse classes;
+    with a class record: its class field)."""
+    if record is not None:
+        if ch.classes is not None and (ch.classes.shift, ch.classes.cbits) == (record.shift, record.cbits):
+            return ch
+        code = rank_classes(old, new, dtype, field=(record.shift, record.cbits))
+        return Changes(code.pos, code)
     if ch.classes is not None:
         return ch
     if not cell:
@@ -106,14 +128,18 @@ def _classes(old: np.ndarray, new: np.ndarray, dtype: str, ch: Changes, cell: bo
     return Changes(code.pos, code)
 
 
-def _cell_changes(old: np.ndarray, new: np.ndarray, dtype: str) -> Changes:
+def _cell_changes(old: np.ndarray, new: np.ndarray, dtype: str, record: ClassRecord | None) -> Changes:
     """A cell chunk's changes, ranked in the detection pass when a sample says ``ctx`` will code it,
-    with the class field its exact change count calls for (``CELL_COARSE_CHANGES``): the sample
-    picks the field, and a wrong guess costs a second pass, never other bytes."""
+    with its tensor's record's class field, or (no record) the one its exact change count calls for
+    (``CELL_COARSE_CHANGES``): the sample picks the field, and a wrong guess costs a second pass,
+    never other bytes."""
     hits, n = _sample(old, new)
     if not any(c.auto is not None and c.needs_classes and 2 * c.auto[0] * n <= hits < c.auto[1] * n
                for c in registry.AUTO):  # fmt: skip
         return Changes(kernels.changed_positions(old, new))
+    if record is not None:
+        code = rank_classes(old, new, dtype, field=(record.shift, record.cbits))
+        return Changes(code.pos, code)
     coarse = hits * old.size < CELL_COARSE_CHANGES * n
     code = rank_classes(old, new, dtype, cell=coarse)
     if (code.pos.size < CELL_COARSE_CHANGES) != coarse:
@@ -133,9 +159,9 @@ def _sample(old: np.ndarray, new: np.ndarray, blocks: int = 32) -> tuple[int, in
 
 
 _SAMPLE_BLOCKS, _SAMPLE_BLOCK = 32, 512
-# The cut-into-cells decision samples 4x more (65,536 elements): at 1% changed, Qwen3-30B-A3B's
-# experts (1.57M elements, 245 changes a cell) and 2M-element projections (327) lie on either side
-# of CELL_MIN_CHANGES by ~3 standard deviations of this sample, ~1.5 of the 32-run one.
+# The cut-into-cells decision (and a tiled tensor's class record) samples 4x more (65,536 elements):
+# at 1% changed a Qwen3-30B-A3B expert (1.57M elements, 245 changes a cell) lies ~19 standard
+# deviations of this sample above CELL_MIN_CHANGES (171 sampled changes).
 _TILE_SAMPLE_BLOCKS = 128
 
 
@@ -210,18 +236,20 @@ def iter_encode_delta(
     check_compatible(new, table)
     step = chunk_elements(segment_bytes)
 
-    tasks = _delta_tasks(table, old, new, step, cells, codec)
+    records: dict[str, ClassRecord] = {}  # filled by the task producer before a tensor's first chunk
+    tasks = _delta_tasks(table, old, new, step, cells, codec, records)
     yield from _segments(tasks, base, segment_bytes, segment_changes, codec, worker_threads(), empty=True,
-                         finite=check_finite, part_safe=cells)
+                         finite=check_finite, part_safe=cells, records=records)
 
 
 def _delta_tasks(table: list[TensorSpec], old: Mapping[str, Any], new: Mapping[str, Any], step: int, cells: bool,
-                 codec: str) -> Iterator[_Task]:  # fmt: skip
+                 codec: str, records: dict[str, ClassRecord]) -> Iterator[_Task]:  # fmt: skip
     """The chunks of a delta in the order segments hold them: row-major tensors first (small ones,
     every rank reads them whole), then by Z-order quarter the cells of the tiled tensors (in each
     quarter the tensors of a kind together, each tensor's cells in Z order), with the top row bands
     of the banded tensors (:func:`_bands`) after quarter 0 and the bottom ones after quarter 2: a
-    TP 2 rank's part is then one run (rows: quarters 0, 1 or 2, 3 with their bands) or two."""
+    TP 2 rank's part is then one run (rows: quarters 0, 1 or 2, 3 with their bands) or two. Fills
+    ``records`` with the class record of each tiled tensor (``auto``) or of every tensor (``ctxs``)."""
     tiled: list[tuple[TensorSpec, Grid, np.ndarray, np.ndarray]] = []
     banded: list[tuple[TensorSpec, Grid, np.ndarray, np.ndarray]] = []
     for spec in table:
@@ -229,7 +257,10 @@ def _delta_tasks(table: list[TensorSpec], old: Mapping[str, Any], new: Mapping[s
         n = flat_bits(spec.name, _cpu(new[spec.name]))
         if o.size != spec.numel or n.size != spec.numel:
             raise TensorMismatch(f"tensor {spec.name!r}: element count differs from its shape")
-        if cells and _tiles(spec.numel, o, n, codec):
+        tiles = cells and _tiles(spec.numel, o, n, codec)
+        if (tiles and codec == "auto") or codec == _CTXS.name:
+            records[spec.name] = _record(spec, o, n, step, tiles)
+        if tiles:
             tiled.append((spec, Grid(spec.shape), o, n))
         elif cells and _banded(spec, o, n):
             banded.append((spec, Grid(spec.shape), o, n))
@@ -249,6 +280,33 @@ def _delta_tasks(table: list[TensorSpec], old: Mapping[str, Any], new: Mapping[s
         if quarter in (0, 2):
             for spec, grid, o, n in banded:
                 yield from _bands(spec, grid, o, n, step, quarter // 2)
+
+
+def _record(spec: TensorSpec, old: np.ndarray, new: np.ndarray, step: int, tiles: bool) -> ClassRecord:
+    """A tensor's class record, from the cells' sample (128 evenly spaced runs of 512): the class
+    field of a cell chunk with few changes (``CELL_CLASS_FIELDS``) when a chunk will hold fewer
+    than ``CELL_COARSE_CHANGES`` on average, and ``k_n`` fitted to the tensor's mean chunk."""
+    if tiles:
+        grid = Grid(spec.shape)
+        chunks = sum(-(-grid.numel(c) // step) for c in range(CELLS) if grid.has(c))
+    else:
+        chunks = -(-spec.numel // step)
+    mean = -(-spec.numel // max(chunks, 1))
+    so, sn = _sample_arrays(old, new, _TILE_SAMPLE_BLOCKS)
+    hits = int(np.count_nonzero(so != sn))
+    coarse = hits * mean < CELL_COARSE_CHANGES * max(so.size, 1)
+    return choose_record(so, sn, spec.dtype, mean, (CELL_CLASS_FIELDS if coarse else CLASS_FIELDS)[spec.dtype])
+
+
+def _sample_arrays(old: np.ndarray, new: np.ndarray, blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """The elements :func:`_sample` compares, as two arrays."""
+    step = old.size // blocks
+    if step == 0:
+        return old, new
+    run = min(_SAMPLE_BLOCK, step)
+    a = old[: step * blocks].reshape(blocks, step)[:, :run]
+    b = new[: step * blocks].reshape(blocks, step)[:, :run]
+    return a.reshape(-1), b.reshape(-1)
 
 
 def _banded(spec: TensorSpec, old: np.ndarray, new: np.ndarray) -> bool:
@@ -280,13 +338,13 @@ _Task = tuple[TensorSpec, int, int, int, np.ndarray, np.ndarray]
 
 
 def _encode_named(spec: TensorSpec, cell: int, start: int, count: int, old: np.ndarray, new: np.ndarray,
-                  codec: str, finite: bool, part_safe: bool) -> tuple[str, int, bytes]:  # fmt: skip
+                  codec: str, finite: bool, part_safe: bool, record: ClassRecord | None) -> tuple[str, int, bytes]:  # fmt: skip
     if cell != FLAT:  # the copy runs on the worker thread (numpy releases the GIL), not the producer
         grid = Grid(spec.shape)
         old, new = grid.tile_range(old, cell, start, start + count), grid.tile_range(new, cell, start, start + count)
     try:
         return encode_chunk(old, new, spec.dtype, codec, finite=finite, part_safe=part_safe and cell == FLAT,
-                            cell=cell != FLAT)
+                            cell=cell != FLAT, record=record)
     except NonFiniteChunk as err:
         raise NonFiniteTensor(
             f"tensor {spec.name!r} holds {err.bad} NaN/Inf values among the {err.changed} elements changed in "
@@ -295,18 +353,26 @@ def _encode_named(spec: TensorSpec, cell: int, start: int, count: int, old: np.n
 
 
 def _encoded(
-    tasks: Iterator[_Task], codec: str, threads: int, finite: bool = False, part_safe: bool = False
+    tasks: Iterator[_Task], codec: str, threads: int, finite: bool = False, part_safe: bool = False,
+    records: Mapping[str, ClassRecord] | None = None,
 ) -> Iterator[tuple[TensorSpec, int, int, int, tuple[str, int, bytes]]]:
     """Encode chunks in order, ``threads`` at a time (the kernels release the GIL). ``part_safe``:
-    ``auto`` codes row-major chunks with codecs that find the changes without the base."""
+    ``auto`` codes row-major chunks with codecs that find the changes without the base. ``records``:
+    the tensors' class records (``auto`` uses one for cell chunks, ``ctxs`` for every chunk)."""
+    records = {} if records is None else records
+
+    def record(spec: TensorSpec, cell: int) -> ClassRecord | None:
+        return records.get(spec.name) if cell != FLAT or codec == _CTXS.name else None
+
     if threads <= 1:
         for spec, cell, start, count, o, n in tasks:
-            yield spec, cell, start, count, _encode_named(spec, cell, start, count, o, n, codec, finite, part_safe)
+            yield spec, cell, start, count, _encode_named(spec, cell, start, count, o, n, codec, finite, part_safe,
+                                                          record(spec, cell))  # fmt: skip
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-encode") as pool:
         window: deque[tuple[TensorSpec, int, int, int, Future[tuple[str, int, bytes]]]] = deque()
         for spec, cell, start, count, o, n in tasks:
-            fut = pool.submit(_encode_named, spec, cell, start, count, o, n, codec, finite, part_safe)
+            fut = pool.submit(_encode_named, spec, cell, start, count, o, n, codec, finite, part_safe, record(spec, cell))
             window.append((spec, cell, start, count, fut))
             if len(window) > 2 * threads:
                 s, g, st, c, f = window.popleft()
@@ -372,7 +438,13 @@ def iter_encode_rows(
                 yield spec, FLAT, offset + start, stop - start, o[start:stop], n[start:stop]
 
     threads = worker_threads() if threads is None else threads
-    yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, threads, empty=False, finite=check_finite)
+    records: dict[str, ClassRecord] = {}
+    if codec == _CTXS.name:  # each shard's own record of its rows (a segment carries the records it uses)
+        for name in names:
+            so, sn = flat_bits(name, _cpu(old[name])), flat_bits(name, _cpu(new[name]))
+            records[name] = _record(rows[name][0], so, sn, step, False)
+    yield from _segments(tasks(), base, segment_bytes, segment_changes, codec, threads, empty=False, finite=check_finite,
+                         records=records)  # fmt: skip
 
 
 def _segments(
@@ -386,6 +458,7 @@ def _segments(
     empty: bool,
     finite: bool = False,
     part_safe: bool = False,
+    records: Mapping[str, ClassRecord] | None = None,
 ) -> Iterator[bytes]:
     """Pack encoded chunks into segments of ~``segment_bytes`` or ``segment_changes`` changed
     elements, whichever fills first; ``empty``: yield one even if no chunk."""
@@ -394,18 +467,18 @@ def _segments(
     payloads: list[bytes] = []
     size = changes = 0
     emitted = False
-    for spec, cell, start, count, (used, changed, payload) in _encoded(tasks, codec, threads, finite, part_safe):
+    for spec, cell, start, count, (used, changed, payload) in _encoded(tasks, codec, threads, finite, part_safe, records):
         specs[spec.name] = spec
         chunks.append(ChunkInfo(spec.name, start, count, changed, used, len(payload), cell))
         payloads.append(payload)
         size += len(payload) + 12  # the payload and its chunk-table entry (~12 bytes of varints)
         changes += changed
         if size >= segment_bytes or changes >= segment_changes:
-            yield pack_segment(base, list(specs.values()), chunks, payloads)
+            yield pack_segment(base, list(specs.values()), chunks, payloads, records)
             specs, chunks, payloads, size, changes = {}, [], [], 0, 0
             emitted = True
     if chunks or (empty and not emitted):
-        yield pack_segment(base, list(specs.values()), chunks, payloads)
+        yield pack_segment(base, list(specs.values()), chunks, payloads, records)
 
 
 def encode_delta(

@@ -24,7 +24,7 @@ _BASE = "0" * 64
 def warm_codec(dtypes: Iterable[str]) -> None:
     """Encode, check, stage, commit and roll back tiny deltas of each raw width the run's ``dtypes`` use (16 bits
     for bfloat16/float16, 32 for float32, 8 for the FP8 dtypes), at 0.02%, 1% and wholly changed (the ``sparse``, ``ctx`` and ``dense``
-    codecs ``auto`` picks from); nothing is kept. Only those widths and codecs: on a fresh install numba
+    codecs ``auto`` picks from), and at 1% in grid cells coded ``ctxs``; nothing is kept. Only those widths and codecs: on a fresh install numba
     compiles each signature on first use, and one the run never uses would cost seconds."""
     from deltarl.codec.encode import iter_encode_delta
     from deltarl.codec.stager import stage_delta
@@ -35,9 +35,10 @@ def warm_codec(dtypes: Iterable[str]) -> None:
     rng = np.random.default_rng(0)
     for width in sorted(widths & {8, 16, 32}):
         old = {"w": _tensor(width, rng)}
-        for every in (4099, 97, 1):  # sparse, ctx, dense
+        for every, codec in ((4099, "auto"), (97, "auto"), (1, "auto"), (97, "ctxs")):  # sparse, ctx, dense; cells' ctxs
             new = {"w": _nudged(old["w"], every)}
-            segments = list(iter_encode_delta(old, new, base=_BASE, segment_bytes=_SEGMENT_BYTES, check_finite=True))
+            segments = list(iter_encode_delta(old, new, base=_BASE, segment_bytes=_SEGMENT_BYTES, check_finite=True,
+                                              codec=codec))  # fmt: skip
             staged = stage_delta(old, segments, base=_BASE)
             staged.commit()  # the commit and rollback kernels too: else the first real pause loads them
             staged.rollback()

@@ -186,7 +186,7 @@ def plan_chunks(
     """The chunks of one segment that the ``regions`` need (with a change and touching a region).
 
     Cost: array operations over the chunk table and one step per tensor with a change. Raises
-    RegionError for a chunk coded with a codec that needs its whole base (``ctx``) that lies partly
+    RegionError for a chunk coded with a codec that needs its whole base (``ctx``, ``ctxs``) that lies partly
     in a region: that region is not a union of the tensor's grid cells (or the delta came from a
     sharded writer's row-major chunks).
     """
@@ -198,6 +198,7 @@ def plan_chunks(
     # (ra, rb, ca, cb), and whether the region is whole (1), absent (0) or a part (2)
     dims = np.zeros((len(header.tensors), 10), dtype=np.int64)
     how = np.zeros(len(header.tensors), dtype=np.int64)
+    folded = np.zeros(len(header.tensors), dtype=bool)
     for ti in tensors.tolist():
         spec = header.tensors[ti]
         region = regions.get(spec.name)
@@ -205,12 +206,13 @@ def plan_chunks(
             continue
         grid = grids.get(spec.name) or grids.setdefault(spec.name, Grid(region.fold or spec.shape))
         how[ti] = 1 if region.kind == "whole" else 2
-        if region.fold is not None:
-            cells = np.flatnonzero((t.tensor[live] == ti) & (t.cell[live] != FLAT))
-            if cells.size:
-                folded_cell(region, header.chunk(int(live[cells[0]])))
+        folded[ti] = region.fold is not None
         bounds = region.bounds(grid) if how[ti] == 2 else (0, 0, 0, 0)
         dims[ti] = (grid.rows, grid.row_elems, grid.inner, grid.row_cell, grid.col_cell, grid.cols, *bounds)
+    cells = live[folded[t.tensor[live]] & (t.cell[live] != FLAT)]
+    if cells.size:  # a folded part's cell chunk (one pass over the table, not one per folded tensor)
+        c = header.chunk(int(cells[0]))
+        folded_cell(regions[c.tensor], c)
     live = live[how[t.tensor[live]] > 0]
     part = live[how[t.tensor[live]] == 2]
     a, b, x, y = _boxes(dims[t.tensor[part]], t.cell[part], t.start[part], t.count[part])

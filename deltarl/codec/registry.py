@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from deltarl.codec import aurora, ctx, dense, kernels, rice, sparse
+from deltarl.codec import aurora, ctx, ctxs, dense, kernels, rice, sparse
 from deltarl.codec.chunk import Changes, Codec
 from deltarl.codec.classes import rank_classes
 from deltarl.errors import FormatError
@@ -27,6 +27,8 @@ CODECS: tuple[Codec, ...] = (
           auto=(0.0, SPARSE_MAX_FRACTION)),
     Codec(4, "ctx", ctx.encode, ctx.decode, decode_pair=ctx.decode_pair, needs_classes=True,
           auto=(SPARSE_MAX_FRACTION, math.inf)),
+    # a grid cell's ctx with its tensor's class record (auto: in cells, where ctx's range holds the chunk)
+    Codec(6, "ctxs", ctxs.encode, ctxs.decode, decode_pair=ctxs.decode_pair, needs_classes=True, shared=True),
     Codec(3, "dense", dense.encode, dense.decode, auto=(DENSE_MIN_FRACTION, math.inf)),
     Codec(2, "rice", rice.encode, rice.decode),
     Codec(1, "aurora", aurora.encode, aurora.decode),

@@ -3,11 +3,11 @@
 Byte layout (little-endian; docs/FORMAT.md is the specification)::
 
     0   4  magic b"DRLS"
-    4   2  format version (2)
+    4   2  format version (3 when a chunk is coded ``ctxs``, else 2)
     6   2  flags (0)
     8   4  header length H (<= MAX_HEADER_BYTES)
     12  4  crc32 of the header body
-    16  H  header body: base, tensor table, chunk table
+    16  H  header body: base, tensor and chunk tables (format 3: then the class records)
     ..  P  chunk payloads, concatenated in chunk-table order
     end 4  crc32 of every byte before it
 """
@@ -16,20 +16,23 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
 from deltarl.codec.bitio import leb128_encode
 from deltarl.codec.chunk_table import ChunkTable, parse_chunk_table
+from deltarl.codec.ctxs import ClassRecord, parse_record, read_varint
 from deltarl.codec.registry import NONE, codec_id, codec_name
-from deltarl.codec.tensors import DTYPE_BY_CODE, DTYPES, TensorSpec
+from deltarl.codec.tensors import DTYPE_BY_CODE, DTYPES, TensorSpec, uint_dtype
 from deltarl.errors import FormatError, IntegrityError, UnsupportedFormatVersion
 
 MAGIC = b"DRLS"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # written when a chunk is coded ctxs (its tensor's class record in the header)
+FORMAT_VERSIONS = (2, 3)  # read
+_SHARED = codec_id("ctxs")
 MAX_HEADER_BYTES = 16 << 20
 MAX_BASE_BYTES = 1024
 MAX_NAME_BYTES = 4096
@@ -66,6 +69,7 @@ class SegmentHeader:
     table: ChunkTable
     payload_offset: int
     chunk_table_bytes: int = 0  # length of the chunk table's varints
+    classes: Mapping[str, ClassRecord] = field(default_factory=dict)  # class records by tensor name (format 3)
 
     @cached_property
     def chunks(self) -> tuple[ChunkInfo, ...]:
@@ -123,10 +127,12 @@ def _unchanged_whole(tensors: list[TensorSpec], chunks: list[ChunkInfo]) -> set[
 
 
 def pack_segment(
-    base: str, tensors: list[TensorSpec], chunks: list[ChunkInfo], payloads: list[bytes]
+    base: str, tensors: list[TensorSpec], chunks: list[ChunkInfo], payloads: list[bytes],
+    records: Mapping[str, ClassRecord] | None = None,
 ) -> bytes:
     """Build one segment; ``chunks[i]`` describes ``payloads[i]``. A tensor that is wholly covered
-    by ``none`` chunks here is written with no chunk at all (its table entry covers it)."""
+    by ``none`` chunks here is written with no chunk at all (its table entry covers it). A segment
+    with ``ctxs`` chunks is format 3 and carries their tensors' class ``records``; else format 2."""
     index = {spec.name: i for i, spec in enumerate(tensors)}
     whole = _unchanged_whole(tensors, chunks)
     raw_base = base.encode()
@@ -150,10 +156,17 @@ def pack_segment(
     table = leb128_encode(fields.reshape(-1))
     parts.append(struct.pack("<II", len(kept), len(table)))
     parts.append(table)
+    recorded = sorted({index[c.tensor] for c, _ in kept if c.codec == "ctxs"})
+    if recorded:
+        if records is None or any(tensors[t].name not in records for t in recorded):
+            raise ValueError("a segment with ctxs chunks needs their tensors' class records")
+        assert records is not None
+        parts.append(struct.pack("<I", len(recorded)))
+        parts += [leb128_encode(np.array([t], dtype=np.uint64)) + records[tensors[t].name].pack() for t in recorded]
     body = b"".join(parts)
     if len(body) > MAX_HEADER_BYTES:
         raise FormatError(f"segment header of {len(body)} bytes exceeds the {MAX_HEADER_BYTES}-byte cap")
-    out = bytearray(_PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(body), zlib.crc32(body)))
+    out = bytearray(_PREFIX.pack(MAGIC, FORMAT_VERSION if recorded else 2, 0, len(body), zlib.crc32(body)))
     out += body
     for _, p in kept:
         out += p
@@ -196,8 +209,8 @@ def read_segment_header(data: bytes | bytearray | memoryview, *, partial: bool =
     magic, version, flags, hlen, hcrc = _PREFIX.unpack_from(mv, 0)
     if magic != MAGIC:
         raise FormatError(f"bad segment magic {bytes(magic)!r}")
-    if version != FORMAT_VERSION:
-        raise UnsupportedFormatVersion(f"segment format version {version}; this build reads {FORMAT_VERSION}")
+    if version not in FORMAT_VERSIONS:
+        raise UnsupportedFormatVersion(f"segment format version {version}; this build reads {FORMAT_VERSIONS}")
     if flags != 0:
         raise FormatError(f"unknown segment flags {flags:#x}")
     if hlen > MAX_HEADER_BYTES or _PREFIX.size + hlen + 4 > len(mv):
@@ -218,11 +231,35 @@ def read_segment_header(data: bytes | bytearray | memoryview, *, partial: bool =
     nchunks, tlen = r.take("<II")
     if r.off + tlen > len(body) or nchunks > tlen:
         raise FormatError("segment header is truncated")
-    if r.off + tlen != len(body):
+    if version == 2 and r.off + tlen != len(body):
         raise FormatError("segment header has trailing bytes")
     room = len(mv) - _PREFIX.size - hlen - 4
     table = parse_chunk_table(body[r.off : r.off + tlen], nchunks, tensors, _PREFIX.size + hlen, room)
-    return SegmentHeader(version, base, tuple(tensors), table, _PREFIX.size + hlen, tlen)
+    classes = _records(body, r.off + tlen, tensors, table) if version == 3 else {}
+    if not classes and bool((table.codec == _SHARED).any()):
+        raise FormatError("a ctxs chunk in a format 2 segment (no class records)")
+    return SegmentHeader(version, base, tuple(tensors), table, _PREFIX.size + hlen, tlen, classes)
+
+
+def _records(body: memoryview, off: int, tensors: list[TensorSpec], table: ChunkTable) -> dict[str, ClassRecord]:
+    """Format 3's class records (after the chunk table): one per tensor with a ``ctxs`` chunk here,
+    by increasing tensor index; the body must end with them."""
+    if off + 4 > len(body):
+        raise FormatError("segment header is truncated (class records)")
+    (count,) = struct.unpack_from("<I", body, off)
+    off += 4
+    want = np.unique(table.tensor[table.codec == _SHARED])
+    if count != want.size:
+        raise FormatError(f"{count} class records for {want.size} tensors with ctxs chunks")
+    out: dict[str, ClassRecord] = {}
+    for t in want.tolist():
+        index, off = read_varint(body, off, "class record")
+        if index != t:
+            raise FormatError(f"class record of tensor {index}, expected {t} (tensors with ctxs chunks, in order)")
+        out[tensors[t].name], off = parse_record(body, off, 8 * uint_dtype(tensors[t].dtype).itemsize)
+    if off != len(body):
+        raise FormatError("segment header has trailing bytes")
+    return out
 
 
 _NAME_HEAD = struct.Struct("<HH")

@@ -12,6 +12,7 @@ import numpy as np
 from deltarl.codec import kernels, registry
 from deltarl.codec.apply import StagedUpdate, _old_range, _old_reader, _Part
 from deltarl.codec.chunk import Decoded
+from deltarl.codec.ctxs import ClassRecord
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.regions import PART_CODECS, Placement, Region, folded_cell, in_region_count, overlap
 from deltarl.codec.segment import FLAT, ChunkInfo, SegmentHeader, read_segment_header
@@ -74,7 +75,7 @@ class Stager:
         threads (no barrier per segment); on error nothing is kept and the stager stays usable."""
         if self._finished:
             raise StagingError("stager already finished")
-        jobs: list[tuple[ChunkInfo, memoryview]] = []
+        jobs: list[_Job] = []
         staged: dict[tuple[str, int], list[tuple[int, int]]] = {}
         counted: dict[str, int] = {}
         segs = list(segments)
@@ -98,7 +99,7 @@ class Stager:
                         n = in_region_count(place.grid, c, place.bounds)
                     counted[c.tensor] = counted.get(c.tensor, 0) + n
                     if c.changed and how != "none":
-                        jobs.append((c, mv[off : off + c.nbytes]))
+                        jobs.append((c, mv[off : off + c.nbytes], header.classes.get(c.tensor)))
                 off += c.nbytes
         self._decode_all(jobs)
         for key, ranges in staged.items():
@@ -145,11 +146,11 @@ class Stager:
             place = self._place[name] = Placement(name, self._specs[name], _WHOLE, self._state[name])
         return place
 
-    def _decode_all(self, jobs: list[tuple[ChunkInfo, memoryview]]) -> None:
+    def _decode_all(self, jobs: list[_Job]) -> None:
         threads = worker_threads()
         tasks = self._tasks(jobs, threads)
         threads = min(threads, len(tasks))
-        if sum(_work(c) for c, _ in jobs) < _POOL_MIN_WORK:
+        if sum(_work(job[0]) for job in jobs) < _POOL_MIN_WORK:
             threads = 1  # a few sparse chunks: a pool costs more than it spreads
         if threads > 1:
             with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-decode") as pool:
@@ -160,13 +161,13 @@ class Stager:
             for name, part in parts:
                 self._parts.setdefault(name, []).append(part)
 
-    def _tasks(self, jobs: list[tuple[ChunkInfo, memoryview]], threads: int) -> list[tuple[int, ...]]:
+    def _tasks(self, jobs: list[_Job], threads: int) -> list[tuple[int, ...]]:
         """Group job indices into tasks, largest first: 16-bit chunks of a codec with a pair decoder
         go two by two (similar sizes together) when there are enough of them to keep every thread busy.
         """
         single: list[tuple[int, ...]] = []
         pairable: list[int] = []
-        for i, (c, _) in enumerate(jobs):
+        for i, (c, _, _) in enumerate(jobs):
             if registry.BY_NAME[c.codec].decode_pair is not None and uint_dtype(self._specs[c.tensor].dtype).itemsize == 2:
                 pairable.append(i)
             else:
@@ -178,18 +179,17 @@ class Stager:
         tasks = single + [tuple(pairable[k : k + 2]) for k in range(0, len(pairable), 2)]
         return sorted(tasks, key=lambda t: sum(_work(jobs[i][0]) for i in t), reverse=True)
 
-    def _run(
-        self, task: tuple[int, ...], jobs: list[tuple[ChunkInfo, memoryview]]
-    ) -> list[tuple[str, _Part]]:
+    def _run(self, task: tuple[int, ...], jobs: list[_Job]) -> list[tuple[str, _Part]]:
         if len(task) == 1:
             return [self._decode(*jobs[task[0]])]
-        (ca, pa), (cb, pb) = jobs[task[0]], jobs[task[1]]
+        (ca, pa, ra), (cb, pb, rb) = jobs[task[0]], jobs[task[1]]
         if ca.codec != cb.codec:
-            return [self._decode(ca, pa), self._decode(cb, pb)]
+            return [self._decode(ca, pa, ra), self._decode(cb, pb, rb)]
         olds = [self._old(c) for c in (ca, cb)]
-        decode_pair = registry.BY_NAME[ca.codec].decode_pair
-        assert decode_pair is not None  # _tasks pairs only chunks of a codec with a pair decoder
-        da, db = decode_pair((olds[0], pa, ca.changed), (olds[1], pb, cb.changed))
+        codec = registry.BY_NAME[ca.codec]
+        assert codec.decode_pair is not None  # _tasks pairs only chunks of a codec with a pair decoder
+        more_a, more_b = ((ra,), (rb,)) if codec.shared else ((), ())
+        da, db = codec.decode_pair((olds[0], pa, ca.changed, *more_a), (olds[1], pb, cb.changed, *more_b))
         return [self._checked(ca, olds[0], da), self._checked(cb, olds[1], db)]
 
     def _old(self, c: ChunkInfo) -> np.ndarray:
@@ -199,7 +199,7 @@ class Stager:
             return _old_range(c.tensor, place.span, c.start, c.start + c.count)
         return place.old_bits(c)
 
-    def _decode(self, c: ChunkInfo, payload: memoryview) -> tuple[str, _Part]:
+    def _decode(self, c: ChunkInfo, payload: memoryview, record: ClassRecord | None = None) -> tuple[str, _Part]:
         place = self._placement(c.tensor)
         codec = registry.BY_NAME[c.codec]
         gather = codec.decode_gather
@@ -216,7 +216,8 @@ class Stager:
             old = np.zeros(c.count, dtype=uint_dtype(self._specs[c.tensor].dtype))
             mask, offs = place.offsets(c, np.arange(c.count, dtype=np.int64))
             old[mask if mask is not None else slice(None)] = _old_reader(c.tensor, place.span, 0, None)(offs)
-        return self._checked(c, old, codec.decode(old, payload, c.changed))
+        more = (record,) if codec.shared else ()
+        return self._checked(c, old, codec.decode(old, payload, c.changed, *more))
 
     def _region_reader(self, place: Placement, c: ChunkInfo) -> Callable[[np.ndarray], np.ndarray]:
         span_read = _old_reader(c.tensor, place.span, 0, None)
@@ -284,6 +285,8 @@ class Stager:
 
 
 _WHOLE = Region.whole()
+# A chunk to decode: its entry, its payload and (a ctxs chunk) its tensor's class record.
+_Job = tuple[ChunkInfo, memoryview, "ClassRecord | None"]
 # Decode work (in elements scanned) below which staging runs on the calling thread.
 _POOL_MIN_WORK = 1 << 22
 

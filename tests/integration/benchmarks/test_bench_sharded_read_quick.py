@@ -21,3 +21,12 @@ def test_sharded_read_quick(tmp_path: Path) -> None:
         assert line in out
     assert "235B-A22B-shaped plan" in out
     assert not (tmp_path / "o.json").exists()  # --quick writes no result
+
+
+def test_sharded_read_quick_moe_layer(tmp_path: Path) -> None:
+    """``--moe-experts``: Qwen3-30B-A3B's layer 0 (real expert shapes, 2 experts) through the same run."""
+    root = Path(__file__).resolve().parents[3]
+    run = subprocess.run([sys.executable, "-m", "benchmarks.sharded_read", "--quick", "--moe-experts", "2", "--out",
+                          str(tmp_path / "o.json")], cwd=root, check=True, capture_output=True, text=True, timeout=170)  # fmt: skip
+    assert "Qwen3-30B-A3B layer 0 with 2 experts" in run.stdout
+    assert "TP 2 stage / TP 1" in run.stdout

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
 FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
-CODECS = ["auto", "aurora", "rice", "dense", "ctx", "sparse"]
+CODECS = ["auto", "aurora", "rice", "dense", "ctx", "sparse", "ctxs"]
 BASE = "b" * 64
 
 

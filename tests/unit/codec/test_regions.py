@@ -88,7 +88,7 @@ def _torch(a: np.ndarray) -> torch.Tensor:
     rows=st.sampled_from([8, 16, 40, 64, 72, 128]),
     cols=st.sampled_from([8, 24, 64, 96, 128]),
     density=st.sampled_from([0.0, 1e-3, 1e-2, 0.05, 0.3, 0.7, 1.0]),
-    codec=st.sampled_from(["auto", "ctx", "sparse", "dense"]),
+    codec=st.sampled_from(["auto", "ctx", "ctxs", "sparse", "dense"]),
     seed=st.integers(0, 2**16),
     cell_min=st.sampled_from([1, 1 << 40]),  # 1 << 40: ``auto`` keeps w row-major, cut at its row bands
 )

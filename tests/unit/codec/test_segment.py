@@ -147,7 +147,7 @@ def test_specific_errors() -> None:
     (seg,) = encode_delta(old, new, base="v0", codec="ctx")
     with pytest.raises(FormatError, match="magic"):
         read_segment_header(b"XXXX" + seg[4:])
-    for version in (b"\x01\x00", b"\x03\x00"):  # format 1 (40-byte chunk entries, no cells) is refused
+    for version in (b"\x01\x00", b"\x04\x00"):  # format 1 (40-byte chunk entries, no cells) is refused
         with pytest.raises(UnsupportedFormatVersion):
             read_segment_header(_refix(seg[:4] + version + seg[6:]))
     with pytest.raises(IntegrityError):
@@ -191,7 +191,7 @@ def _fuzz_inputs() -> tuple[dict, list[bytes]]:
     new["b"].reshape(-1)[::11] *= 1.001
     new["c"][::3] = -new["c"][::3]
     segs = []
-    for codec in ("ctx", "aurora", "rice", "dense", "sparse"):
+    for codec in ("ctx", "aurora", "rice", "dense", "sparse", "ctxs"):
         segs += encode_delta(old, new, base="base-1", codec=codec, segment_bytes=1500)
     return old, segs
 

@@ -1,0 +1,180 @@
+"""numba ``ctxs`` decoder: a cell chunk's payload and its tensor's class record -> the scan state of
+:mod:`deltarl.codec._numba_ctx` (whose ``ctx_scan`` / ``ctx_scan2`` then find the changes).
+
+Every Rice code of a ``ctxs`` payload shares one unary, one remainder and one escape stream, read
+in order (class counts, large-value counts, rank gaps, large-value gaps, large values) through one
+reader whose state lives in two small arrays; the sign bits follow the last remainder bit.
+"""
+# mypy: ignore-errors
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from deltarl.codec._numba_ctx import (
+    BIG_GAP_OUTSIDE,
+    GAP_OUTSIDE,
+    OK,
+    RICE_ESCAPES,
+    RICE_FEW_CODES,
+    RICE_LONG_RUN,
+    RICE_REMAINDER,
+    RICE_SMALL_ESCAPE,
+    RICE_TRAILING,
+    TABLE_BAD_ENTRY,
+    TABLE_SUM,
+    VALUE_RANGE,
+    _clz64,
+    _fill,
+)
+
+__all__ = ["ctxs_prepare"]
+
+_ESCAPE = 40
+
+
+@njit(cache=True, nogil=True)
+def _rice_seq(unary, rem, esc, st, buf, ks, ns, ngroups, limit, out, skip):
+    """Decode the next ``sum(ns)`` Rice codes (``ns[g]`` with parameter ``ks[g]``) into ``out``,
+    leaving ``skip`` slots after each group; every value must be below ``limit``. The reader's
+    state: ``st`` = (unary bytes read, unary bits buffered, remainder bytes read, remainder bits
+    buffered, escapes read), ``buf`` = (unary buffer, remainder buffer). Returns an error code."""
+    nu = unary.size
+    nr = rem.size
+    ui, ubits, ri, rbits, ei = st[0], st[1], st[2], st[3], st[4]
+    ubuf, rbuf = buf[0], buf[1]
+    err = OK
+    t = 0
+    for g in range(ngroups):
+        k = ks[g]
+        uk = np.uint64(k)
+        for _ in range(ns[g]):
+            while ubits <= 56 and ui < nu:
+                ubuf |= np.uint64(unary[ui]) << np.uint64(56 - ubits)
+                ubits += 8
+                ui += 1
+            q = _clz64(ubuf)
+            if q > _ESCAPE:
+                err = RICE_LONG_RUN if ubits > _ESCAPE else RICE_FEW_CODES
+                break
+            if q >= ubits:
+                err = RICE_FEW_CODES
+                break
+            ubuf <<= np.uint64(q + 1)
+            ubits -= q + 1
+            if q == _ESCAPE:
+                if ei >= esc.size:
+                    err = RICE_ESCAPES
+                    break
+                v = esc[ei]
+                ei += 1
+                if v < (np.uint64(_ESCAPE) << uk):
+                    err = RICE_SMALL_ESCAPE
+                    break
+            else:
+                v = np.uint64(q) << uk
+                if k > 0:
+                    if rbits < k:
+                        while rbits <= 56 and ri < nr:
+                            rbuf |= np.uint64(rem[ri]) << np.uint64(56 - rbits)
+                            rbits += 8
+                            ri += 1
+                        if rbits < k:
+                            err = RICE_REMAINDER
+                            break
+                    v |= rbuf >> np.uint64(64 - k)
+                    rbuf <<= uk
+                    rbits -= k
+            if v >= limit:
+                err = VALUE_RANGE
+                break
+            out[t] = np.int64(v)
+            t += 1
+        if err:
+            break
+        t += skip
+    st[0], st[1], st[2], st[3], st[4] = ui, ubits, ri, rbits, ei
+    buf[0], buf[1] = ubuf, rbuf
+    return err
+
+
+@njit(cache=True, nogil=True)
+def ctxs_prepare(old, shift, mask, width, changed, rc, rkp, rkb, rkv, rkn, rknb, xc, xkp, xkb, xkv, xn, xnb,
+                 unary, esc, bits):  # fmt: skip
+    """Parse and check a ``ctxs`` chunk against its class record (``rc`` classes in record order with
+    their ``k_pos``, ``k_big_gap``, ``k_big_val``, ``k_n``, ``k_n_big``) and its extra classes
+    (``xc`` ascending, with their k and counts): (error, g2, dd, ptr, rem) as ``ctx_prepare``."""
+    n = old.size
+    nclass = mask + 1
+    m = rc.size
+    nx = xc.size
+    g2 = np.empty(changed + m + nx + 2, np.int64)
+    dd = np.empty(changed + m + nx + 2, np.int64)
+    ptr = np.empty(nclass, np.int64)
+    rem = np.empty(nclass, np.int64)
+    st = np.zeros(5, np.int64)
+    buf = np.zeros(2, np.uint64)
+    cnt_r = np.zeros(m, np.int64)
+    ones = np.ones(max(m, 1), np.int64)
+    lim = np.uint64(changed + 1)
+    err = _rice_seq(unary, bits, esc, st, buf, rkn[1:], ones, m - 1, lim, cnt_r[1:], 0) if m > 1 else OK
+    if err:
+        return (TABLE_SUM if err == VALUE_RANGE else err), g2, dd, ptr, rem
+    rest = changed
+    for i in range(nx):
+        rest -= xn[i]
+    for i in range(1, m):
+        rest -= cnt_r[i]
+    if rest < 0 or (m == 0 and rest != 0):
+        return TABLE_SUM, g2, dd, ptr, rem
+    if m:
+        cnt_r[0] = rest
+    na = nx
+    for i in range(m):
+        na += cnt_r[i] > 0
+    active = np.empty(na, np.int64)
+    kp = np.empty(na, np.int64)
+    kb = np.empty(na, np.int64)
+    kv = np.empty(na, np.int64)
+    kn = np.empty(na, np.int64)
+    cnt = np.empty(na, np.int64)
+    nbig = np.zeros(na, np.int64)
+    a = 0
+    for i in range(m):
+        if cnt_r[i] > 0:
+            active[a], kp[a], kb[a], kv[a], kn[a], cnt[a] = rc[i], rkp[i], rkb[i], rkv[i], rknb[i], cnt_r[i]
+            a += 1
+    nr = a
+    err = _rice_seq(unary, bits, esc, st, buf, kn[:nr], ones, nr, lim, nbig, 0)
+    if err:
+        return (TABLE_SUM if err == VALUE_RANGE else err), g2, dd, ptr, rem
+    for i in range(nr):
+        if nbig[i] > cnt[i]:
+            return TABLE_BAD_ENTRY, g2, dd, ptr, rem
+    for i in range(nx):
+        active[nr + i], kp[nr + i], kb[nr + i], kv[nr + i] = xc[i], xkp[i], xkb[i], xkv[i]
+        cnt[nr + i], nbig[nr + i] = xn[i], xnb[i]
+    err = _rice_seq(unary, bits, esc, st, buf, kp, cnt, na, np.uint64(n), g2, 1)
+    if err:
+        return (GAP_OUTSIDE if err == VALUE_RANGE else err), g2, dd, ptr, rem
+    nb = 0
+    for i in range(na):
+        nb += nbig[i]
+    bg = np.empty(nb, np.int64)
+    err = _rice_seq(unary, bits, esc, st, buf, kb, nbig, na, np.uint64(changed), bg, 0)
+    if err:
+        return (BIG_GAP_OUTSIDE if err == VALUE_RANGE else err), g2, dd, ptr, rem
+    bv = np.empty(nb, np.int64)
+    err = _rice_seq(unary, bits, esc, st, buf, kv, nbig, na, np.uint64((np.int64(1) << (width - 1)) - 1), bv, 0)
+    if err:
+        return err, g2, dd, ptr, rem
+    used = st[0] * 8 - st[1]
+    if (used + 7) // 8 != unary.size or buf[0] != 0:
+        return RICE_TRAILING, g2, dd, ptr, rem
+    if st[4] != esc.size:
+        return RICE_ESCAPES, g2, dd, ptr, rem
+    sbase = st[2] * 8 - st[3]
+    if (sbase + changed + 7) // 8 != bits.size:
+        return RICE_REMAINDER, g2, dd, ptr, rem
+    return _fill(nclass, changed, width, na, active, cnt, nbig, bg, bv, bits, sbase, g2, dd, ptr, rem)
