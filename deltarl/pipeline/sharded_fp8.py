@@ -11,8 +11,9 @@ aligned to 128, uneven, empty shards). Per version, collective over the publishe
    buffer's size and a hash of the quantized weights' names and shapes, so ranks that disagree stop
    before the buffers meet;
 3. one ``all_reduce(MAX)`` of the buffers (4 bytes per 128x128 block of every quantized weight,
-   ~0.03% of the BF16 state: 340 KB at Qwen3-1.7B). The maximum is exact, so every rank holds the
-   single-process block maxima and turns them into the same scales (:func:`~deltarl.codec.fp8.block_scales`);
+   1/8192 of their BF16 bytes: 344 KB at Qwen3-1.7B). The maximum is exact, so every rank holds
+   the single-process block maxima and turns them into the same scales
+   (:func:`~deltarl.codec.fp8.block_scales`);
 4. each rank quantizes its own rows under those scales (:func:`~deltarl.codec.fp8.quantize_rows`)
    and publishes them as a row shard of ``<w>.weight`` (``float8_e4m3fn``); the scale row of block
    row ``i`` is published by the rank holding row ``128 i`` (rows ``ceil(lo/128) .. ceil(hi/128)``
