@@ -35,6 +35,7 @@ BLOCK = 128
 E4M3_MAX = 448.0
 AMAX_FLOOR = 1e-4  # as float32: an all-zero block gets this amax (scale ~2.2e-7, every code 0)
 SCALE_SUFFIX = "_scale_inv"
+SLICE_ELEMENTS = 1 << 20  # elements quantized at a time (whole block rows): float32 working copies of ~4 MiB
 #: The ``quantization_config`` of a checkpoint in this layout (config.json), as vLLM reads it.
 QUANTIZATION_CONFIG: dict[str, Any] = {
     "quant_method": "fp8",
@@ -113,7 +114,25 @@ def block_scales(name: str, amax: Any) -> Any:
 def quantize_rows(w: Any, scale: Any, row0: int = 0) -> Any:
     """``float8_e4m3fn`` codes of ``w``, rows ``row0 ..`` of a weight whose block scales (all of
     them, :func:`block_scales`) are ``scale``: the codes those rows have in the whole weight's
-    :func:`quantize_weight`, bit for bit, on ``w``'s device."""
+    :func:`quantize_weight`, bit for bit, on ``w``'s device. Quantized in slices of whole block
+    rows (~:data:`SLICE_ELEMENTS` elements) into the codes tensor, so the float32 working copies
+    stay small and short-lived whatever the weight's size."""
+    import torch
+
+    rows, cols = w.shape
+    out = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=w.device)
+    step = max(1, SLICE_ELEMENTS // (BLOCK * max(cols, 1))) * BLOCK
+    r = 0
+    while r < rows:
+        end = min(rows, (row0 + r) // BLOCK * BLOCK + step - row0)  # slices end on the weight's block rows
+        out[r:end] = _codes(w[r:end], scale, row0 + r)
+        r = end
+    check_e4m3_cast(out.device)
+    return out
+
+
+def _codes(w: Any, scale: Any, row0: int) -> Any:
+    """The codes of rows ``row0 ..`` of a weight (``w``, within as few block rows as it spans)."""
     import torch
 
     rows, cols = w.shape
@@ -127,8 +146,7 @@ def quantize_rows(w: Any, scale: Any, row0: int = 0) -> Any:
     part = scale[b0 : b0 + nb].to(x.device)
     y = x.view(nb, BLOCK, part.shape[1], BLOCK) / part[:, None, :, None]
     y = y.clamp_(-E4M3_MAX, E4M3_MAX).view(top + rows + pr, cols + pc)[top : top + rows, :cols]  # |y| <= 448(1 + 2^-23)
-    check_e4m3_cast(x.device)
-    return y.to(torch.float8_e4m3fn).contiguous()
+    return y.to(torch.float8_e4m3fn)
 
 
 def quantize_weight(name: str, w: Any) -> tuple[Any, Any]:

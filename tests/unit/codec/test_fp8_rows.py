@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from deltarl.codec import fp8
 from deltarl.codec.fp8 import BLOCK, block_amax, block_scales, quantize_rows, quantize_weight
 from deltarl.errors import NonFiniteTensor
 
@@ -22,7 +23,7 @@ def _u8(t: torch.Tensor) -> bytes:
 
 
 @st.composite
-def split_weights(draw: st.DrawFn) -> tuple[torch.Tensor, list[int]]:
+def split_weights(draw: st.DrawFn) -> tuple[torch.Tensor, list[int], int]:
     rows = draw(st.integers(1, 400))
     cols = draw(st.integers(1, 300))
     seed = draw(st.integers(0, 2**31 - 1))
@@ -30,14 +31,15 @@ def split_weights(draw: st.DrawFn) -> tuple[torch.Tensor, list[int]]:
     g = torch.Generator().manual_seed(seed)
     w = (torch.randn(rows, cols, generator=g) * spread).to(draw(st.sampled_from([torch.bfloat16, torch.float32])))
     cuts = sorted(draw(st.lists(st.integers(0, rows), max_size=4)))
-    return w, [0, *cuts, rows]
+    slice_elements = draw(st.sampled_from([1, 40_000, fp8.SLICE_ELEMENTS]))  # 1: one block row a slice
+    return w, [0, *cuts, rows], slice_elements
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(split_weights())
-def test_shards_give_the_whole_weights_scales_and_codes(case: tuple[torch.Tensor, list[int]]) -> None:
-    w, bounds = case
-    want_codes, want_scale = quantize_weight("w", w)
+def test_shards_give_the_whole_weights_scales_and_codes(case: tuple[torch.Tensor, list[int], int]) -> None:
+    w, bounds, slice_elements = case
+    want_codes, want_scale = quantize_weight("w", w)  # the whole weight in one slice (<= 400 x 300)
     amax = torch.zeros_like(want_scale)
     for lo, hi in pairwise(bounds):
         if hi > lo:
@@ -46,7 +48,9 @@ def test_shards_give_the_whole_weights_scales_and_codes(case: tuple[torch.Tensor
             amax[b0 : b0 + part.shape[0]] = torch.maximum(amax[b0 : b0 + part.shape[0]], part)
     scale = block_scales("w", amax)
     assert _u8(scale) == _u8(want_scale)
-    codes = [quantize_rows(w[lo:hi], scale, row0=lo) for lo, hi in pairwise(bounds)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fp8, "SLICE_ELEMENTS", slice_elements)
+        codes = [quantize_rows(w[lo:hi], scale, row0=lo) for lo, hi in pairwise(bounds)]
     assert [tuple(c.shape) for c in codes] == [(hi - lo, w.shape[1]) for lo, hi in pairwise(bounds)]
     assert _u8(torch.cat(codes)) == _u8(want_codes)
 
