@@ -172,3 +172,57 @@ def test_refusals_fail_every_rank_then_a_resume_at_another_world_size() -> None:
         assert RunReader(LocalStore(tmp / "store"), "r").last_committed() == 3
         _run(tmp, 4, 4, 2)  # rank 0 replays the FP8 base and sends each rank its codes and scale rows
         _check_against_one_process(tmp, 6)
+
+
+def _fsdp_worker(rank: int, world: int, tmp: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from deltarl.pipeline.sharded import ShardedPublisher
+    from deltarl.storage import LocalStore
+    from deltarl.testing.ranks import leave_process_group, traceback_to
+    from tests.integration.pipeline.test_sharded_publish import _gathered, _model, _train_step
+
+    with traceback_to(Path(tmp, f"error-fsdp-{rank}.txt")):
+        _init(rank, world, os.path.join(tmp, "init-fsdp"))
+        model, opt = _model(seed=0)
+        fulls = []
+        group = dist.new_group(backend="gloo")  # background publishing: a group of its own
+        with ShardedPublisher(LocalStore(os.path.join(tmp, "store")), "r", group=group, encode_threads=1, **KW) as pub:
+            for step in range(4):
+                if step:
+                    _train_step(model, opt, seed=step)
+                fulls.append(_gathered(model))  # collective: every rank
+                pub.publish_model_async(model, step)  # exported now; quantized, encoded, committed in the background
+                assert pub.wait() is not None
+        if rank == 0:
+            torch.save(fulls, os.path.join(tmp, "fulls.pt"))
+    leave_process_group()
+
+
+def test_fsdp2_model_published_in_the_background_as_fp8() -> None:
+    """FSDP2 shards of the tiny Qwen3 (rows split by FSDP, not at 128), ``publish_model_async``:
+    every version replays to ``quantize_state`` of the gathered BF16 model."""
+    import torch
+
+    from deltarl.codec.fp8 import quantize_state
+    from deltarl.pipeline.replay import replay
+    from deltarl.storage import LocalStore
+    from deltarl.testing.ranks import spawn_ranks
+
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        codes = spawn_ranks(_fsdp_worker, 2, str(tmp))
+        for err in sorted(tmp.glob("error-fsdp-*.txt")):
+            pytest.fail(err.read_text())
+        assert codes == [0, 0]
+        fulls = torch.load(tmp / "fulls.pt")
+        quantized = 0
+        for v, full in enumerate(fulls):
+            want, got = quantize_state(full), replay(LocalStore(tmp / "store"), "r", v)
+            assert sorted(got) == sorted(want)
+            quantized = sum(t.dtype == torch.float8_e4m3fn for t in got.values())
+            for name, t in want.items():
+                assert got[name].dtype == t.dtype, (v, name)
+                assert torch.equal(got[name].reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)), (v, name)
+        assert quantized > 0
