@@ -15,7 +15,12 @@ base rows come from the store (rank 0 replays the HEAD version and scatters each
 Measured: that version's wall time and each rank's peak RSS above its RSS before it, in model
 copies (rank 0 holds the full state for the time of the resume; the others only their rows).
 
-    python -m benchmarks.sharded --ranks 2 [--model 1.7b|0.6b|tiny] [--versions 3] [--resume] [--quick] [--out FILE]
+``--serve-as fp8-block128`` publishes the FP8 serving state instead (issue 35): the ranks reduce
+their rows' block maxima in one collective and each quantizes its own rows (the one-rank baseline is
+the same publisher on one rank: the one-process FP8 publish, quantizing the whole state). The JSON
+then also records the collective's bytes per version (4 bytes per 128x128 block, plus the header).
+
+    python -m benchmarks.sharded --ranks 2 [--model 1.7b|0.6b|tiny] [--versions 3] [--resume] [--serve-as fp8-block128] [--quick] [--out FILE]
 
 ``--quick`` (a smoke run, seconds): the tiny model, 1 delta version, the resume included.
 """
@@ -129,7 +134,8 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, out: Any
     model_bytes = sum(int(np.prod(s)) * 2 for _, s in shapes)
     store = LocalStore(os.path.join(root, "store"))
     walls, sizes, encodes, cpus, phases = [], [], [], [], []
-    with ShardedPublisher(store, "bench", keyframe_interval=10_000, digest_interval=10_000, encode_threads=1, upload_workers=2) as pub:
+    with ShardedPublisher(store, "bench", keyframe_interval=10_000, digest_interval=10_000, encode_threads=1, upload_workers=2,
+                          serve_as=args.serve_as) as pub:
         pub.publish_local(triples, 0, owned=True)
         os.sync()  # flush the keyframe's dirty pages now, not into the fsyncs of the timed versions
         dist.barrier()
@@ -188,12 +194,21 @@ def _resume(args: argparse.Namespace, store: Any, shapes: list[Any], bits: dict[
     before = rss_bytes("VmRSS")
     t = time.perf_counter()
     with ShardedPublisher(store, "bench", keyframe_interval=10_000, digest_interval=10_000, encode_threads=1,
-                          upload_workers=2, writer_id="resumed") as pub:
+                          upload_workers=2, writer_id="resumed", serve_as=args.serve_as) as pub:
         t_open = time.perf_counter()
         pub.publish_local(triples, v, owned=True)
         dist.barrier()
         t_first = time.perf_counter()
     return {"wall_s": t_first - t_open, "open_s": t_open - t, "peak_over_start_bytes": rss_bytes("VmHWM") - before}
+
+
+def _fp8_collective_bytes(model: str, world: int) -> int:
+    """The buffers each rank hands to the FP8 collectives per version (deltarl.pipeline.sharded_fp8):
+    an int64 header of 4 + world entries and 4 bytes per 128x128 block of every quantized weight."""
+    from deltarl.codec.fp8 import BLOCK, quantizes
+
+    blocks = sum(-(-s[0] // BLOCK) * -(-s[1] // BLOCK) for n, s in qwen3_like_shapes(**MODELS[model]) if quantizes(n, tuple(s)))
+    return 8 * (4 + world) + 4 * blocks
 
 
 def run(world: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -222,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--name", default="sharded")
     ap.add_argument("--resume", action="store_true", help="also publish one version from a new job that resumes the run")
+    ap.add_argument("--serve-as", choices=["fp8-block128"], default=None, help="publish the FP8 serving state (issue 35)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: the tiny model, 1 delta version, with --resume")
     ap.add_argument("--out", type=Path, default=None, help="where the JSON goes (default results/<name>.json)")
     args = ap.parse_args(argv)
@@ -263,7 +279,13 @@ def main(argv: list[str] | None = None) -> None:
                   f"peak RSS above the start per rank, in model copies: {copies}")
     load = (load_before, os.getloadavg())
     out = {"benchmark": "sharded", "quick": args.quick, "model": args.model, "ranks": args.ranks, "versions": args.versions, "cpus": os.cpu_count(), "load_avg": load,
-           "results": {str(k): v for k, v in rows.items()}, "targets": targets}  # fmt: skip
+           "serve_as": args.serve_as, "results": {str(k): v for k, v in rows.items()}, "targets": targets}  # fmt: skip
+    if args.serve_as:
+        out["collective_bytes_per_version"] = {str(w): _fp8_collective_bytes(args.model, w) for w in rows}
+        print(f"FP8 block-maxima collective per version: {out['collective_bytes_per_version']} bytes (by ranks)")
+        for world, r in rows.items():
+            copies = " ".join(f"{x['peak_data_bytes'] / x['model_bytes']:.2f}" for x in r["ranks"])
+            print(f"{world} rank(s): peak data per rank in BF16 model copies: {copies}")
     path = args.out or RESULTS / f"{args.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")

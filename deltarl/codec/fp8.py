@@ -35,6 +35,7 @@ BLOCK = 128
 E4M3_MAX = 448.0
 AMAX_FLOOR = 1e-4  # as float32: an all-zero block gets this amax (scale ~2.2e-7, every code 0)
 SCALE_SUFFIX = "_scale_inv"
+SLICE_ELEMENTS = 1 << 20  # elements quantized at a time (whole block rows): float32 working copies of ~4 MiB
 #: The ``quantization_config`` of a checkpoint in this layout (config.json), as vLLM reads it.
 QUANTIZATION_CONFIG: dict[str, Any] = {
     "quant_method": "fp8",
@@ -78,42 +79,83 @@ def e4m3_from_f32_bits(bits: Any) -> Any:
     return code.to(torch.uint8) | sign
 
 
-def block_amax(x: Any) -> Any:
+def block_amax(x: Any, row0: int = 0) -> Any:
     """The float32 ``[ceil(R/128), ceil(C/128)]`` block maxima of ``|x|`` (a 2-D bfloat16, float16 or
-    float32 tensor: the maximum is exact in any of them, and a narrow input reads half the bytes)."""
+    float32 tensor: the maximum is exact in any of them, and a narrow input reads half the bytes).
+
+    ``row0``: ``x`` holds rows ``row0 ..`` of a larger weight (a row shard); the result then holds
+    this shard's share of that weight's block rows ``row0 // 128 .. ceil((row0 + R) / 128)``, whose
+    maximum with the other shards' shares is the whole weight's block maxima (zeros stand for the
+    rows a shard lacks, which never raise a maximum of absolute values)."""
     import torch
 
     rows, cols = x.shape
-    pr, pc = -rows % BLOCK, -cols % BLOCK
+    top = row0 % BLOCK
+    pr, pc = -(top + rows) % BLOCK, -cols % BLOCK
     a = x.abs()
-    if pr or pc:  # zero padding never raises a maximum of absolute values
-        a = torch.nn.functional.pad(a, (0, pc, 0, pr))
-    return a.reshape((rows + pr) // BLOCK, BLOCK, (cols + pc) // BLOCK, BLOCK).amax(dim=(1, 3)).to(torch.float32)
+    if top or pr or pc:  # zero padding never raises a maximum of absolute values
+        a = torch.nn.functional.pad(a, (0, pc, top, pr))
+    return a.reshape((top + rows + pr) // BLOCK, BLOCK, (cols + pc) // BLOCK, BLOCK).amax(dim=(1, 3)).to(torch.float32)
+
+
+def block_scales(name: str, amax: Any) -> Any:
+    """The float32 ``weight_scale_inv`` of block maxima ``amax`` (:func:`block_amax`):
+    ``fp32(max(amax, 1e-4) / 448)``; NonFiniteTensor if a maximum is NaN or Inf."""
+    import torch
+
+    if not bool(torch.isfinite(amax).all()):  # a block's amax is NaN or Inf iff one of its elements is
+        raise NonFiniteTensor(f"tensor {name!r} holds NaN or Inf: it has no FP8 quantization")
+    amax = torch.maximum(amax, torch.tensor(AMAX_FLOOR, dtype=torch.float32, device=amax.device))
+    # divide by a device tensor, never a Python number: torch's CUDA kernel turns division by a CPU
+    # scalar into multiplication by its reciprocal, which is not the specified IEEE division
+    return (amax / torch.full_like(amax, E4M3_MAX)).contiguous()
+
+
+def quantize_rows(w: Any, scale: Any, row0: int = 0) -> Any:
+    """``float8_e4m3fn`` codes of ``w``, rows ``row0 ..`` of a weight whose block scales (all of
+    them, :func:`block_scales`) are ``scale``: the codes those rows have in the whole weight's
+    :func:`quantize_weight`, bit for bit, on ``w``'s device. Quantized in slices of whole block
+    rows (~:data:`SLICE_ELEMENTS` elements) into the codes tensor, so the float32 working copies
+    stay small and short-lived whatever the weight's size."""
+    import torch
+
+    rows, cols = w.shape
+    out = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=w.device)
+    step = max(1, SLICE_ELEMENTS // (BLOCK * max(cols, 1))) * BLOCK
+    r = 0
+    while r < rows:
+        end = min(rows, (row0 + r) // BLOCK * BLOCK + step - row0)  # slices end on the weight's block rows
+        out[r:end] = _codes(w[r:end], scale, row0 + r)
+        r = end
+    check_e4m3_cast(out.device)
+    return out
+
+
+def _codes(w: Any, scale: Any, row0: int) -> Any:
+    """The codes of rows ``row0 ..`` of a weight (``w``, within as few block rows as it spans)."""
+    import torch
+
+    rows, cols = w.shape
+    top = row0 % BLOCK
+    b0 = row0 // BLOCK
+    pr, pc = -(top + rows) % BLOCK, -cols % BLOCK
+    nb = (top + rows + pr) // BLOCK
+    x = w.detach().to(torch.float32)
+    if top or pr or pc:
+        x = torch.nn.functional.pad(x, (0, pc, top, pr))
+    part = scale[b0 : b0 + nb].to(x.device)
+    y = x.view(nb, BLOCK, part.shape[1], BLOCK) / part[:, None, :, None]
+    y = y.clamp_(-E4M3_MAX, E4M3_MAX).view(top + rows + pr, cols + pc)[top : top + rows, :cols]  # |y| <= 448(1 + 2^-23)
+    return y.to(torch.float8_e4m3fn)
 
 
 def quantize_weight(name: str, w: Any) -> tuple[Any, Any]:
     """``(codes, scale_inv)`` of one 2-D weight (bfloat16, float16 or float32 torch tensor, any
     device): ``float8_e4m3fn`` codes of ``w``'s shape and float32 block scales, on ``w``'s device."""
-    import torch
-
     if w.ndim != 2:
         raise TensorMismatch(f"tensor {name!r}: FP8 block quantization needs a 2-D weight, got {list(w.shape)}")
-    amax = block_amax(w.detach())
-    x = w.detach().to(torch.float32)
-    if not bool(torch.isfinite(amax).all()):  # a block's amax is NaN or Inf iff one of its elements is
-        raise NonFiniteTensor(f"tensor {name!r} holds NaN or Inf: it has no FP8 quantization")
-    amax = torch.maximum(amax, torch.tensor(AMAX_FLOOR, dtype=torch.float32, device=x.device))
-    # divide by a device tensor, never a Python number: torch's CUDA kernel turns division by a CPU
-    # scalar into multiplication by its reciprocal, which is not the specified IEEE division
-    scale = amax / torch.full_like(amax, E4M3_MAX)
-    rows, cols = x.shape
-    pr, pc = -rows % BLOCK, -cols % BLOCK
-    if pr or pc:
-        x = torch.nn.functional.pad(x, (0, pc, 0, pr))
-    y = x.view(scale.shape[0], BLOCK, scale.shape[1], BLOCK) / scale[:, None, :, None]
-    y = y.clamp_(-E4M3_MAX, E4M3_MAX).view(rows + pr, cols + pc)[:rows, :cols]  # |y| <= 448(1 + 2^-23) anyway
-    check_e4m3_cast(x.device)
-    return y.to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
+    scale = block_scales(name, block_amax(w.detach()))
+    return quantize_rows(w, scale), scale
 
 
 def check_e4m3_cast(device: Any) -> None:
@@ -168,8 +210,10 @@ __all__ = [
     "QUANTIZATION_CONFIG",
     "SERVE_FP8_BLOCK128",
     "block_amax",
+    "block_scales",
     "dequantize_weight",
     "e4m3_from_f32_bits",
+    "quantize_rows",
     "quantize_state",
     "quantize_weight",
     "quantizes",

@@ -10,7 +10,9 @@ every element of every tensor exactly once against one base, commits, and broadc
 only after that commit; if any rank fails, no manifest is written, every base stays, and every
 rank raises :class:`~deltarl.errors.ShardedPublishError` (objects already uploaded are deleted
 where possible and otherwise left for ``gc``). Keyframes are parts written by every rank; the
-``blake3-stream64k`` digest is computed rank by rank (:mod:`deltarl.pipeline.shard_digest`).
+``blake3-stream64k`` digest is computed rank by rank (:mod:`deltarl.pipeline.shard_digest`). With
+``serve_as="fp8-block128"`` the ranks first reduce their rows' FP8 block maxima in one collective
+and each publishes its rows of the FP8 serving state (:mod:`deltarl.pipeline.sharded_fp8`).
 
 Memory per rank: its previous rows, its new rows, and a few encoded segments in flight. A job that
 resumes a run gets its base rows from rank 0 (:mod:`deltarl.pipeline.shard_resume`).
@@ -38,6 +40,7 @@ from deltarl.pipeline.publish_config import PublishConfig
 from deltarl.pipeline.shard_digest import ALGO, combine_digest, shard_hashes
 from deltarl.pipeline.shard_messages import Collectives, Go, Opened, Outcome, RankReport, describe_errors
 from deltarl.pipeline.shard_resume import resume_rows
+from deltarl.pipeline.sharded_fp8 import quantize_shard, reduce_block_maxima
 from deltarl.pipeline.uploads import UploadPool, discard, upload_object
 from deltarl.pipeline.writer import ProgressHook, RunWriter, VersionInfo
 from deltarl.storage.store import ObjectStore
@@ -94,13 +97,15 @@ class ShardedPublisher:
 
         cfg = (config or PublishConfig()).with_settings(settings)
         check_piece_size(cfg.piece_size, "ShardedPublisher")
-        if cfg.serve_as is not None:  # a block scale needs all 128 rows of its block, which ranks split
-            raise ValueError(f"ShardedPublisher does not publish serve_as={cfg.serve_as!r} (use Publisher)")
         self.config = cfg
         self._dist = dist
         self.group = group
         self._comm = Collectives(dist, group)
         self.rank, self.world = self._comm.rank, self._comm.world
+        serve_as: list[Any] = [None] * self.world  # every rank publishes the same serving state, or none opens the run
+        dist.all_gather_object(serve_as, cfg.serve_as, group=group)
+        if len(set(serve_as)) > 1:
+            raise ValueError(f"ranks disagree on serve_as (rank by rank: {serve_as}); the run was not opened")
         self.store = store
         self.layout = RunLayout(run)
         self.run = self.layout.run
@@ -232,6 +237,8 @@ class ShardedPublisher:
         t0 = time.perf_counter()
         version = self._next
         self._go(version)
+        if self.config.serve_as is not None:
+            local, rows, early, owned = self._serving(local, rows, early, owned, version)
         keyframe = version % self.keyframe_interval == 0
         digest = keyframe or version % self.digest_interval == 0 or self._force_digest
         # _prev is set only by a commit, on every rank alike, so every rank takes this branch or none
@@ -280,6 +287,25 @@ class ShardedPublisher:
             wall_s=time.perf_counter() - t0, keyframe_bytes=outcome.keyframe_bytes, ranks=self.world,
             local_encoded_bytes=sum(r.size for r in report.segments),
         )  # fmt: skip
+
+    def _serving(self, local: dict[str, Any] | None, rows: sr.Rows | None, early: Exception | None, owned: bool,
+                 version: int) -> tuple[dict[str, Any] | None, sr.Rows | None, Exception | None, bool]:
+        """This rank's shard of the FP8 serving state (:mod:`deltarl.pipeline.sharded_fp8`;
+        collective), or the error that fails the version on this rank."""
+        try:
+            plan, amax, early = reduce_block_maxima(self._comm, local, rows, early)
+        except Exception as err:  # a collective failed: a rank died
+            self._closed = True
+            raise ShardedPublishError(f"version {version}: the process group failed while reducing FP8 block scales: {err}") from err
+        if early is not None:
+            return None, None, early, owned
+        assert local is not None
+        assert rows is not None
+        try:
+            local, rows = quantize_shard(local, rows, plan, amax, owned)
+        except Exception as err:
+            return None, None, err, owned
+        return local, rows, None, True
 
     def _resume(self, local: dict[str, Any] | None, rows: sr.Rows | None, version: int) -> Exception | None:
         want = None if local is None or rows is None else {

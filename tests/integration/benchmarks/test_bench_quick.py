@@ -66,6 +66,12 @@ def _sharded(doc: dict[str, Any]) -> None:
     assert all(r["bytes_per_version"] > 0 for r in doc["results"].values())  # the targets are for full sizes
 
 
+def _sharded_fp8(doc: dict[str, Any]) -> None:
+    _sharded(doc)
+    assert doc["serve_as"] == "fp8-block128"
+    assert doc["collective_bytes_per_version"]["2"] > 4 * 2 * 4  # the header and a block per quantized weight at least
+
+
 def _trl_callback(doc: dict[str, Any]) -> None:
     assert doc["callback"]["publish_s"] > 0
     assert doc["in_step"]["publish_s"] > 0
@@ -79,6 +85,7 @@ QUICK: dict[str, tuple[list[str], Callable[[dict[str, Any]], None]]] = {
     "idle_polling": (["benchmarks.idle_polling", "--quick"], _idle_polling),
     "scale": (["benchmarks.scale", "--quick"], _scale),
     "sharded": (["benchmarks.sharded", "--quick"], _sharded),
+    "sharded_fp8": (["benchmarks.sharded", "--quick", "--serve-as", "fp8-block128"], _sharded_fp8),
     "trl_callback": (["benchmarks.trl_callback", "--quick"], _trl_callback),
 }
 
