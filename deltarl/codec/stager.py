@@ -320,7 +320,9 @@ class Stager:
                     "(a segment is missing)"
                 )
         self._finished = True
-        parts = {name: sorted((p for p in ps if p.pos.size), key=lambda p: p.start) for name, ps in self._parts.items()}
+        rank = {name: i for i, name in enumerate(self._specs)}  # the table's order, not the decode's
+        parts = {name: sorted((p for p in ps if p.pos.size), key=lambda p: p.start)
+                 for name, ps in sorted(self._parts.items(), key=lambda kv: rank[kv[0]])}  # fmt: skip
         self._parts = {}
         parts = {name: ps for name, ps in parts.items() if ps}
         if self._regions is None:
