@@ -27,9 +27,10 @@ from deltarl.codec._numba_ctx import (
     VALUE_RANGE,
     _clz64,
     _fill,
+    ctx_scan,
 )
 
-__all__ = ["ctxs_prepare"]
+__all__ = ["ctxs_cells", "ctxs_prepare"]
 
 _ESCAPE = 40
 
@@ -178,3 +179,100 @@ def ctxs_prepare(old, shift, mask, width, changed, rc, rkp, rkb, rkv, rkn, rknb,
     if (sbase + changed + 7) // 8 != bits.size:
         return RICE_REMAINDER, g2, dd, ptr, rem
     return _fill(nclass, changed, width, na, active, cnt, nbig, bg, bv, bits, sbase, g2, dd, ptr, rem)
+
+
+@njit(cache=True, nogil=True)
+def _varint(raw, off, end):
+    """``(value, offset after it)``; value -1 when truncated or longer than 9 bytes."""
+    n = np.int64(0)
+    sh = 0
+    while True:
+        if off >= end or sh > 56:
+            return np.int64(-1), off
+        b = raw[off]
+        off += 1
+        n |= np.int64(b & 0x7F) << sh
+        sh += 7
+        if b < 0x80:
+            return n, off
+
+
+@njit(cache=True, nogil=True)
+def _cell_streams(raw, off, end, changed, cbits, rc):
+    """Parse one payload ``raw[off:end]`` as ``ctxs._parse`` does: (ok, extra columns, unary, escapes,
+    bits); not ok on anything ``_parse`` rejects (the caller then asks it for the message)."""
+    none = np.zeros(0, np.int64)
+    empty = raw[0:0]
+    nx, off = _varint(raw, off, end)
+    if nx < 0 or nx > (1 << cbits):
+        return False, none, none, none, none, none, none, empty, np.zeros(0, np.uint64), empty
+    xs = np.empty((6, max(nx, 0)), np.int64)
+    xc, xkp, xkb, xkv, xn, xnb = xs[0], xs[1], xs[2], xs[3], xs[4], xs[5]
+    last = -1
+    for i in range(nx):
+        if off + 4 > end:
+            return False, xc, xkp, xkb, xkv, xn, xnb, empty, np.zeros(0, np.uint64), empty
+        c, kp, kb, kv = np.int64(raw[off]), np.int64(raw[off + 1]), np.int64(raw[off + 2]), np.int64(raw[off + 3])
+        n, off = _varint(raw, off + 4, end)
+        nb, off = _varint(raw, off, end)
+        bad = n < 0 or nb < 0 or c <= last or (c >> cbits) != 0 or max(kp, max(kb, kv)) > 32
+        bad = bad or not (0 < n <= changed) or nb > n
+        for j in range(rc.size):
+            bad = bad or rc[j] == c
+        if bad:
+            return False, xc, xkp, xkb, xkv, xn, xnb, empty, np.zeros(0, np.uint64), empty
+        last = c
+        xc[i], xkp[i], xkb[i], xkv[i], xn[i], xnb[i] = c, kp, kb, kv, n, nb
+    nu, off = _varint(raw, off, end)
+    ne, off = _varint(raw, off, end)
+    if nu < 0 or ne < 0 or ne % 8 or off + nu + ne > end:
+        return False, xc, xkp, xkb, xkv, xn, xnb, empty, np.zeros(0, np.uint64), empty
+    esc = np.zeros(ne // 8, np.uint64)
+    for i in range(ne // 8):
+        for b in range(8):
+            esc[i] |= np.uint64(raw[off + nu + 8 * i + b]) << np.uint64(8 * b)
+    return True, xc, xkp, xkb, xkv, xn, xnb, raw[off : off + nu], esc, raw[off + nu + ne : end]
+
+
+@njit(cache=True, nogil=True)
+def ctxs_cells(span, s0, scratch, scratch64, raw, table, out_pos, out_old, out_new, shift, cbits, width,
+               rc, rkp, rkb, rkv, rkn, rknb):  # fmt: skip
+    """Decode the ``ctxs`` cell chunks of one tensor, each against its own base region of ``span``
+    (rows ``s0`` elements apart), into ``out_*`` (span offsets, old and new bits). ``table`` rows:
+    payload offset in ``raw``, payload bytes, changed, first cell element, elements, the cell's origin
+    in the span, the cell's row width in elements, first output slot. ``scratch`` holds the largest
+    chunk's base (``scratch64``: its u64 view for 16-bit elements, else empty). Returns
+    ``(error, index of the failed chunk)``, ``(OK, -1)`` when every chunk decoded."""
+    mask = (1 << cbits) - 1
+    for i in range(table.shape[0]):
+        off, nbytes, changed, start, count = table[i, 0], table[i, 1], table[i, 2], table[i, 3], table[i, 4]
+        origin, w, at = table[i, 5], table[i, 6], table[i, 7]
+        ok, xc, xkp, xkb, xkv, xn, xnb, unary, esc, bits = _cell_streams(raw, off, off + nbytes, changed, cbits, rc)
+        if not ok:
+            return TABLE_BAD_ENTRY, i
+        old = scratch[:count]
+        idx = start
+        k = 0
+        while k < count:  # the chunk's base, a row of its cell at a time
+            q = idx // w
+            c = idx - q * w
+            run = min(w - c, count - k)
+            b = origin + q * s0 + c
+            old[k : k + run] = span[b : b + run]
+            k += run
+            idx += run
+        a64 = scratch64[: count // 4] if scratch64.size else scratch64
+        err, g2, dd, ptr, rem = ctxs_prepare(old, shift, mask, width, changed, rc, rkp, rkb, rkv, rkn, rknb,
+                                             xc, xkp, xkb, xkv, xn, xnb, unary, esc, bits)  # fmt: skip
+        if err:
+            return err, i
+        err, pos, o, n = ctx_scan(old, a64, shift, mask, width, changed, 0, g2, dd, ptr, rem)
+        if err:
+            return err, i
+        for t in range(changed):
+            e = start + pos[t]
+            q = e // w
+            out_pos[at + t] = origin + q * s0 + e - q * w
+            out_old[at + t] = o[t]
+            out_new[at + t] = n[t]
+    return OK, -1

@@ -357,3 +357,38 @@ def _decode_numpy(old: np.ndarray, r: ClassRecord, width: int, changed: int, p: 
     return changes_numpy(old, r.shift, (1 << r.cbits) - 1, width, (active[up], counts[up], n_big[up]),
                          (gaps[per], bg[big], bv[big], neg[per]))  # fmt: skip
 
+
+
+# Columns of :func:`decode_cells`' table, one row a cell chunk.
+CELL_COLUMNS = ("offset", "nbytes", "changed", "start", "count", "origin", "width")
+
+
+def decode_cells(span: np.ndarray, s0: int, record: ClassRecord, raw: np.ndarray, table: np.ndarray
+                 ) -> tuple[Decoded | None, int]:  # fmt: skip
+    """Decode many cell chunks of one tensor in one numba call, each against its own base region of
+    the host bits ``span`` (rows ``s0`` elements apart): ``table`` (int64, one row a chunk, columns
+    :data:`CELL_COLUMNS`: payload offset and bytes in ``raw``, changes, first element in the cell's
+    row-major order, elements, the cell's first element in ``span``, its row width in elements).
+    Returns (positions as ``span`` offsets with old and new bits, -1), or (None, index of the first
+    chunk that failed: :func:`decode` of it says why). None and -1 when numba is off."""
+    if kernels.ctx_jit() is None:
+        return None, -1
+    from deltarl.codec import _numba_ctxs
+
+    width = _width(span, record)
+    at = np.cumsum(table[:, 2]) - table[:, 2]
+    total = int(table[:, 2].sum()) if table.size else 0
+    most = int(table[:, 4].max()) if table.size else 0
+    scratch64 = np.empty(most * span.dtype.itemsize // 8 + 1, dtype=_U64)  # 8-byte aligned
+    scratch = scratch64.view(span.dtype)[:most]
+    pos, old_v, new_v = np.empty(total, np.int64), np.empty(total, span.dtype), np.empty(total, span.dtype)
+    run: Any = _numba_ctxs.ctxs_cells
+    err, bad = run(
+        span, s0, scratch, scratch64 if span.dtype.itemsize == 2 else scratch64[:0], raw,
+        np.ascontiguousarray(np.column_stack((table, at)), dtype=np.int64), pos, old_v, new_v, record.shift,
+        record.cbits, width, record.classes, record.k_pos, record.k_big_gap, record.k_big_val, record.k_n,
+        record.k_n_big,
+    )  # fmt: skip
+    if err:
+        return None, int(bad)
+    return Decoded(pos, new_v, old_v), -1

@@ -228,3 +228,47 @@ def test_row_shards_coded_ctxs_carry_their_own_records() -> None:
     state = {"w": BF16(old.copy())}
     stage_delta(state, segs, base="b").commit()
     assert np.array_equal(state["w"].bits, new)
+
+
+def _cells_delta(monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, list[bytes]]:
+    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 64)
+    monkeypatch.setattr(encode_mod, "CELL_MIN_CHANGES", 1)
+    rng = np.random.default_rng(11)
+    old = (0x3C00 + rng.integers(0, 0x0400, size=(96, 80))).astype(np.uint16)
+    new = old.copy()
+    new[rng.random(old.shape) < 0.03] += 1
+    new[rng.random(old.shape) < 0.002] -= 9
+    segs = encode_delta({"w": BF16(old)}, {"w": BF16(new)}, base="b", codec="ctxs", segment_bytes=1024)
+    assert sum(c.codec == "ctxs" and c.cell >= 0 for s in segs for c in read_segment_header(s).chunks) > 16
+    return old, segs
+
+
+def test_cells_decode_in_one_call_as_chunk_by_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor's ctxs cells staged in one numba call give the changes of the chunk-by-chunk path."""
+    from deltarl.codec import kernels
+    from deltarl.codec.stager import Stager
+
+    if kernels.ctx_jit() is None:
+        pytest.skip("numba is off")
+    old, segs = _cells_delta(monkeypatch)
+    batched = stage_delta({"w": BF16(old.copy())}, segs, base="b").changes()["w"]
+    monkeypatch.setattr(Stager, "_batched", lambda self, c: False)
+    single = stage_delta({"w": BF16(old.copy())}, segs, base="b").changes()["w"]
+    order_a, order_b = np.argsort(batched[0]), np.argsort(single[0])
+    for a, b in zip(batched, single, strict=True):
+        assert np.array_equal(a[order_a], b[order_b])
+
+
+def test_a_bad_cell_in_a_batch_names_its_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    old, segs = _cells_delta(monkeypatch)
+    head = read_segment_header(segs[0])
+    off = head.payload_offset
+    for c in head.chunks:
+        if c.codec == "ctxs" and c.changed:
+            break
+        off += c.nbytes
+    bad = bytearray(segs[0])
+    bad[off + c.nbytes - 1] ^= 0xFF  # the last sign / remainder byte: trailing bits or wrong changes
+    bad[off] = 0x7F  # and 127 extra classes
+    with pytest.raises(FormatError, match=rf"cell {c.cell}\)"):
+        stage_delta({"w": BF16(old.copy())}, [_refix(bytes(bad)), *segs[1:]], base="b")
