@@ -40,15 +40,15 @@ TILE_MIN_ELEMENTS = 1 << 16
 # table is then half as long, which outweighs the coarser context below this many changes.
 CELL_COARSE_CHANGES = 4096
 # ``auto`` cuts a tensor into cells only when a cell will hold this many changes on average. A cell
-# chunk costs its chunk entry (~11 bytes), two stream lengths and its per-class counts (~20 bytes in
-# all: its classes' parameters are its tensor's class record, ctxs), so cells of 64+ changes coded
-# ctxs are smaller than the tensor's sparse row-major chunks: a Qwen3-30B-A3B-shaped layer at 1%
-# changed (experts: 245 changes a cell) 1.10x format 1 where sparse experts were 1.35x, at 0.4% (~98)
-# 1.18x where 1.35x. The price is staging speed: ctxs scans each cell's base (and each cell costs
-# ~100 us of per-chunk work) where sparse reads only the changes (that layer at 1%: 424 ms at TP 1
-# where 175 ms, benchmarks/codec.py), but a TP rank then stages only its cells (0.65x TP 1, where
-# row-major sparse chunks cost it the whole tensor: 0.99x).
-CELL_MIN_CHANGES = 64
+# chunk coded ``ctxs`` costs ~20 bytes of its own (its classes' parameters are its tensor's class
+# record), so from ~64 changes a cell its bytes beat the tensor's sparse row-major chunks: a
+# Qwen3-30B-A3B-shaped layer at 1% (experts: ~245 changes a cell) is then 1.11x format 1 where 1.35x,
+# and a TP 2 rank reads 0.62-0.65x of it where 0.69x. The bound stays at 288 for what cells cost the
+# writer and the TP 1 reader (benchmarks/sharded_read.py --moe-experts 32): encode 3.02 s where
+# 0.106 s (each cell's coding is ~0.5 ms of Python that holds the GIL, so more threads do not help:
+# a whole 30B-A3B would take minutes a version) and TP 1 staging 345 ms where 113 ms. Dense
+# projections at RL densities hold thousands of changes a cell and are cut either way.
+CELL_MIN_CHANGES = 288
 # A row-major tensor is cut at its grid's row bands only when a band will hold this many changes.
 BAND_MIN_CHANGES = 256
 
