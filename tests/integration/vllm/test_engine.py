@@ -110,14 +110,15 @@ def test_a_relay_restart_is_survived(vllm_run: Run, served: Any, tmp_path: Path)
     try:
         boot = attach(served, first.url, vllm_run.run)  # the relay is the only source
         v = boot["version"]
-        store = open_store(vllm_run.store_url)
-        head = replay(store, vllm_run.run)
-        nxt = evolve(head, 0.01, seed=200 + v)
-        with Publisher(store, vllm_run.run, keyframe_interval=1000) as pub:
-            pub.publish(nxt, v + 1)
-        store.close()
     finally:
-        first.close()
+        first.close()  # before the next version exists: the engine's background staging, which
+        # follows HEAD through the relay, must not have it already (it did when published first)
+    store = open_store(vllm_run.store_url)
+    head = replay(store, vllm_run.run)
+    nxt = evolve(head, 0.01, seed=200 + v)
+    with Publisher(store, vllm_run.run, keyframe_interval=1000) as pub:
+        pub.publish(nxt, v + 1)
+    store.close()
     before = status(served, digest=True)[0]
     with pytest.raises(Exception, match=r"127\.0\.0\.1|unreachable|connect|no source"):
         update(served, v + 1)
