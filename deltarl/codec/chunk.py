@@ -121,7 +121,8 @@ def unzigzag(code: np.ndarray) -> np.ndarray:
     return (code >> 1) ^ neg
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """``n`` as an LEB128 varint (7 bits a byte, low first, high bit: more follow)."""
     out = bytearray()
     while n >= 0x80:
         out.append(n & 0x7F | 0x80)
@@ -132,7 +133,7 @@ def _varint(n: int) -> bytes:
 
 def pack_streams(params: bytes, streams: list[bytes]) -> bytes:
     """Codec params, then one LEB128 varint length per stream, then the streams."""
-    return params + b"".join(_varint(len(s)) for s in streams) + b"".join(streams)
+    return params + b"".join(varint(len(s)) for s in streams) + b"".join(streams)
 
 
 def unpack_streams(

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from deltarl.codec import bitio, kernels
-from deltarl.codec.chunk import Changes, Decoded, pack_streams, unpack_streams
+from deltarl.codec.chunk import Changes, Decoded, pack_streams, unpack_streams, varint
 from deltarl.codec.classes import rank_classes, ranks_in_groups
 from deltarl.errors import FormatError
 
@@ -25,23 +25,11 @@ _PARAMS = "<BB"  # class shift, class bits
 NSTREAMS = 11
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def encode(old: np.ndarray, new: np.ndarray, dtype: str, changes: Changes) -> bytes:
     """Encode the changes of one chunk (their classes ranked during detection, or here if not)."""
     a = changes.classes if changes.classes is not None else rank_classes(old, new, dtype)
     table = b"".join(
-        struct.pack("<BBBB", c, kp, kb, kv) + _varint(n) + _varint(m)
+        struct.pack("<BBBB", c, kp, kb, kv) + varint(n) + varint(m)
         for c, kp, kb, kv, n, m in zip(
             a.active.tolist(),
             a.k_pos.tolist(),

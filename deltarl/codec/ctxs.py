@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from deltarl.codec import bitio, kernels
-from deltarl.codec.chunk import Changes, Decoded
+from deltarl.codec.chunk import Changes, Decoded, varint
 from deltarl.codec.classes import CLASS_FIELDS, ClassCode, rank_classes
 from deltarl.codec.ctx import _DECODE_ERRORS, changes_numpy
 from deltarl.errors import FormatError
@@ -54,7 +54,7 @@ class ClassRecord:
         """``u8 shift, u8 cbits, varint m``, then ``m`` times ``u8 class, k_pos, k_big_gap, k_big_val,
         k_n, k_n_big`` (docs/FORMAT.md, "Class records")."""
         cols = np.stack([self.classes, self.k_pos, self.k_big_gap, self.k_big_val, self.k_n, self.k_n_big], axis=1)
-        return struct.pack("<BB", self.shift, self.cbits) + _varint(len(self.classes)) + cols.astype(np.uint8).tobytes()
+        return struct.pack("<BB", self.shift, self.cbits) + varint(len(self.classes)) + cols.astype(np.uint8).tobytes()
 
 
 def parse_record(raw: memoryview, off: int, width: int) -> tuple[ClassRecord, int]:
@@ -107,15 +107,6 @@ def choose_record(old: np.ndarray, new: np.ndarray, dtype: str, chunk_elems: int
         bitio.rice_k(chg[classes] * chunk_elems, np.full(classes.size, n)),
         bitio.rice_k(nbig[classes] * chunk_elems, np.full(classes.size, n)),
     )  # fmt: skip
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def read_varint(raw: memoryview | bytes, off: int, what: str) -> tuple[int, int]:
@@ -173,12 +164,12 @@ def _pack(a: ClassCode, record: ClassRecord) -> bytes:
     unary, rem, esc = bitio.rice_encode(v, k)
     rbits = int(k[(v >> k.astype(_U64)) < bitio.RICE_ESCAPE].sum())
     bits = np.packbits(np.concatenate((np.unpackbits(np.frombuffer(rem, dtype=np.uint8))[:rbits], a.neg[per])))
-    head = [_varint(extra.size)]
+    head = [varint(extra.size)]
     for i in extra.tolist():
         head.append(_ENTRY.pack(int(a.active[i]), int(a.k_pos[i]), int(a.k_bg[i]), int(a.k_bv[i])))
-        head.append(_varint(int(a.counts[i])) + _varint(int(a.n_big[i])))
+        head.append(varint(int(a.counts[i])) + varint(int(a.n_big[i])))
     escapes = esc.astype("<u8").tobytes()
-    return b"".join([*head, _varint(len(unary)), _varint(len(escapes)), unary, escapes, bits.tobytes()])
+    return b"".join([*head, varint(len(unary)), varint(len(escapes)), unary, escapes, bits.tobytes()])
 
 
 @dataclass(frozen=True)

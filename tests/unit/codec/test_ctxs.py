@@ -13,11 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deltarl.codec import BF16, encode_delta, read_segment_header, stage_delta, state_digest
-from deltarl.codec import encode as encode_mod
+from deltarl.codec import delta_layout as layout
 from deltarl.codec.chunk import Changes
 from deltarl.codec.classes import CELL_CLASS_FIELDS, CLASS_FIELDS, rank_classes
 from deltarl.codec.ctxs import ClassRecord, choose_record, decode, encode
 from deltarl.errors import FormatError
+from tests.unit.codec.test_regions import _cells_pair  # the same 16x16 pair as format 2's golden cells
 
 torch = pytest.importorskip("torch")
 
@@ -33,18 +34,8 @@ SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
-def _cells_pair() -> tuple[dict, dict]:
-    rng = np.random.default_rng(7)
-    old = (0x3C00 + rng.integers(0, 0x0400, size=(16, 16))).astype(np.uint16)
-    new = old.copy().reshape(-1)
-    idx = np.arange(256)
-    new[idx % 37 == 0] += 1
-    new[100] -= 3
-    return {"t": BF16(old)}, {"t": BF16(new.reshape(16, 16))}
-
-
 def test_golden_format3(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(layout, "TILE_MIN_ELEMENTS", 1)
     old, new = _cells_pair()
     (seg,) = encode_delta(old, new, base="v0", codec="ctxs")
     assert seg.hex() == GOLDEN_V3
@@ -115,8 +106,8 @@ def test_auto_cuts_cells_into_ctxs_and_every_tp_part_stages(dtype: str, shape: t
     from deltarl.codec.regions import Region
     from deltarl.codec.tensors import tensor_table
 
-    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 64)
-    monkeypatch.setattr(encode_mod, "CELL_MIN_CHANGES", 1)
+    monkeypatch.setattr(layout, "TILE_MIN_ELEMENTS", 64)
+    monkeypatch.setattr(layout, "CELL_MIN_CHANGES", 1)
     rng = np.random.default_rng(seed)
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
            "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}[dtype]  # fmt: skip
@@ -231,8 +222,8 @@ def test_row_shards_coded_ctxs_carry_their_own_records() -> None:
 
 
 def _cells_delta(monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, list[bytes]]:
-    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 64)
-    monkeypatch.setattr(encode_mod, "CELL_MIN_CHANGES", 1)
+    monkeypatch.setattr(layout, "TILE_MIN_ELEMENTS", 64)
+    monkeypatch.setattr(layout, "CELL_MIN_CHANGES", 1)
     rng = np.random.default_rng(11)
     old = (0x3C00 + rng.integers(0, 0x0400, size=(96, 80))).astype(np.uint16)
     new = old.copy()

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deltarl.codec import BF16, encode_delta, read_segment_header, stage_delta
-from deltarl.codec import encode as encode_mod
+from deltarl.codec import delta_layout as layout
 from deltarl.codec.grid import Grid, cell_size, morton
 from deltarl.codec.regions import Region, overlap, plan_chunks
 from deltarl.codec.segment import SegmentHeader
@@ -38,7 +38,7 @@ def _cells_pair() -> tuple[dict, dict]:
 
 
 def test_golden_cells(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(layout, "TILE_MIN_ELEMENTS", 1)
     old, new = _cells_pair()
     (seg,) = encode_delta(old, new, base="v0", codec="ctx")
     assert seg.hex() == GOLDEN_CELLS
@@ -98,13 +98,13 @@ def test_every_tp_part_decodes_alone(rows: int, cols: int, density: float, codec
     old_v, new_v = _pair(1, rows * 2, density, seed + 1)
     old = {"w": BF16(old_w), "v": BF16(old_v.reshape(-1))}
     new = {"w": BF16(new_w), "v": BF16(new_v.reshape(-1))}
-    saved = encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES, encode_mod.BAND_MIN_CHANGES
+    saved = layout.TILE_MIN_ELEMENTS, layout.CELL_MIN_CHANGES, layout.BAND_MIN_CHANGES
     # these small tensors in cells too, or (cell_min 1 << 40, codec auto) in row bands
-    encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES, encode_mod.BAND_MIN_CHANGES = 64, cell_min, 1
+    layout.TILE_MIN_ELEMENTS, layout.CELL_MIN_CHANGES, layout.BAND_MIN_CHANGES = 64, cell_min, 1
     try:
         segs = encode_delta(old, new, base="b", codec=codec, segment_bytes=512)
     finally:
-        encode_mod.TILE_MIN_ELEMENTS, encode_mod.CELL_MIN_CHANGES, encode_mod.BAND_MIN_CHANGES = saved
+        layout.TILE_MIN_ELEMENTS, layout.CELL_MIN_CHANGES, layout.BAND_MIN_CHANGES = saved
     whole = {k: _torch(v.bits) for k, v in old.items()}
     stage_delta(whole, segs, base="b").commit()
     assert np.array_equal(whole["w"].view(torch.int16).numpy().view(np.uint16), new_w)
@@ -152,9 +152,9 @@ def test_row_bands_of_a_tensor_kept_out_of_cells(monkeypatch: pytest.MonkeyPatch
     """A tensor too small for cells is written in row-major chunks cut at its grid's row bands, the
     top half's after the first Z-order quarter and the bottom half's after the third: a rank holding
     a TP 2 row half plans only its own bands' chunks."""
-    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 64)
-    monkeypatch.setattr(encode_mod, "CELL_MIN_CHANGES", 1 << 40)
-    monkeypatch.setattr(encode_mod, "BAND_MIN_CHANGES", 1)
+    monkeypatch.setattr(layout, "TILE_MIN_ELEMENTS", 64)
+    monkeypatch.setattr(layout, "CELL_MIN_CHANGES", 1 << 40)
+    monkeypatch.setattr(layout, "BAND_MIN_CHANGES", 1)
     old_w, new_w = _pair(128, 64, 0.01, 3)
     (seg,) = encode_delta({"w": BF16(old_w)}, {"w": BF16(new_w)}, base="b")
     h = read_segment_header(seg)
@@ -169,7 +169,7 @@ def test_row_bands_of_a_tensor_kept_out_of_cells(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_region_that_cuts_a_cell_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(layout, "TILE_MIN_ELEMENTS", 1)
     old, new = _cells_pair()
     (seg,) = encode_delta(old, new, base="v0", codec="ctx")
     state = {"t": _torch(old["t"].bits)}
@@ -180,7 +180,7 @@ def test_a_region_that_cuts_a_cell_is_refused(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_a_missing_cell_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(layout, "TILE_MIN_ELEMENTS", 1)
     old, new = _cells_pair()
     segs = encode_delta(old, new, base="v0", codec="ctx", segment_bytes=16)
     assert len(segs) == 4

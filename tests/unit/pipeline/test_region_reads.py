@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deltarl.codec import encode as encode_mod
+from deltarl.codec import delta_layout as layout
 from deltarl.codec import stage_delta
 from deltarl.codec.regions import Region
 from deltarl.errors import IntegrityError
@@ -43,8 +43,8 @@ def _views(state: dict[str, torch.Tensor], regions: dict[str, Region]) -> dict[s
 
 @pytest.mark.parametrize("dim", [0, 1])
 def test_a_rank_reads_and_stages_its_part(monkeypatch: pytest.MonkeyPatch, dim: int) -> None:
-    monkeypatch.setattr(encode_mod, "TILE_MIN_ELEMENTS", 1 << 12)
-    monkeypatch.setattr(encode_mod, "CELL_MIN_CHANGES", 1)  # cells at these small sizes too
+    monkeypatch.setattr(layout, "TILE_MIN_ELEMENTS", 1 << 12)
+    monkeypatch.setattr(layout, "CELL_MIN_CHANGES", 1)  # cells at these small sizes too
     old, new = _states()
     store = MemoryStore()
     cfg = PublishConfig(segment_changes=256)  # several segments
