@@ -133,7 +133,8 @@ def quantize_shard(local: Mapping[str, Any], rows: sr.Rows, plan: list[Plan], am
     quantized weight, every other tensor as it is (copied unless ``owned``)."""
     import torch
 
-    out = {name: v if owned else v.detach().clone() for name, v in local.items()}
+    quantized = {p[0] for p in plan}  # replaced by their codes below: never copied
+    out = {name: v if owned or name in quantized else v.detach().clone() for name, v in local.items()}
     out_rows = dict(rows)
     for name, r, c, lo, at in plan:
         cb = math.ceil(c / BLOCK)
