@@ -110,10 +110,14 @@ class LocalStore(ObjectStore):
         self._tmp = self.root / TMP_DIR
         self._tmp_ready = False
         if not self.root.is_dir():
-            if not create or self.root.exists():
+            if not create:
                 raise StoreNotFound(f"no store at {self.url!r} (not a directory)")
+            # ranks of one job open the same new store at once: the folder another made between
+            # the check above and this mkdir is theirs to share, only a file in its place is not
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
+            except FileExistsError as err:
+                raise StoreNotFound(f"no store at {self.url!r} (not a directory)") from err
             except OSError as err:
                 raise StoreError(f"cannot create local store at {self.root}: {err}") from err
         if os.access(self._tmp, os.W_OK):  # a read-only store has nothing this process could sweep

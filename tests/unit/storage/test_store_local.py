@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deltarl.errors import InvalidKey, ObjectNotFound, StoreError
+from deltarl.errors import InvalidKey, ObjectNotFound, StoreError, StoreNotFound
 from deltarl.storage import LocalStore
 from deltarl.storage.keys import etag_of
 from deltarl.storage.local import TMP_DIR
@@ -193,3 +193,33 @@ def test_a_streamed_write_holds_at_most_a_window_of_dirty_pages(tmp_path: Path, 
 
     store.put_stream_if_absent("big", chunks())
     assert max(cached) <= 2 << 20  # a window being written and, at most, the one before it
+
+
+def test_a_store_another_process_creates_meanwhile_is_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks open one new store at once: the folder made by another between the check and the
+    mkdir is opened, not refused (a spawned rank of the sharded FP8 test hit this on CI)."""
+    root = tmp_path / "store"
+    real_is_dir = Path.is_dir
+    seen: list[Path] = []
+
+    def is_dir_then_another_creates(self: Path) -> bool:
+        if self == root and not seen:
+            seen.append(self)
+            root.mkdir()  # the other rank wins the race right after this process looked
+            return False
+        return real_is_dir(self)
+
+    monkeypatch.setattr(Path, "is_dir", is_dir_then_another_creates)
+    store = LocalStore(root)
+    assert seen
+    store.put("HEAD", b"1")
+    assert store.get("HEAD") == b"1"
+
+
+def test_a_file_where_the_store_should_be_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "store").write_bytes(b"x")
+    with pytest.raises(StoreNotFound, match="not a directory"):
+        LocalStore(tmp_path / "store")
+    with pytest.raises(StoreNotFound, match="no store at"):
+        LocalStore(tmp_path / "missing", create=False)
+    assert not (tmp_path / "missing").exists()
