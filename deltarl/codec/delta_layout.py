@@ -6,6 +6,7 @@ writes")."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -85,10 +86,11 @@ def host(value: Any) -> Any:
 
 
 def delta_tasks(table: list[TensorSpec], old: Mapping[str, Any], new: Mapping[str, Any], step: int, cells: bool,
-                 codec: str, records: dict[str, ClassRecord]) -> Iterator[Task]:  # fmt: skip
+                 codec: str, records: dict[str, ClassRecord]) -> Iterator[Task | CellChunks]:  # fmt: skip
     """The chunks of a delta in the order segments hold them: row-major tensors first (small ones,
     every rank reads them whole), then by Z-order quarter the cells of the tiled tensors (in each
-    quarter the tensors of a kind together, each tensor's cells in Z order), with the top row bands
+    quarter the tensors of a kind together, each tensor's cells in Z order, one :class:`CellChunks`
+    a tensor and quarter), with the top row bands
     of the banded tensors (:func:`_bands`) after quarter 0 and the bottom ones after quarter 2: a
     TP 2 rank's part is then one run (rows: quarters 0, 1 or 2, 3 with their bands) or two. Fills
     ``records`` with the class record of each tiled tensor (``auto``) or of every tensor (``ctxs``)."""
@@ -114,11 +116,11 @@ def delta_tasks(table: list[TensorSpec], old: Mapping[str, Any], new: Mapping[st
     banded.sort(key=lambda item: (kind_of(item[0].name), item[0].name))
     for quarter in range(4):
         for spec, grid, o, n in tiled:
-            for cell in MORTON_ORDER[16 * quarter : 16 * quarter + 16]:
-                if grid.has(cell):
-                    size = grid.numel(cell)
-                    for start in range(0, size, step):  # the worker copies the cell's rows
-                        yield spec, cell, start, min(size, start + step) - start, o, n
+            chunks = [(cell, start, min(grid.numel(cell), start + step) - start)
+                      for cell in MORTON_ORDER[16 * quarter : 16 * quarter + 16] if grid.has(cell)
+                      for start in range(0, grid.numel(cell), step)]  # fmt: skip
+            if chunks:  # the worker copies the cells' rows
+                yield CellChunks(spec, grid, chunks, o, n)
         if quarter in (0, 2):
             for spec, grid, o, n in banded:
                 yield from _bands(spec, grid, o, n, step, quarter // 2)
@@ -177,3 +179,16 @@ def _bands(spec: TensorSpec, grid: Grid, o: np.ndarray, n: np.ndarray, step: int
 # One chunk to encode: the tensor, its cell (FLAT: row-major), the first index, the element count,
 # old and new bits (of the chunk; of the whole tensor for a cell's chunk, cut out by the worker).
 Task = tuple[TensorSpec, int, int, int, np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
+class CellChunks:
+    """Cell chunks of one tiled tensor to encode together (one Z-order quarter of its cells):
+    ``chunks`` are ``(cell, first index in the cell's enumeration, elements)`` in segment order;
+    ``old`` / ``new`` the whole tensor's row-major bits (the worker cuts the cells out)."""
+
+    spec: TensorSpec
+    grid: Grid
+    chunks: list[tuple[int, int, int]]
+    old: np.ndarray
+    new: np.ndarray
