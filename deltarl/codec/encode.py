@@ -352,7 +352,7 @@ def iter_encode_rows(
 
 
 def _segments(
-    tasks: Iterator[Task],
+    tasks: Iterator[Task | CellChunks],
     base: str,
     segment_bytes: int,
     segment_changes: int,
