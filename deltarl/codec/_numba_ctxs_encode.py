@@ -19,9 +19,10 @@ from numba import njit
 from deltarl.codec._numba_bits import rice_encode
 from deltarl.codec._numba_kernels import _ctx_arrays
 from deltarl.codec.bitio import RICE_ESCAPE
-from deltarl.codec.ctxs import CELL_CTXS, CELL_OTHER
 
 __all__ = ["ctxs_encode_cells"]
+
+CELL_CTXS, CELL_OTHER = 1, 2  # ctxs.CELL_CTXS, ctxs.CELL_OTHER (ctxs imports this module, not the other way)
 
 
 @njit(cache=True, nogil=True)

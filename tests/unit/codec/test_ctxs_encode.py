@@ -72,6 +72,9 @@ def _one_by_one(task: CellChunks, codec: str, finite: bool, record: ClassRecord)
 def test_batched_cells_are_the_bytes_of_chunk_by_chunk(case: tuple, codec: str, nan: bool) -> None:
     if kernels.ctx_jit() is None:
         pytest.skip("numba is off")
+    from deltarl.codec import _numba_ctxs_encode
+
+    assert (_numba_ctxs_encode.CELL_CTXS, _numba_ctxs_encode.CELL_OTHER) == (ctxs.CELL_CTXS, ctxs.CELL_OTHER)
     spec, old, new, rec, chunks = case
     if nan:  # a NaN among one cell's new values: both refuse it, naming the same chunk
         new = new.copy()
