@@ -1,8 +1,9 @@
 """numba ``ctxs`` encoder: a tensor's cell chunks coded against its class record in one call.
 
-Per chunk, as ``ctxs.encode`` does chunk by chunk (and byte for byte the same): the chunk's rows are
-copied out of the row-major tensor, its changes found and ranked in their classes (``_ctx_arrays``,
-the record's class field), and, where ``ctxs`` is the codec ``auto`` would choose alone, its payload
+Per chunk, as ``ctxs.encode`` does chunk by chunk (and byte for byte the same): its changes found
+and ranked in their classes (the record's class field) by a scan of the cell's rows in place (no
+copy, no chunk-sized arrays; four counter tables, one per 16-bit lane of a word), their ctx code
+built in class-major order as ``_numba_kernels._ctx_arrays`` builds it, and, where ``ctxs`` is the codec ``auto`` would choose alone, its payload
 packed: the extra classes, one Rice code (``_numba_bits.rice_encode``) of the class counts, the
 large-value counts, the rank gaps, the large-value gaps and the large values in the record's class
 order (then the extra classes'), and the signs after the last remainder bit (docs/FORMAT.md, codec 6).
@@ -17,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from deltarl.codec._numba_bits import rice_encode
-from deltarl.codec._numba_kernels import _ctx_arrays
+from deltarl.codec._numba_kernels import rice_k
 from deltarl.codec.bitio import RICE_ESCAPE
 
 __all__ = ["ctxs_encode_cells"]
@@ -157,51 +158,194 @@ def _pack(out, at, changed, active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_
 
 
 @njit(cache=True, nogil=True)
-def ctxs_encode_cells(old, new, s0, so, sn, so64, sn64, table, shift, cbits, width, rc, rkp, rkb, rkv, rkn, rknb,
+def _grown(ch):
+    bigger = np.empty((2 * ch.shape[0], ch.shape[1]), ch.dtype)
+    bigger[: ch.shape[0]] = ch
+    return bigger
+
+
+@njit(cache=True, nogil=True)
+def _scan(old, new, a64, b64, stride, origin, w, start, stop, at, shift, mask, c4, ch, k):
+    """Rank the changes of elements ``start .. stop`` of a cell (its first element at ``origin``, rows
+    ``w`` elements wide and ``stride`` apart; chunk indices from ``at``) within their classes, in
+    place, counting every element's class in ``c4`` (four tables, one per 16-bit lane of a word, so
+    that a run of one class does not wait on one counter; a class's count is their sum); change
+    ``k``, ``k + 1``, ... into rows of ``ch`` (chunk index, rank, tensor index). Returns (k, where it
+    stopped): ``stop``, or before the first element whose changes would not fit (the caller grows
+    ``ch`` and goes on from there)."""
+    um = np.uint64(mask)  # unsigned indices: numba checks a signed one for wrapping around
+    n1, n2, n3 = um + np.uint64(1), np.uint64(2) * (um + np.uint64(1)), np.uint64(3) * (um + np.uint64(1))
+    s0, s1, s2, s3 = np.uint64(shift), np.uint64(16 + shift), np.uint64(32 + shift), np.uint64(48 + shift)
+    cap = ch.shape[0]
+    q = start // w
+    b = origin + q * stride + start - q * w  # the run's first tensor index
+    idx = start
+    while idx < stop:  # a row of the cell at a time
+        end = b + min(w - (idx - q * w), stop - idx)
+        base = at + idx - start - b  # chunk index of tensor index e: base + e
+        i = b
+        if a64.size:
+            while i < end and i % 4:
+                h = (np.uint64(old[i]) >> s0) & um
+                if old[i] != new[i]:
+                    if k == cap:
+                        return k, idx + i - b
+                    ch[k, 0], ch[k, 1], ch[k, 2] = base + i, c4[h] + c4[h + n1] + c4[h + n2] + c4[h + n3], i
+                    k += 1
+                c4[h] += 1
+                i += 1
+            for w64 in range(np.uint64(i // 4), np.uint64(end // 4)):
+                x = a64[w64]
+                c0 = (x >> s0) & um
+                c1 = ((x >> s1) & um) + n1
+                c2 = ((x >> s2) & um) + n2
+                c3 = ((x >> s3) & um) + n3
+                d = x ^ b64[w64]
+                if d != 0:
+                    e4 = 4 * np.int64(w64)
+                    if k + 4 > cap:
+                        return k, idx + e4 - b
+                    for j in range(4):
+                        if (d >> np.uint64(16 * j)) & np.uint64(0xFFFF):
+                            c = (x >> np.uint64(16 * j + shift)) & um
+                            r = c4[c] + c4[c + n1] + c4[c + n2] + c4[c + n3]
+                            r += (j > 0 and c0 == c) + (j > 1 and c1 == c + n1) + (j > 2 and c2 == c + n2)
+                            ch[k, 0], ch[k, 1], ch[k, 2] = base + e4 + j, r, e4 + j
+                            k += 1
+                c4[c0] += 1
+                c4[c1] += 1
+                c4[c2] += 1
+                c4[c3] += 1
+            i = max(i, end // 4 * 4)
+        for e in range(i, end):
+            t = (np.uint64(old[e]) >> s0) & um
+            if old[e] != new[e]:
+                if k == cap:
+                    return k, idx + e - b
+                ch[k, 0], ch[k, 1], ch[k, 2] = base + e, c4[t] + c4[t + n1] + c4[t + n2] + c4[t + n3], e
+                k += 1
+            c4[t] += 1
+        idx += end - b
+        q += 1
+        b = origin + q * stride
+    return k, stop
+
+
+@njit(cache=True, nogil=True)
+def _class_code(ov, nv, rank, shift, mask, width):
+    """The ctx code of a chunk's changes (old and new bits, ranks in their classes; position order),
+    in class-major order, as ``_numba_kernels._ctx_arrays`` gives it: (active, counts, n_big, k_pos,
+    k_bg, k_bv, gaps, big_gaps, big_vals, neg)."""
+    k = ov.size
+    nclass = mask + 1
+    ccount = np.zeros(nclass, np.int64)
+    for j in range(k):
+        ccount[(np.int64(ov[j]) >> shift) & mask] += 1
+    fill = np.zeros(nclass, np.int64)
+    na = 0
+    acc = 0
+    for c in range(nclass):
+        fill[c] = acc
+        acc += ccount[c]
+        na += ccount[c] > 0
+    active = np.empty(na, np.int64)
+    counts = np.empty(na, np.int64)
+    a = 0
+    for c in range(nclass):
+        if ccount[c] > 0:
+            active[a], counts[a] = c, ccount[c]
+            a += 1
+    rank_cm = np.empty(k, np.int64)
+    dd = np.empty(k, np.int64)
+    full = np.int64(1) << width
+    half = np.int64(1) << (width - 1)
+    for j in range(k):
+        c = (np.int64(ov[j]) >> shift) & mask
+        t = fill[c]
+        fill[c] = t + 1
+        rank_cm[t] = rank[j]
+        dd[t] = (np.int64(nv[j]) - np.int64(ov[j])) & (full - 1)
+    gaps = np.empty(k, np.uint64)
+    neg = np.empty(k, np.uint8)
+    big_gaps = np.empty(k, np.uint64)
+    big_vals = np.empty(k, np.uint64)
+    n_big = np.zeros(na, np.int64)
+    k_pos = np.zeros(na, np.int64)
+    k_bg = np.zeros(na, np.int64)
+    k_bv = np.zeros(na, np.int64)
+    nb = 0
+    s = 0
+    for a in range(na):
+        e = s + counts[a]
+        prev = -1
+        prevb = -1
+        gsum = 0
+        bgsum = 0
+        bvsum = 0
+        nb0 = nb
+        for t in range(s, e):
+            g = rank_cm[t] - prev - 1
+            prev = rank_cm[t]
+            gaps[t] = g
+            gsum += g
+            d = dd[t]
+            neg[t] = d >= half
+            m = (full - d - 1) if d >= half else (d - 1)
+            if m > 0:
+                bgsum += t - s - prevb - 1
+                bvsum += m - 1
+                big_gaps[nb] = t - s - prevb - 1
+                prevb = t - s
+                big_vals[nb] = m - 1
+                nb += 1
+        k_pos[a] = rice_k(gsum, e - s)
+        n_big[a] = nb - nb0
+        k_bg[a] = rice_k(bgsum, nb - nb0)
+        k_bv[a] = rice_k(bvsum, nb - nb0)
+        s = e
+    return active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_gaps[:nb], big_vals[:nb], neg
+
+
+@njit(cache=True, nogil=True)
+def ctxs_encode_cells(old, new, a64, b64, s0, table, shift, cbits, width, rc, rkp, rkb, rkv, rkn, rknb,
                       lo, hi, others, weight, fmask, out):  # fmt: skip
     """Code the cell chunks of one tensor (``old`` / ``new``: its row-major bits, rows ``s0`` elements
-    apart) against its class record (``rc`` its classes, then their ``k_pos``, ``k_big_gap``,
-    ``k_big_val``, ``k_n``, ``k_n_big``). ``table`` rows: first cell element of the chunk, elements,
-    the cell's origin in the tensor, its row width in elements. ``so`` / ``sn`` hold the largest
-    chunk (``so64`` / ``sn64``: their u64 views for 16-bit elements, else empty). A chunk is coded
-    ``ctxs`` when ``lo * n <= weight * changed < hi * n`` and no range of ``others`` (k x 2) holds
-    it, and no new value has all the bits of ``fmask`` (0: no check) set. Returns ``(out, rows)``:
-    the payloads one after another in ``out`` (grown as needed), and per chunk (kind: ``CELL_NONE``,
-    ``CELL_CTXS`` or ``CELL_OTHER`` of :mod:`deltarl.codec.ctxs`; changed; the end of its payload in ``out``; its NaN / Inf count)."""
+    apart; ``a64`` / ``b64``: their u64 views for 16-bit elements 8-byte aligned, else empty) against
+    its class record (``rc`` its classes, then their ``k_pos``, ``k_big_gap``, ``k_big_val``, ``k_n``,
+    ``k_n_big``). ``table`` rows: first cell element of the chunk, elements, the cell's origin in the
+    tensor, its row width in elements. A chunk is coded ``ctxs`` when ``lo * n <= weight * changed <
+    hi * n`` and no range of ``others`` (k x 2) holds it, and no new value has all the bits of
+    ``fmask`` (0: no check) set. Returns ``(out, rows)``: the payloads one after another in ``out``
+    (grown as needed), and per chunk (kind: ``CELL_NONE``, ``CELL_CTXS`` or ``CELL_OTHER`` of
+    :mod:`deltarl.codec.ctxs`; changed; the end of its payload in ``out``; its NaN / Inf count)."""
     mask = (1 << cbits) - 1
     rix = np.full(mask + 1, -1, np.int64)
     for i in range(rc.size):
         rix[rc[i]] = i
     rows = np.zeros((table.shape[0], 4), np.int64)
+    c4 = np.zeros(4 * (mask + 1), np.int64)
+    ch = np.empty((1024, 3), np.int64)
     at = 0
     for i in range(table.shape[0]):
         start, count, origin, w = table[i, 0], table[i, 1], table[i, 2], table[i, 3]
-        idx = start
-        k = 0
-        while k < count:  # the chunk, a row of its cell at a time
-            q = idx // w
-            c = idx - q * w
-            run = min(w - c, count - k)
-            b = origin + q * s0 + c
-            so[k : k + run] = old[b : b + run]
-            sn[k : k + run] = new[b : b + run]
-            k += run
-            idx += run
-        a64 = so64[: count // 4] if so64.size else so64
-        b64 = sn64[: count // 4] if sn64.size else sn64
-        cur, nxt = so[:count], sn[:count]
-        code = _ctx_arrays(cur, nxt, a64, b64, shift, mask, width)
-        pos = code[13]
-        changed = pos.size
+        c4[:] = 0
+        changed, stop = _scan(old, new, a64, b64, s0, origin, w, start, start + count, 0, shift, mask, c4, ch, 0)
+        while stop < start + count:  # the change rows were full
+            ch = _grown(ch)
+            changed, stop = _scan(old, new, a64, b64, s0, origin, w, stop, start + count, stop - start, shift, mask, c4,
+                                  ch, changed)  # fmt: skip
         rows[i, 1] = changed
         rows[i, 2] = at
         if changed == 0:
             continue
+        ov = np.empty(changed, old.dtype)
+        nv = np.empty(changed, old.dtype)
+        for t in range(changed):
+            ov[t], nv[t] = old[ch[t, 2]], new[ch[t, 2]]
         bad = 0
         if fmask:
             for t in range(changed):
-                if (np.int64(nxt[pos[t]]) & fmask) == fmask:
-                    bad += 1
+                bad += (np.int64(nv[t]) & fmask) == fmask
         rows[i, 3] = bad
         x = weight * changed
         alone = lo * count <= x < hi * count
@@ -211,8 +355,11 @@ def ctxs_encode_cells(old, new, s0, so, sn, so64, sn64, table, shift, cbits, wid
         if bad or not alone:
             rows[i, 0] = CELL_OTHER
             continue
-        out, at = _pack(out, at, changed, code[0], code[1], code[2], code[3], code[4], code[5], code[6], code[8],
-                        code[9], code[12], rix, rkp, rkb, rkv, rkn, rknb)  # fmt: skip
+        active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_gaps, big_vals, neg = _class_code(
+            ov, nv, ch[:changed, 1], shift, mask, width
+        )
+        out, at = _pack(out, at, changed, active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_gaps, big_vals, neg,
+                        rix, rkp, rkb, rkv, rkn, rknb)  # fmt: skip
         rows[i, 0] = CELL_CTXS
         rows[i, 2] = at
     return out, rows

@@ -408,18 +408,17 @@ def encode_cells(old: np.ndarray, new: np.ndarray, s0: int, record: ClassRecord,
     from deltarl.codec import _numba_ctxs_encode
 
     width = _width(old, record)
-    most = int(table[:, 1].max()) if table.size else 0
-    words = most * old.dtype.itemsize // 8 + 1  # 8-byte aligned scratch for the chunk's rows
-    so64, sn64 = np.empty(words, dtype=_U64), np.empty(words, dtype=_U64)
-    so, sn = so64.view(old.dtype)[:most], sn64.view(old.dtype)[:most]
-    wide = old.dtype.itemsize == 2
+    a64, b64 = (np.zeros(0, dtype=_U64),) * 2
+    n = old.size // 4 * 4
+    if old.dtype.itemsize == 2 and n and old.ctypes.data % 8 == 0 and new.ctypes.data % 8 == 0:
+        a64, b64 = old[:n].view(_U64), new[:n].view(_U64)  # 4 elements a load
     run: Any = _numba_ctxs_encode.ctxs_encode_cells
     out, rows = run(
-        old, new, s0, so, sn, so64 if wide else so64[:0], sn64 if wide else sn64[:0],
-        np.ascontiguousarray(table, dtype=np.int64), record.shift, record.cbits, width, record.classes,
-        record.k_pos, record.k_big_gap, record.k_big_val, record.k_n, record.k_n_big, float(alone[0]),
-        float(alone[1]), np.zeros((0, 2)) if others is None else np.ascontiguousarray(others, dtype=np.float64),
-        weight, finite_mask, np.empty(max(64, int(table[:, 1].sum()) // 32 if table.size else 64), np.uint8),
+        old, new, a64, b64, s0, np.ascontiguousarray(table, dtype=np.int64), record.shift, record.cbits, width,
+        record.classes, record.k_pos, record.k_big_gap, record.k_big_val, record.k_n, record.k_n_big,
+        float(alone[0]), float(alone[1]),
+        np.zeros((0, 2)) if others is None else np.ascontiguousarray(others, dtype=np.float64), weight, finite_mask,
+        np.empty(max(64, int(table[:, 1].sum()) // 32 if table.size else 64), np.uint8),
     )  # fmt: skip
     ends = rows[:, 2].tolist()
     raw = out[: ends[-1] if ends else 0].tobytes()
