@@ -165,70 +165,106 @@ def _grown(ch):
 
 
 @njit(cache=True, nogil=True)
-def _scan(old, new, a64, b64, stride, origin, w, start, stop, at, shift, mask, c4, ch, k):
-    """Rank the changes of elements ``start .. stop`` of a cell (its first element at ``origin``, rows
-    ``w`` elements wide and ``stride`` apart; chunk indices from ``at``) within their classes, in
-    place, counting every element's class in ``c4`` (four tables, one per 16-bit lane of a word, so
-    that a run of one class does not wait on one counter; a class's count is their sum); change
-    ``k``, ``k + 1``, ... into rows of ``ch`` (chunk index, rank, tensor index). Returns (k, where it
-    stopped): ``stop``, or before the first element whose changes would not fit (the caller grows
-    ``ch`` and goes on from there)."""
+def _run(old, new, a64, b64, b, end, base, cid, c4, t0, ch, k, shift, mask):
+    """Rank the changes of ``old[b : end]`` (chunk index of tensor index e: ``base + e``) within their
+    classes, counting every element's class in the tables ``c4[t0 : t0 + 4 * classes]`` (four, one per
+    16-bit lane of a word, so that a run of one class does not wait on one counter; a class's count
+    is their sum); change ``k``, ``k + 1``, ... into rows of ``ch`` (chunk index, rank, tensor index,
+    ``cid``). Returns (k, where it stopped): ``end``, or the first tensor index whose changes would
+    not fit (the caller grows ``ch`` and goes on from there)."""
     um = np.uint64(mask)  # unsigned indices: numba checks a signed one for wrapping around
-    n1, n2, n3 = um + np.uint64(1), np.uint64(2) * (um + np.uint64(1)), np.uint64(3) * (um + np.uint64(1))
+    n0 = np.uint64(t0)
+    n1, n2, n3 = n0 + um + np.uint64(1), n0 + np.uint64(2) * (um + np.uint64(1)), n0 + np.uint64(3) * (um + np.uint64(1))
     s0, s1, s2, s3 = np.uint64(shift), np.uint64(16 + shift), np.uint64(32 + shift), np.uint64(48 + shift)
     cap = ch.shape[0]
-    q = start // w
-    b = origin + q * stride + start - q * w  # the run's first tensor index
-    idx = start
-    while idx < stop:  # a row of the cell at a time
-        end = b + min(w - (idx - q * w), stop - idx)
-        base = at + idx - start - b  # chunk index of tensor index e: base + e
-        i = b
-        if a64.size:
-            while i < end and i % 4:
-                h = (np.uint64(old[i]) >> s0) & um
-                if old[i] != new[i]:
-                    if k == cap:
-                        return k, idx + i - b
-                    ch[k, 0], ch[k, 1], ch[k, 2] = base + i, c4[h] + c4[h + n1] + c4[h + n2] + c4[h + n3], i
-                    k += 1
-                c4[h] += 1
-                i += 1
-            for w64 in range(np.uint64(i // 4), np.uint64(end // 4)):
-                x = a64[w64]
-                c0 = (x >> s0) & um
-                c1 = ((x >> s1) & um) + n1
-                c2 = ((x >> s2) & um) + n2
-                c3 = ((x >> s3) & um) + n3
-                d = x ^ b64[w64]
-                if d != 0:
-                    e4 = 4 * np.int64(w64)
-                    if k + 4 > cap:
-                        return k, idx + e4 - b
-                    for j in range(4):
-                        if (d >> np.uint64(16 * j)) & np.uint64(0xFFFF):
-                            c = (x >> np.uint64(16 * j + shift)) & um
-                            r = c4[c] + c4[c + n1] + c4[c + n2] + c4[c + n3]
-                            r += (j > 0 and c0 == c) + (j > 1 and c1 == c + n1) + (j > 2 and c2 == c + n2)
-                            ch[k, 0], ch[k, 1], ch[k, 2] = base + e4 + j, r, e4 + j
-                            k += 1
-                c4[c0] += 1
-                c4[c1] += 1
-                c4[c2] += 1
-                c4[c3] += 1
-            i = max(i, end // 4 * 4)
-        for e in range(i, end):
-            t = (np.uint64(old[e]) >> s0) & um
-            if old[e] != new[e]:
+    i = b
+    if a64.size:
+        while i < end and i % 4:
+            h = (np.uint64(old[i]) >> s0) & um
+            if old[i] != new[i]:
                 if k == cap:
-                    return k, idx + e - b
-                ch[k, 0], ch[k, 1], ch[k, 2] = base + e, c4[t] + c4[t + n1] + c4[t + n2] + c4[t + n3], e
+                    return k, i
+                ch[k, 0], ch[k, 1], ch[k, 2], ch[k, 3] = base + i, c4[h + n0] + c4[h + n1] + c4[h + n2] + c4[h + n3], i, cid
                 k += 1
-            c4[t] += 1
+            c4[h + n0] += 1
+            i += 1
+        for w64 in range(np.uint64(i // 4), np.uint64(end // 4)):
+            x = a64[w64]
+            c0 = ((x >> s0) & um) + n0
+            c1 = ((x >> s1) & um) + n1
+            c2 = ((x >> s2) & um) + n2
+            c3 = ((x >> s3) & um) + n3
+            d = x ^ b64[w64]
+            if d != 0:
+                e4 = 4 * np.int64(w64)
+                if k + 4 > cap:
+                    return k, e4
+                for j in range(4):
+                    if (d >> np.uint64(16 * j)) & np.uint64(0xFFFF):
+                        c = (x >> np.uint64(16 * j + shift)) & um
+                        r = c4[c + n0] + c4[c + n1] + c4[c + n2] + c4[c + n3]
+                        r += (j > 0 and c0 == c + n0) + (j > 1 and c1 == c + n1) + (j > 2 and c2 == c + n2)
+                        ch[k, 0], ch[k, 1], ch[k, 2], ch[k, 3] = base + e4 + j, r, e4 + j, cid
+                        k += 1
+            c4[c0] += 1
+            c4[c1] += 1
+            c4[c2] += 1
+            c4[c3] += 1
+        i = max(i, end // 4 * 4)
+    for e in range(i, end):
+        t = (np.uint64(old[e]) >> s0) & um
+        if old[e] != new[e]:
+            if k == cap:
+                return k, e
+            ch[k, 0], ch[k, 1], ch[k, 2], ch[k, 3] = base + e, c4[t + n0] + c4[t + n1] + c4[t + n2] + c4[t + n3], e, cid
+            k += 1
+        c4[t + n0] += 1
+    return k, end
+
+
+@njit(cache=True, nogil=True)
+def _scan(old, new, a64, b64, stride, origin, w, start, stop, shift, mask, c4, ch):
+    """The changes of elements ``start .. stop`` of a cell (its first element at ``origin``, rows ``w``
+    elements wide and ``stride`` apart), a row at a time (:func:`_run`, one table set ``c4``):
+    (count, ``ch`` grown as needed)."""
+    c4[:] = 0
+    k = 0
+    q = start // w
+    b = origin + q * stride + start - q * w
+    idx = start
+    while idx < stop:
+        end = b + min(w - (idx - q * w), stop - idx)
+        base = idx - start - b
+        k, e = _run(old, new, a64, b64, b, end, base, 0, c4, 0, ch, k, shift, mask)
+        while e < end:  # the change rows were full
+            ch = _grown(ch)
+            k, e = _run(old, new, a64, b64, e, end, base, 0, c4, 0, ch, k, shift, mask)
         idx += end - b
         q += 1
         b = origin + q * stride
-    return k, stop
+    return k, ch
+
+
+@njit(cache=True, nogil=True)
+def _scan_band(old, new, a64, b64, stride, table, members, shift, mask, c4, ch):
+    """The changes of whole cells side by side in one row band (``table`` rows ``members``, each one
+    chunk), a tensor row at a time across them (the rows of a cell alone lie a stride apart, which
+    the hardware's prefetch follows badly): (count, ``ch`` grown as needed, with column 3 the
+    member's index)."""
+    tables = 4 * (mask + 1)
+    c4[: members.size * tables] = 0
+    k = 0
+    nrows = table[members[0], 1] // table[members[0], 3]
+    for q in range(nrows):
+        for m in range(members.size):
+            origin, w = table[members[m], 2], table[members[m], 3]
+            b = origin + q * stride
+            base = q * w - b
+            k, e = _run(old, new, a64, b64, b, b + w, base, m, c4, m * tables, ch, k, shift, mask)
+            while e < b + w:  # the change rows were full
+                ch = _grown(ch)
+                k, e = _run(old, new, a64, b64, e, b + w, base, m, c4, m * tables, ch, k, shift, mask)
+    return k, ch
 
 
 @njit(cache=True, nogil=True)
@@ -307,59 +343,84 @@ def _class_code(ov, nv, rank, shift, mask, width):
 
 
 @njit(cache=True, nogil=True)
+def _finish(old, new, ch, changed, count, shift, mask, width, rix, rkp, rkb, rkv, rkn, rknb, lo, hi, others, weight,
+            fmask, out, at):  # fmt: skip
+    """One chunk from its changes (``ch`` rows in position order): (kind, NaN / Inf count, out, its end)."""
+    ov = np.empty(changed, old.dtype)
+    nv = np.empty(changed, old.dtype)
+    for t in range(changed):
+        ov[t], nv[t] = old[ch[t, 2]], new[ch[t, 2]]
+    bad = 0
+    if fmask:
+        for t in range(changed):
+            bad += (np.int64(nv[t]) & fmask) == fmask
+    x = weight * changed
+    alone = lo * count <= x < hi * count
+    for r in range(others.shape[0]):
+        if others[r, 0] * count <= x < others[r, 1] * count:
+            alone = False
+    if bad or not alone:
+        return CELL_OTHER, bad, out, at
+    active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_gaps, big_vals, neg = _class_code(
+        ov, nv, ch[:changed, 1], shift, mask, width
+    )
+    out, at = _pack(out, at, changed, active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_gaps, big_vals, neg,
+                    rix, rkp, rkb, rkv, rkn, rknb)  # fmt: skip
+    return CELL_CTXS, 0, out, at
+
+
+@njit(cache=True, nogil=True)
 def ctxs_encode_cells(old, new, a64, b64, s0, table, shift, cbits, width, rc, rkp, rkb, rkv, rkn, rknb,
                       lo, hi, others, weight, fmask, out):  # fmt: skip
     """Code the cell chunks of one tensor (``old`` / ``new``: its row-major bits, rows ``s0`` elements
     apart; ``a64`` / ``b64``: their u64 views for 16-bit elements 8-byte aligned, else empty) against
     its class record (``rc`` its classes, then their ``k_pos``, ``k_big_gap``, ``k_big_val``, ``k_n``,
     ``k_n_big``). ``table`` rows: first cell element of the chunk, elements, the cell's origin in the
-    tensor, its row width in elements. A chunk is coded ``ctxs`` when ``lo * n <= weight * changed <
-    hi * n`` and no range of ``others`` (k x 2) holds it, and no new value has all the bits of
-    ``fmask`` (0: no check) set. Returns ``(out, rows)``: the payloads one after another in ``out``
-    (grown as needed), and per chunk (kind: ``CELL_NONE``, ``CELL_CTXS`` or ``CELL_OTHER`` of
-    :mod:`deltarl.codec.ctxs`; changed; the end of its payload in ``out``; its NaN / Inf count)."""
+    tensor, its row width in elements, a band (chunks of one band >= 0, each a whole cell, are scanned
+    side by side, a tensor row at a time; -1: alone). A chunk is coded ``ctxs`` when ``lo * n <=
+    weight * changed < hi * n`` and no range of ``others`` (k x 2) holds it, and no new value has all
+    the bits of ``fmask`` (0: no check) set. Returns ``(out, rows)``: the payloads in ``out`` (grown as
+    needed), and per chunk (kind: ``CELL_NONE``, ``CELL_CTXS`` or ``CELL_OTHER`` of
+    :mod:`deltarl.codec.ctxs`; changed; its payload's start and end in ``out``; its NaN / Inf count)."""
     mask = (1 << cbits) - 1
     rix = np.full(mask + 1, -1, np.int64)
     for i in range(rc.size):
         rix[rc[i]] = i
-    rows = np.zeros((table.shape[0], 4), np.int64)
-    c4 = np.zeros(4 * (mask + 1), np.int64)
-    ch = np.empty((1024, 3), np.int64)
+    n = table.shape[0]
+    rows = np.zeros((n, 5), np.int64)
+    c4 = np.zeros(4 * (mask + 1) * max(n, 1), np.int64)
+    ch = np.empty((1024, 4), np.int64)
+    done = np.zeros(n, np.bool_)
     at = 0
-    for i in range(table.shape[0]):
-        start, count, origin, w = table[i, 0], table[i, 1], table[i, 2], table[i, 3]
-        c4[:] = 0
-        changed, stop = _scan(old, new, a64, b64, s0, origin, w, start, start + count, 0, shift, mask, c4, ch, 0)
-        while stop < start + count:  # the change rows were full
-            ch = _grown(ch)
-            changed, stop = _scan(old, new, a64, b64, s0, origin, w, stop, start + count, stop - start, shift, mask, c4,
-                                  ch, changed)  # fmt: skip
-        rows[i, 1] = changed
-        rows[i, 2] = at
-        if changed == 0:
+    for i in range(n):
+        if done[i]:
             continue
-        ov = np.empty(changed, old.dtype)
-        nv = np.empty(changed, old.dtype)
-        for t in range(changed):
-            ov[t], nv[t] = old[ch[t, 2]], new[ch[t, 2]]
-        bad = 0
-        if fmask:
-            for t in range(changed):
-                bad += (np.int64(nv[t]) & fmask) == fmask
-        rows[i, 3] = bad
-        x = weight * changed
-        alone = lo * count <= x < hi * count
-        for r in range(others.shape[0]):
-            if others[r, 0] * count <= x < others[r, 1] * count:
-                alone = False
-        if bad or not alone:
-            rows[i, 0] = CELL_OTHER
-            continue
-        active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_gaps, big_vals, neg = _class_code(
-            ov, nv, ch[:changed, 1], shift, mask, width
-        )
-        out, at = _pack(out, at, changed, active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_gaps, big_vals, neg,
-                        rix, rkp, rkb, rkv, rkn, rknb)  # fmt: skip
-        rows[i, 0] = CELL_CTXS
-        rows[i, 2] = at
+        if table[i, 4] < 0:
+            members = np.full(1, i, np.int64)
+            k, ch = _scan(old, new, a64, b64, s0, table[i, 2], table[i, 3], table[i, 0], table[i, 0] + table[i, 1],
+                          shift, mask, c4, ch)  # fmt: skip
+        else:
+            members = np.flatnonzero(table[:, 4] == table[i, 4])
+            k, ch = _scan_band(old, new, a64, b64, s0, table, members, shift, mask, c4, ch)
+        first = np.zeros(members.size + 1, np.int64)  # each member's changes together (a stable count sort)
+        for t in range(k):
+            first[ch[t, 3] + 1] += 1
+        for m in range(members.size):
+            first[m + 1] += first[m]
+        mine = np.empty((k, 3), np.int64)
+        fill = first[:-1].copy()
+        for t in range(k):
+            m = ch[t, 3]
+            mine[fill[m], 0], mine[fill[m], 1], mine[fill[m], 2] = ch[t, 0], ch[t, 1], ch[t, 2]
+            fill[m] += 1
+        for m in range(members.size):
+            j = members[m]
+            done[j] = True
+            changed = first[m + 1] - first[m]
+            rows[j, 1], rows[j, 2], rows[j, 3] = changed, at, at
+            if changed == 0:
+                continue
+            kind, bad, out, at = _finish(old, new, mine[first[m] : first[m + 1]], changed, table[j, 1], shift, mask,
+                                         width, rix, rkp, rkb, rkv, rkn, rknb, lo, hi, others, weight, fmask, out, at)  # fmt: skip
+            rows[j, 0], rows[j, 3], rows[j, 4] = kind, at, bad
     return out, rows

@@ -386,7 +386,7 @@ def decode_cells(span: np.ndarray, s0: int, record: ClassRecord, raw: np.ndarray
 
 
 # Columns of :func:`encode_cells`' table, one row a cell chunk.
-ENCODE_COLUMNS = ("start", "count", "origin", "width")
+ENCODE_COLUMNS = ("start", "count", "origin", "width", "band")
 # What :func:`encode_cells` made of a chunk: no change, a ``ctxs`` payload, or left to the caller.
 CELL_NONE, CELL_CTXS, CELL_OTHER = 0, 1, 2
 
@@ -397,7 +397,8 @@ def encode_cells(old: np.ndarray, new: np.ndarray, s0: int, record: ClassRecord,
     """Code many cell chunks of one tensor in one numba call (what :func:`encode` gives each, byte for
     byte), each cut out of ``old`` / ``new`` (the tensor's row-major bits, rows ``s0`` elements apart):
     ``table`` (int64, one row a chunk, columns :data:`ENCODE_COLUMNS`: first element in the cell's
-    row-major order, elements, the cell's first element in the tensor, its row width in elements).
+    row-major order, elements, the cell's first element in the tensor, its row width in elements, a
+    band: whole cells of one row band >= 0 are scanned side by side, a tensor row at a time; -1 alone).
     A chunk with changes is coded here when ``alone[0] * n <= weight * changed < alone[1] * n`` (of
     its ``n`` elements) and no range ``(low, high)`` of ``others`` holds it, and none of its new values
     has every bit of ``finite_mask`` set; else it is left to the caller. Returns (per chunk: kind
@@ -420,7 +421,6 @@ def encode_cells(old: np.ndarray, new: np.ndarray, s0: int, record: ClassRecord,
         np.zeros((0, 2)) if others is None else np.ascontiguousarray(others, dtype=np.float64), weight, finite_mask,
         np.empty(max(64, int(table[:, 1].sum()) // 32 if table.size else 64), np.uint8),
     )  # fmt: skip
-    ends = rows[:, 2].tolist()
-    raw = out[: ends[-1] if ends else 0].tobytes()
-    payloads = [raw[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-    return rows[:, [0, 1, 3]], payloads
+    raw = out[: int(rows[:, 3].max()) if rows.size else 0].tobytes()
+    payloads = [raw[a:b] for a, b in rows[:, 2:4].tolist()]
+    return rows[:, [0, 1, 4]], payloads

@@ -255,10 +255,11 @@ def _encode_cells(task: CellChunks, codec: str, finite: bool, record: ClassRecor
     spec, grid, old, new = task.spec, task.grid, task.old, task.new
     batch = None
     if record is not None and codec in ("auto", _CTXS.name):
-        table = np.empty((len(task.chunks), 4), dtype=np.int64)
+        table = np.empty((len(task.chunks), 5), dtype=np.int64)
         for i, (cell, start, count) in enumerate(task.chunks):
-            r0, _, c0, c1 = grid.rect(cell)
-            table[i] = start, count, r0 * grid.row_elems + c0 * grid.inner, (c1 - c0) * grid.inner
+            r0, r1, c0, c1 = grid.rect(cell)
+            whole = start == 0 and count == (r1 - r0) * (c1 - c0) * grid.inner
+            table[i] = start, count, r0 * grid.row_elems + c0 * grid.inner, (c1 - c0) * grid.inner, r0 if whole else -1
         batch = ctxs.encode_cells(old, new, grid.row_elems, record, table, finite_mask=exponent_mask(spec.dtype) if finite else 0,
                                   **_cells_rule(codec, old.dtype.itemsize))  # fmt: skip
     out: list[Encoded] = []
