@@ -1,14 +1,15 @@
 """numba ``ctxs`` encoder: a tensor's cell chunks coded against its class record in one call.
 
 Per chunk, as ``ctxs.encode`` does chunk by chunk (and byte for byte the same): its changes found
-and ranked in their classes (the record's class field) by a scan of the cell's rows in place (no
-copy, no chunk-sized arrays; four counter tables, one per 16-bit lane of a word), their ctx code
-built in class-major order as ``_numba_kernels._ctx_arrays`` builds it, and, where ``ctxs`` is the codec ``auto`` would choose alone, its payload
-packed: the extra classes, one Rice code (``_numba_bits.rice_encode``) of the class counts, the
-large-value counts, the rank gaps, the large-value gaps and the large values in the record's class
-order (then the extra classes'), and the signs after the last remainder bit (docs/FORMAT.md, codec 6).
-A chunk another codec could code (``sparse``, ``dense``), or one with a NaN or Inf among its new
-values, is left to the caller's chunk-by-chunk path.
+and ranked in their classes (the record's class field) by a scan of the cell's rows where they lie
+(no copy, no chunk-sized arrays; whole cells of one row band side by side, a tensor row at a time;
+four class-counter tables, one per 16-bit lane of a word), their ctx code built in class-major order
+as ``_numba_kernels._ctx_arrays`` builds it, and, where ``ctxs`` is the codec ``auto`` would choose
+alone, its payload packed: the extra classes, one Rice code (``_numba_bits.rice_encode``) of the
+class counts, the large-value counts, the rank gaps, the large-value gaps and the large values in
+the record's class order (then the extra classes'), and the signs after the last remainder bit
+(docs/FORMAT.md, codec 6). A chunk another codec could code (``sparse``, ``dense``), or one with a
+NaN or Inf among its new values, is left to the caller's chunk-by-chunk path.
 """
 # mypy: ignore-errors
 

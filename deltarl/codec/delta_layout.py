@@ -32,13 +32,12 @@ CELL_COARSE_CHANGES = 4096
 # ``auto`` cuts a tensor into cells only when a cell will hold this many changes on average. A cell
 # chunk coded ``ctxs`` costs ~20 bytes of its own (its classes' parameters are its tensor's class
 # record), so from ~64 changes a cell its bytes beat the tensor's sparse row-major chunks: a
-# Qwen3-30B-A3B-shaped layer at 1% (experts: ~245 changes a cell) is then 1.11x format 1 where 1.35x,
-# and a TP 2 rank reads 0.62-0.65x of it where 0.69x. The bound stays at 288 for what cells cost the
-# writer and the TP 1 reader (benchmarks/sharded_read.py --moe-experts 32): encode 3.02 s where
-# 0.106 s (each cell's coding is ~0.5 ms of Python that holds the GIL, so more threads do not help:
-# a whole 30B-A3B would take minutes a version) and TP 1 staging 345 ms where 113 ms. Dense
-# projections at RL densities hold thousands of changes a cell and are cut either way.
-CELL_MIN_CHANGES = 288
+# Qwen3-30B-A3B-shaped layer at 1% (experts: ~245 changes a cell) is 1.11x format 1 where its
+# row-banded experts were 1.39x, and a TP 2 rank reads 0.62-0.65x of it where 0.68-0.72x
+# (benchmarks/sharded_read.py --moe-experts 32). The writer codes a tensor's cells in one numba call
+# a quarter (encode.py, ctxs.encode_cells): that layer encodes in 0.28 s at 64 where 0.52 s with the
+# experts in row bands (288) and 0.11 s with no cells at all; one cell at a time it took 2.5-3.0 s.
+CELL_MIN_CHANGES = 64
 # A row-major tensor is cut at its grid's row bands only when a band will hold this many changes.
 BAND_MIN_CHANGES = 256
 
