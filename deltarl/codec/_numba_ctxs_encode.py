@@ -248,19 +248,19 @@ def _scan(old, new, a64, b64, stride, origin, w, start, stop, shift, mask, c4, c
 
 @njit(cache=True, nogil=True)
 def _scan_band(old, new, a64, b64, stride, table, members, shift, mask, c4, ch):
-    """The changes of whole cells side by side in one row band (``table`` rows ``members``, each one
-    chunk), a tensor row at a time across them (the rows of a cell alone lie a stride apart, which
+    """The changes of chunks side by side in one row band (``table`` rows ``members``: chunks of the
+    same whole rows of their cells), a tensor row at a time across them (the rows of a cell alone lie a stride apart, which
     the hardware's prefetch follows badly): (count, ``ch`` grown as needed, with column 3 the
     member's index)."""
     tables = 4 * (mask + 1)
     c4[: members.size * tables] = 0
     k = 0
-    nrows = table[members[0], 1] // table[members[0], 3]
-    for q in range(nrows):
+    q0 = table[members[0], 0] // table[members[0], 3]
+    for q in range(q0, q0 + table[members[0], 1] // table[members[0], 3]):
         for m in range(members.size):
-            origin, w = table[members[m], 2], table[members[m], 3]
+            start, origin, w = table[members[m], 0], table[members[m], 2], table[members[m], 3]
             b = origin + q * stride
-            base = q * w - b
+            base = q * w - start - b
             k, e = _run(old, new, a64, b64, b, b + w, base, m, c4, m * tables, ch, k, shift, mask)
             while e < b + w:  # the change rows were full
                 ch = _grown(ch)
@@ -377,8 +377,8 @@ def ctxs_encode_cells(old, new, a64, b64, s0, table, shift, cbits, width, rc, rk
     apart; ``a64`` / ``b64``: their u64 views for 16-bit elements 8-byte aligned, else empty) against
     its class record (``rc`` its classes, then their ``k_pos``, ``k_big_gap``, ``k_big_val``, ``k_n``,
     ``k_n_big``). ``table`` rows: first cell element of the chunk, elements, the cell's origin in the
-    tensor, its row width in elements, a band (chunks of one band >= 0, each a whole cell, are scanned
-    side by side, a tensor row at a time; -1: alone). A chunk is coded ``ctxs`` when ``lo * n <=
+    tensor, its row width in elements, a band (chunks of one band >= 0, the same whole rows of cells
+    in one row band, are scanned side by side, a tensor row at a time; -1: alone). A chunk is coded ``ctxs`` when ``lo * n <=
     weight * changed < hi * n`` and no range of ``others`` (k x 2) holds it, and no new value has all
     the bits of ``fmask`` (0: no check) set. Returns ``(out, rows)``: the payloads in ``out`` (grown as
     needed), and per chunk (kind: ``CELL_NONE``, ``CELL_CTXS`` or ``CELL_OTHER`` of

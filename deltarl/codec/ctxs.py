@@ -398,7 +398,8 @@ def encode_cells(old: np.ndarray, new: np.ndarray, s0: int, record: ClassRecord,
     byte), each cut out of ``old`` / ``new`` (the tensor's row-major bits, rows ``s0`` elements apart):
     ``table`` (int64, one row a chunk, columns :data:`ENCODE_COLUMNS`: first element in the cell's
     row-major order, elements, the cell's first element in the tensor, its row width in elements, a
-    band: whole cells of one row band >= 0 are scanned side by side, a tensor row at a time; -1 alone).
+    band: chunks of one band >= 0, the same whole rows of cells in one row band, are scanned side by
+    side, a tensor row at a time; -1 alone).
     A chunk with changes is coded here when ``alone[0] * n <= weight * changed < alone[1] * n`` (of
     its ``n`` elements) and no range ``(low, high)`` of ``others`` holds it, and none of its new values
     has every bit of ``finite_mask`` set; else it is left to the caller. Returns (per chunk: kind

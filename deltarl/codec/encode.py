@@ -256,13 +256,15 @@ def _encode_cells(task: CellChunks, codec: str, finite: bool, record: ClassRecor
     batch = None
     if record is not None and codec in ("auto", _CTXS.name):
         table = np.empty((len(task.chunks), 5), dtype=np.int64)
+        bands: dict[tuple[int, ...], int] = {}  # chunks of the same whole rows of cells in a row band
         for i, (cell, start, count) in enumerate(task.chunks):
             r0, r1, c0, c1 = grid.rect(cell)
             width = (c1 - c0) * grid.inner
-            whole = start == 0 and count == (r1 - r0) * width
             if c1 - c0 == grid.cols:  # the cell's rows are whole rows: one run (a 1-D tensor's cells too)
                 width *= r1 - r0
-            table[i] = start, count, r0 * grid.row_elems + c0 * grid.inner, width, r0 if whole else -1
+            rows = start % width == 0 and count % width == 0
+            band = bands.setdefault((r0, start, count, width), len(bands)) if rows else -1
+            table[i] = start, count, r0 * grid.row_elems + c0 * grid.inner, width, band
         batch = ctxs.encode_cells(old, new, grid.row_elems, record, table, finite_mask=exponent_mask(spec.dtype) if finite else 0,
                                   **_cells_rule(codec, old.dtype.itemsize))  # fmt: skip
     out: list[Encoded] = []

@@ -22,7 +22,7 @@ from deltarl.errors import NonFiniteTensor
 
 WIDTH = {"bfloat16": 16, "float16": 16, "float32": 32, "float8_e4m3fn": 8, "float8_e5m2": 8}
 NAN = {"bfloat16": 0x7FC0, "float16": 0x7E00, "float32": 0x7FC00000, "float8_e4m3fn": 0x7F, "float8_e5m2": 0x7E}
-SHAPES = [(64, 64), (72, 40), (130, 24), (40, 8, 3), (1000,), (9, 700), (256, 9)]
+SHAPES = [(64, 64), (72, 40), (130, 24), (40, 8, 3), (1000,), (9, 700), (256, 9), (16, 72)]  # (16, 72): cells 16 and 8 wide
 SETTINGS = settings(max_examples=80, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
 
@@ -93,6 +93,21 @@ def test_batched_cells_are_the_bytes_of_chunk_by_chunk(case: tuple, codec: str, 
     got = [res for *_, res in _encode_cells(task, codec, nan, rec)]
     assert got == want
     assert [(c, s, n) for _, c, s, n, _ in _encode_cells(task, codec, nan, rec)] == chunks
+
+
+def test_cells_of_two_widths_in_one_band() -> None:
+    """Chunks of a row band's cells scanned side by side span the same rows only when their cells are
+    as wide: (16, 72)'s last column of cells is 8 wide where the others are 16, and chunks of 64
+    elements are 4 rows of one and 8 of the other."""
+    rng = np.random.default_rng(0)
+    old = (0x3C00 + rng.integers(0, 0x400, 16 * 72)).astype(np.uint16)
+    new = old.copy()
+    new[rng.random(old.size) < 0.3] += 1
+    grid = Grid((16, 72))
+    chunks = [(c, a, min(grid.numel(c), a + 64) - a) for c in grid.cells for a in range(0, grid.numel(c), 64)]
+    rec = choose_record(old, new, "bfloat16", 64, (8, 7))
+    task = CellChunks(TensorSpec("t", "bfloat16", (16, 72)), grid, chunks, old, new)
+    assert [res for *_, res in _encode_cells(task, "ctxs", False, rec)] == _one_by_one(task, "ctxs", False, rec)
 
 
 def _state(seed: int) -> tuple[dict, dict]:
