@@ -33,9 +33,11 @@ vllm-venv: $(VLLM_STAMP)
 
 # the tests against vLLM's real engine (they are not collected in the main venv, which has no vLLM);
 # two workers, a test file each at a time: an engine's start is mostly one thread importing and
-# loading, so two overlap on two cores (~480 s where one worker took ~595 s on a loaded box)
+# loading, so two overlap on two cores (~480 s where one worker took ~595 s on a loaded box); the
+# slowest files are collected first (tests/integration/vllm/conftest.py). Three workers were tried on
+# a fresh clone: no faster (548 s) and they raced vLLM's own shutdown (see docs/RELIABILITY.md)
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_BIN)/pytest -q -n 3 --dist loadfile -p no:cacheprovider tests/integration/vllm
+	$(VLLM_BIN)/pytest -q -n 2 --dist loadfile -p no:cacheprovider tests/integration/vllm
 
 # the support window's other end: the trainer-side engine against vLLM 0.33's and 0.34's own
 # WeightSource (their pure-Python modules, no compiled parts, ahead of the installed 0.32 build)
@@ -59,7 +61,7 @@ test: $(STAMP)
 	$(BIN)/ruff check deltarl tests benchmarks
 	$(BIN)/mypy > .mypy.log 2>&1 & types=$$!; \
 	  $(MAKE) --no-print-directory vllm-venv > $(VLLM_VENV).log 2>&1 & venv=$$!; \
-	  rc=0; $(BIN)/pytest -q -n 3 || rc=$$?; \
+	  rc=0; $(BIN)/pytest -q -n 2 || rc=$$?; \
 	  if wait $$types; then tail -1 .mypy.log; else cat .mypy.log; echo "mypy failed"; rc=1; fi; \
 	  wait $$venv || { cat $(VLLM_VENV).log; echo "building $(VLLM_VENV) failed"; exit 1; }; \
 	  exit $$rc
