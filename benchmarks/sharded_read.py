@@ -31,7 +31,7 @@ import torch
 from benchmarks._format1 import format1_bytes
 from benchmarks._scale_moe import BIG, layer_shapes, step
 from benchmarks._scale_state import MODELS, _to_bf16_bits, qwen3_specs
-from deltarl.codec import BF16, encode_delta, read_segment_header, stage_delta
+from deltarl.codec import BF16, delta_layout, encode_delta, read_segment_header, stage_delta
 from deltarl.codec.grid import Grid
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.regions import Region, plan_chunks
@@ -249,21 +249,28 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--moe-experts", type=int, default=0,
                         help="measure Qwen3-30B-A3B's layer 0 with this many experts instead of --model")
+    parser.add_argument("--cell-min-changes", type=int, default=None,
+                        help="cut a tensor into cells from this many changes a cell (default: the encoder's bound)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds (the CI test)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if args.quick:
         args.model, args.layers, args.plan_layers, args.repeat = "tiny", 2, 2, 1
+    if args.cell_min_changes is not None:
+        delta_layout.CELL_MIN_CHANGES = args.cell_min_changes
     dense = run_dense(args.model, args.layers, args.repeat, args.moe_experts)
     plan = run_plan(args.plan_layers)
     model = f"30b-a3b-layer-{args.moe_experts}-experts" if args.moe_experts else args.model
     result = {"model": model, "layers": 1 if args.moe_experts else args.layers, "threads": worker_threads(),
+              "cell_min_changes": delta_layout.CELL_MIN_CHANGES,
               "machine": platform.machine(), "quick": args.quick, "dense_1pct": dense, "plan_235b": plan}  # fmt: skip
     what = (f"Qwen3-30B-A3B layer 0 with {args.moe_experts} experts" if args.moe_experts else
             f"Qwen3-{args.model} shapes, embedding + {args.layers} layers")  # fmt: skip
     print(f"{what}, {dense['elements'] / 1e6:.0f}M elements, {dense['changed'] / dense['elements']:.2%} changed")
     print(f"  bytes: format 2 {dense['bytes_format2']:,}  format 2 without cells {dense['bytes_format2_no_cells']:,}  "
           f"format 1 {dense['bytes_format1']:,}  -> {dense['format2_vs_format1']:.3f}x format 1 (target <= 1.03)")  # fmt: skip
+    print(f"  encode (best of {args.repeat}, {worker_threads()} threads, cells from {delta_layout.CELL_MIN_CHANGES} changes): "
+          f"{dense['encode_s_format2']:.3f} s, without cells {dense['encode_s_no_cells']:.3f} s")  # fmt: skip
     print(
         f"  TP 1 stage {dense['tp1_stage_s'] * 1e3:.0f} ms (without cells {dense['tp1_stage_s_no_cells'] * 1e3:.0f} ms)"
     )

@@ -6,6 +6,7 @@ writes")."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,13 +32,12 @@ CELL_COARSE_CHANGES = 4096
 # ``auto`` cuts a tensor into cells only when a cell will hold this many changes on average. A cell
 # chunk coded ``ctxs`` costs ~20 bytes of its own (its classes' parameters are its tensor's class
 # record), so from ~64 changes a cell its bytes beat the tensor's sparse row-major chunks: a
-# Qwen3-30B-A3B-shaped layer at 1% (experts: ~245 changes a cell) is then 1.11x format 1 where 1.35x,
-# and a TP 2 rank reads 0.62-0.65x of it where 0.69x. The bound stays at 288 for what cells cost the
-# writer and the TP 1 reader (benchmarks/sharded_read.py --moe-experts 32): encode 3.02 s where
-# 0.106 s (each cell's coding is ~0.5 ms of Python that holds the GIL, so more threads do not help:
-# a whole 30B-A3B would take minutes a version) and TP 1 staging 345 ms where 113 ms. Dense
-# projections at RL densities hold thousands of changes a cell and are cut either way.
-CELL_MIN_CHANGES = 288
+# Qwen3-30B-A3B-shaped layer at 1% (experts: ~245 changes a cell) is 1.11x format 1 where its
+# row-banded experts were 1.39x, and a TP 2 rank reads 0.62-0.65x of it where 0.68-0.72x
+# (benchmarks/sharded_read.py --moe-experts 32). The writer codes a tensor's cells in one numba call
+# a quarter (encode.py, ctxs.encode_cells): that layer encodes in 0.28 s at 64 where 0.52 s with the
+# experts in row bands (288) and 0.11 s with no cells at all; one cell at a time it took 2.5-3.0 s.
+CELL_MIN_CHANGES = 64
 # A row-major tensor is cut at its grid's row bands only when a band will hold this many changes.
 BAND_MIN_CHANGES = 256
 
@@ -85,10 +85,11 @@ def host(value: Any) -> Any:
 
 
 def delta_tasks(table: list[TensorSpec], old: Mapping[str, Any], new: Mapping[str, Any], step: int, cells: bool,
-                 codec: str, records: dict[str, ClassRecord]) -> Iterator[Task]:  # fmt: skip
+                 codec: str, records: dict[str, ClassRecord]) -> Iterator[Task | CellChunks]:  # fmt: skip
     """The chunks of a delta in the order segments hold them: row-major tensors first (small ones,
     every rank reads them whole), then by Z-order quarter the cells of the tiled tensors (in each
-    quarter the tensors of a kind together, each tensor's cells in Z order), with the top row bands
+    quarter the tensors of a kind together, each tensor's cells in Z order, one :class:`CellChunks`
+    a tensor and quarter), with the top row bands
     of the banded tensors (:func:`_bands`) after quarter 0 and the bottom ones after quarter 2: a
     TP 2 rank's part is then one run (rows: quarters 0, 1 or 2, 3 with their bands) or two. Fills
     ``records`` with the class record of each tiled tensor (``auto``) or of every tensor (``ctxs``)."""
@@ -114,11 +115,11 @@ def delta_tasks(table: list[TensorSpec], old: Mapping[str, Any], new: Mapping[st
     banded.sort(key=lambda item: (kind_of(item[0].name), item[0].name))
     for quarter in range(4):
         for spec, grid, o, n in tiled:
-            for cell in MORTON_ORDER[16 * quarter : 16 * quarter + 16]:
-                if grid.has(cell):
-                    size = grid.numel(cell)
-                    for start in range(0, size, step):  # the worker copies the cell's rows
-                        yield spec, cell, start, min(size, start + step) - start, o, n
+            chunks = [(cell, start, min(grid.numel(cell), start + step) - start)
+                      for cell in MORTON_ORDER[16 * quarter : 16 * quarter + 16] if grid.has(cell)
+                      for start in range(0, grid.numel(cell), step)]  # fmt: skip
+            if chunks:  # the worker copies the cells' rows
+                yield CellChunks(spec, grid, chunks, o, n)
         if quarter in (0, 2):
             for spec, grid, o, n in banded:
                 yield from _bands(spec, grid, o, n, step, quarter // 2)
@@ -177,3 +178,16 @@ def _bands(spec: TensorSpec, grid: Grid, o: np.ndarray, n: np.ndarray, step: int
 # One chunk to encode: the tensor, its cell (FLAT: row-major), the first index, the element count,
 # old and new bits (of the chunk; of the whole tensor for a cell's chunk, cut out by the worker).
 Task = tuple[TensorSpec, int, int, int, np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
+class CellChunks:
+    """Cell chunks of one tiled tensor to encode together (one Z-order quarter of its cells):
+    ``chunks`` are ``(cell, first index in the cell's enumeration, elements)`` in segment order;
+    ``old`` / ``new`` the whole tensor's row-major bits (the worker cuts the cells out)."""
+
+    spec: TensorSpec
+    grid: Grid
+    chunks: list[tuple[int, int, int]]
+    old: np.ndarray
+    new: np.ndarray

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from deltarl.codec import kernels, registry
+from deltarl.codec import ctxs, kernels, registry
 from deltarl.codec.chunk import Changes
 from deltarl.codec.classes import rank_classes
 from deltarl.codec.ctxs import ClassRecord
@@ -18,13 +18,14 @@ from deltarl.codec.delta_layout import (
     CELL_COARSE_CHANGES,
     SAMPLE_BLOCK,
     SAMPLE_BLOCKS,
+    CellChunks,
     Task,
     class_record,
     delta_tasks,
     host,
     sample,
 )
-from deltarl.codec.finite import nonfinite_bits
+from deltarl.codec.finite import exponent_mask, nonfinite_bits
 from deltarl.codec.grid import Grid
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.segment import FLAT, ChunkInfo, pack_segment
@@ -212,33 +213,81 @@ def _encode_named(spec: TensorSpec, cell: int, start: int, count: int, old: np.n
 
 
 def _encoded(
-    tasks: Iterator[Task], codec: str, threads: int, finite: bool = False, part_safe: bool = False,
+    tasks: Iterator[Task | CellChunks], codec: str, threads: int, finite: bool = False, part_safe: bool = False,
     records: Mapping[str, ClassRecord] | None = None,
-) -> Iterator[tuple[TensorSpec, int, int, int, tuple[str, int, bytes]]]:
-    """Encode chunks in order, ``threads`` at a time (the kernels release the GIL). ``part_safe``:
+) -> Iterator[Encoded]:
+    """Encode chunks in order, ``threads`` tasks at a time (the kernels release the GIL). ``part_safe``:
     ``auto`` codes row-major chunks with codecs that find the changes without the base. ``records``:
     the tensors' class records (``auto`` uses one for cell chunks, ``ctxs`` for every chunk)."""
     records = {} if records is None else records
 
-    def record(spec: TensorSpec, cell: int) -> ClassRecord | None:
-        return records.get(spec.name) if cell != FLAT or codec == _CTXS.name else None
+    def work(task: Task | CellChunks) -> list[Encoded]:
+        if isinstance(task, CellChunks):
+            return _encode_cells(task, codec, finite, records.get(task.spec.name))
+        spec, cell, start, count, o, n = task
+        record = records.get(spec.name) if cell != FLAT or codec == _CTXS.name else None
+        return [(spec, cell, start, count, _encode_named(spec, cell, start, count, o, n, codec, finite, part_safe,
+                                                         record))]  # fmt: skip
 
     if threads <= 1:
-        for spec, cell, start, count, o, n in tasks:
-            yield spec, cell, start, count, _encode_named(spec, cell, start, count, o, n, codec, finite, part_safe,
-                                                          record(spec, cell))  # fmt: skip
+        for task in tasks:
+            yield from work(task)
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="deltarl-encode") as pool:
-        window: deque[tuple[TensorSpec, int, int, int, Future[tuple[str, int, bytes]]]] = deque()
-        for spec, cell, start, count, o, n in tasks:
-            fut = pool.submit(_encode_named, spec, cell, start, count, o, n, codec, finite, part_safe, record(spec, cell))
-            window.append((spec, cell, start, count, fut))
+        window: deque[Future[list[Encoded]]] = deque()
+        for task in tasks:
+            window.append(pool.submit(work, task))
             if len(window) > 2 * threads:
-                s, g, st, c, f = window.popleft()
-                yield s, g, st, c, f.result()
+                yield from window.popleft().result()
         while window:
-            s, g, st, c, f = window.popleft()
-            yield s, g, st, c, f.result()
+            yield from window.popleft().result()
+
+
+# One encoded chunk: the tensor, its cell (FLAT: row-major), first index, elements, (codec, changed, payload).
+Encoded = tuple[TensorSpec, int, int, int, tuple[str, int, bytes]]
+
+
+def _encode_cells(task: CellChunks, codec: str, finite: bool, record: ClassRecord | None) -> list[Encoded]:
+    """A tiled tensor's cell chunks: those ``auto`` (or ``ctxs`` by name) codes ``ctxs`` in one numba
+    call (:func:`deltarl.codec.ctxs.encode_cells`, the bytes of :func:`encode_chunk`), the others
+    (``sparse`` or ``dense`` may code them, or a NaN / Inf to report), and every chunk without numba
+    or a class record, chunk by chunk."""
+    spec, grid, old, new = task.spec, task.grid, task.old, task.new
+    batch = None
+    if record is not None and codec in ("auto", _CTXS.name):
+        table = np.empty((len(task.chunks), 5), dtype=np.int64)
+        for i, (cell, start, count) in enumerate(task.chunks):
+            r0, r1, c0, c1 = grid.rect(cell)
+            width = (c1 - c0) * grid.inner
+            whole = start == 0 and count == (r1 - r0) * width
+            if c1 - c0 == grid.cols:  # the cell's rows are whole rows: one run (a 1-D tensor's cells too)
+                width *= r1 - r0
+            table[i] = start, count, r0 * grid.row_elems + c0 * grid.inner, width, r0 if whole else -1
+        batch = ctxs.encode_cells(old, new, grid.row_elems, record, table, finite_mask=exponent_mask(spec.dtype) if finite else 0,
+                                  **_cells_rule(codec, old.dtype.itemsize))  # fmt: skip
+    out: list[Encoded] = []
+    for i, (cell, start, count) in enumerate(task.chunks):
+        if batch is None or batch[0][i, 0] == ctxs.CELL_OTHER:
+            res = _encode_named(spec, cell, start, count, old, new, codec, finite, False, record)
+        elif batch[0][i, 0] == ctxs.CELL_NONE:
+            res = registry.NONE, 0, b""
+        else:
+            res = _CTXS.name, int(batch[0][i, 1]), batch[1][i]
+        out.append((spec, cell, start, count, res))
+    return out
+
+
+def _cells_rule(codec: str, itemsize: int) -> dict[str, Any]:
+    """When :func:`encode_chunk` codes a cell chunk ``ctxs`` (the :func:`ctxs.encode_cells` arguments):
+    by name always; ``auto`` when ``ctx``'s range is the only one of its codecs' that holds the chunk's
+    changes (8-bit elements weighing a change double, as there)."""
+    if codec == _CTXS.name:
+        return {}
+    ctx = registry.by_name("ctx")
+    assert ctx.auto is not None
+    others = [c.auto for c in registry.AUTO if c is not ctx and c.auto is not None]
+    return {"alone": ctx.auto, "others": np.array(others, dtype=np.float64).reshape(-1, 2),
+            "weight": 2 if itemsize == 1 else 1}  # fmt: skip
 
 
 def iter_encode_rows(
@@ -307,7 +356,7 @@ def iter_encode_rows(
 
 
 def _segments(
-    tasks: Iterator[Task],
+    tasks: Iterator[Task | CellChunks],
     base: str,
     segment_bytes: int,
     segment_changes: int,

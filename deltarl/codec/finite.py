@@ -51,6 +51,13 @@ def nonfinite_bits(bits: np.ndarray, dtype: str) -> int:
     return _count_bits(bits.view(spec[0]), spec[1])
 
 
+def exponent_mask(dtype: str) -> int:
+    """The bits that are all ones in a NaN or Inf of ``dtype`` (e4m3fn: its NaN), 0 for a dtype that
+    is not floating: a batched encoder counts :func:`nonfinite_bits` with it."""
+    spec = _MASKS.get(dtype)
+    return 0 if spec is None else spec[1]
+
+
 def _torch_nonfinite(t: Any) -> int:
     import torch
 
