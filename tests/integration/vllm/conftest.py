@@ -114,15 +114,3 @@ def served(vllm_run: Run) -> Iterator[Any]:
     yield llm
     shut(llm)
 
-
-#: The slowest files first (seconds on two workers of a 2-core box, 2026-12-06): ``make test-vllm``
-#: hands whole files to its workers (``--dist loadfile``) in collection order, so the longest one
-#: must not start last and hold the suite up alone
-SLOWEST_FIRST = ["test_parallel", "test_serve_sync", "test_engine", "test_engine_faults", "test_demo"]
-
-
-@pytest.hookimpl(trylast=True)  # after pytest has ordered each file's tests by their fixtures
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Collect the slowest files first; a file's own tests keep their order."""
-    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
