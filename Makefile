@@ -35,8 +35,7 @@ vllm-venv: $(VLLM_STAMP)
 # two workers, a test file each at a time: an engine's start is mostly one thread importing and
 # loading, so two overlap on two cores (~480 s where one worker took ~595 s on a loaded box). Tried
 # on fresh clones and dropped: three workers (548 s, and they raced vLLM's own shutdown, see
-# docs/RELIABILITY.md); the slowest files first (611 and 614 s: test_parallel's TP 2 engines then
-# run beside serve-sync's two servers)
+# docs/RELIABILITY.md); the slowest files first (611, 614 and 539 s: no gain over the plain order)
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/pytest -q -n 2 --dist loadfile -p no:cacheprovider tests/integration/vllm
 
