@@ -33,7 +33,9 @@ vllm-venv: $(VLLM_STAMP)
 
 # the tests against vLLM's real engine (they are not collected in the main venv, which has no vLLM);
 # two workers, a test file each at a time: an engine's start is mostly one thread importing and
-# loading, so two overlap on two cores (~480 s where one worker took ~595 s on a loaded box)
+# loading, so two overlap on two cores (~480 s where one worker took ~595 s on a loaded box). Tried
+# on fresh clones and dropped: three workers (548 s, and they raced vLLM's own shutdown, see
+# docs/RELIABILITY.md); the slowest files first (611, 614 and 539 s: no gain over the plain order)
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/pytest -q -n 2 --dist loadfile -p no:cacheprovider tests/integration/vllm
 

@@ -231,7 +231,7 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     dense = llm.collective_rpc(vllm_runs.worker_dense_reload)[0] if whole_model_paths else float("nan")
     print(f"dense load_weights {dense * 1e3:.0f} ms", flush=True)
     mem2 = _memory(llm)
-    llm.llm_engine.engine_core.shutdown()
+    vllm_runs.shut_engine(llm)
     keys = ("fetch_s", "decode_s", "pause_s", "scatter_s", *(("vllm_sparse_s",) if whole_model_paths else ()))
     med = {k: statistics.median(r[k] for r in rows) for k in keys}
     med["vllm_sparse_s"] = med.get("vllm_sparse_s", float("nan"))

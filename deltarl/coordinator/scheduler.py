@@ -215,6 +215,8 @@ class Scheduler:
         weights = dict.fromkeys(rates, 1.0) if self.config.policy == "equal" else rates
         total = self._pool_tokens() + sum(outstanding.values())
         wsum = sum(weights.values())
+        if wsum <= 0.0:  # no speed known above zero: equal shares
+            weights, wsum = dict.fromkeys(rates, 1.0), float(len(rates))
         return {aid: total * weights[aid] / wsum - outstanding[aid] for aid in outstanding}
 
     def shares(self) -> dict[str, int]:
@@ -288,8 +290,9 @@ class Scheduler:
             del st.leased[pid]
         st.pool.push_front(back)
         self.counters[f"leases_{status.value}"] += 1
-        if status is LeaseStatus.EXPIRED:  # it could not do the work in time: it is at most this fast
-            actor = self.actors[rec.actor_id]
+        if status is LeaseStatus.EXPIRED and rec.expected_tokens > 0:  # it could not do the work in time: it is
+            actor = self.actors[rec.actor_id]                          # at most this fast (a lease that expected no
+                                                                       # tokens says nothing of its speed)
             bound = rec.expected_tokens / max(self.now() - rec.granted_at, 1e-6)
             if bound < self.rate_of(rec.actor_id):
                 actor.rate, actor.measured = bound, True

@@ -3,6 +3,7 @@ versions that change a fraction of its BF16 elements (never a download)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from deltarl.model.checkpoint import write_checkpoint
@@ -10,7 +11,7 @@ from deltarl.model.checkpoint import write_checkpoint
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["changes_between", "evolve", "write_checkpoint"]
+__all__ = ["changes_between", "evolve", "shut_engine", "write_checkpoint"]
 
 
 def evolve(state: dict[str, torch.Tensor], fraction: float, seed: int) -> dict[str, torch.Tensor]:
@@ -113,3 +114,31 @@ def worker_scatter(worker: Any, path: str, repeats: int = 5) -> dict[str, Any]:
             views[name].view(-1).index_copy_(0, idx, vals)
         times.append(time.perf_counter() - t0)
     return {"scatter_s": statistics.median(times), "cpus": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}
+
+
+def shut_engine(llm: Any) -> None:
+    """Stop a ``vllm.LLM``'s engine and close its client's zmq context, which vLLM's shutdown leaves
+    to the garbage collector (whose ResourceWarning, during a later test, fails the session).
+
+    vLLM 0.32's shutdown names each child process before killing it; a child that exits in between
+    raises ``psutil.NoSuchProcess`` out of the shutdown and leaves the rest undone (a TP 2 engine
+    whose workers outlived the grace period on a loaded box): that rest is done here."""
+    import psutil
+
+    core = llm.llm_engine.engine_core
+    try:
+        core.shutdown()
+    except psutil.NoSuchProcess:
+        for proc in getattr(core.resources.engine_manager, "processes", []):
+            if proc.pid is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    for child in psutil.Process(proc.pid).children(recursive=True):
+                        with contextlib.suppress(psutil.NoSuchProcess):
+                            child.kill()
+            if proc.is_alive():
+                proc.kill()
+            proc.join(10)
+        core.resources()
+    ctx = getattr(core, "ctx", None)
+    if ctx is not None and not ctx.closed:
+        ctx.destroy(linger=0)

@@ -75,13 +75,10 @@ def greedy(llm: Any) -> list[tuple[list[int], list[float]]]:
 
 
 def shut(llm: Any) -> None:
-    """Stop the engine, and close the zmq context of its client, which vLLM's shutdown leaves to the
-    garbage collector (whose ResourceWarning, during a later test, fails the session)."""
-    core = llm.llm_engine.engine_core
-    core.shutdown()
-    ctx = getattr(core, "ctx", None)
-    if ctx is not None and not ctx.closed:
-        ctx.destroy(linger=0)
+    """Stop the engine (see :func:`deltarl.testing.vllm_runs.shut_engine`)."""
+    from deltarl.testing.vllm_runs import shut_engine
+
+    shut_engine(llm)
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +113,4 @@ def served(vllm_run: Run) -> Iterator[Any]:
     attach(llm, vllm_run.store_url, vllm_run.run, version=0)
     yield llm
     shut(llm)
+

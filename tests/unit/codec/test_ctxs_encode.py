@@ -23,7 +23,7 @@ from deltarl.errors import NonFiniteTensor
 WIDTH = {"bfloat16": 16, "float16": 16, "float32": 32, "float8_e4m3fn": 8, "float8_e5m2": 8}
 NAN = {"bfloat16": 0x7FC0, "float16": 0x7E00, "float32": 0x7FC00000, "float8_e4m3fn": 0x7F, "float8_e5m2": 0x7E}
 SHAPES = [(64, 64), (72, 40), (130, 24), (40, 8, 3), (1000,), (9, 700), (256, 9), (16, 72)]  # (16, 72): cells 16 and 8 wide
-SETTINGS = settings(max_examples=80, deadline=None,
+SETTINGS = settings(max_examples=30, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
 
 

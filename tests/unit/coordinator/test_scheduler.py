@@ -102,6 +102,31 @@ def test_new_actor_gets_probe_then_is_measured_quickly() -> None:
     assert len(bigger.prompt_ids) > 2
 
 
+
+def test_a_lease_expecting_no_tokens_expires_without_zeroing_the_rate() -> None:
+    """A result of empty completions makes the expected tokens a sample 0; a lease granted then that
+    expires says nothing of the actor's speed. It used to set every rate to 0 and the next lease
+    divided by a zero sum of weights (hypothesis's scheduler state machine, on a fresh clone)."""
+    sched, clock = make_scheduler(heartbeat_timeout_s=10.0, lease_margin_s=5.0, probe_prompts=2)
+    sched.open_step(spec(0, 1))
+    sched.open_step(spec(1, 1))
+    a = sched.register().actor_id
+    b = sched.register().actor_id
+    lease = sched.request_lease(a)
+    assert lease is not None
+    assert admit(sched, result_for(lease, tokens_each=0))[0] == "admit"
+    idle = sched.request_lease(a)
+    assert idle is not None
+    assert idle.expected_tokens == 0.0
+    clock.t += 8.0  # past the lease's deadline, heartbeats still in time
+    sched.heartbeat(a)
+    sched.heartbeat(b)
+    sched.tick()
+    assert sched.leases[idle.lease_id].status.value == "expired"
+    assert sched.rate_of(a) > 0
+    assert sched.request_lease(b) is not None
+
+
 def test_new_actor_prior_is_median_of_measured() -> None:
     sched, clock = make_scheduler()
     a = sched.register().actor_id
