@@ -98,6 +98,8 @@ class Stager:
                     staged.setdefault(key, []).append((c.start, c.start + c.count))
                     if how == "all":
                         n = c.count
+                    elif how == "none":  # another rank's cell: nothing to count or decode
+                        n = 0
                     else:
                         place = self._place[c.tensor]
                         n = in_region_count(place.grid, c, place.bounds)
