@@ -28,6 +28,7 @@ from deltarl.codec._numba_ctx import (
     _clz64,
     _fill,
     ctx_scan,
+    ctx_scan2,
 )
 
 __all__ = ["ctxs_cells", "ctxs_prepare"]
@@ -235,44 +236,87 @@ def _cell_streams(raw, off, end, changed, cbits, rc):
 
 
 @njit(cache=True, nogil=True)
+def _cell_state(span, s0, scratch, raw, table, i, shift, cbits, width, rc, rkp, rkb, rkv, rkn, rknb):
+    """Chunk ``i`` of ``table`` parsed, its base copied into ``scratch`` a row of its cell at a time,
+    and prepared: (error, g2, dd, ptr, rem) as ``ctx_prepare``."""
+    off, nbytes, changed, start, count = table[i, 0], table[i, 1], table[i, 2], table[i, 3], table[i, 4]
+    origin, w = table[i, 5], table[i, 6]
+    ok, xc, xkp, xkb, xkv, xn, xnb, unary, esc, bits = _cell_streams(raw, off, off + nbytes, changed, cbits, rc)
+    if not ok:
+        none = np.zeros(0, np.int64)
+        return TABLE_BAD_ENTRY, none, none, none, none
+    old = scratch[:count]
+    idx = start
+    k = 0
+    while k < count:
+        q = idx // w
+        c = idx - q * w
+        run = min(w - c, count - k)
+        b = origin + q * s0 + c
+        old[k : k + run] = span[b : b + run]
+        k += run
+        idx += run
+    return ctxs_prepare(old, shift, (1 << cbits) - 1, width, changed, rc, rkp, rkb, rkv, rkn, rknb,
+                        xc, xkp, xkb, xkv, xn, xnb, unary, esc, bits)  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
+def _emit(table, i, s0, pos, o, n, out_pos, out_old, out_new):
+    """Chunk ``i``'s hits (positions in its cell's row-major order) as span offsets into ``out_*``."""
+    start, origin, w, at = table[i, 3], table[i, 5], table[i, 6], table[i, 7]
+    for t in range(table[i, 2]):
+        e = start + pos[t]
+        q = e // w
+        out_pos[at + t] = origin + q * s0 + e - q * w
+        out_old[at + t] = o[t]
+        out_new[at + t] = n[t]
+
+
+@njit(cache=True, nogil=True)
 def ctxs_cells(span, s0, scratch, scratch64, raw, table, out_pos, out_old, out_new, shift, cbits, width,
                rc, rkp, rkb, rkv, rkn, rknb):  # fmt: skip
     """Decode the ``ctxs`` cell chunks of one tensor, each against its own base region of ``span``
     (rows ``s0`` elements apart), into ``out_*`` (span offsets, old and new bits). ``table`` rows:
     payload offset in ``raw``, payload bytes, changed, first cell element, elements, the cell's origin
-    in the span, the cell's row width in elements, first output slot. ``scratch`` holds the largest
-    chunk's base (``scratch64``: its u64 view for 16-bit elements, else empty). Returns
-    ``(error, index of the failed chunk)``, ``(OK, -1)`` when every chunk decoded."""
+    in the span, the cell's row width in elements, first output slot. ``scratch`` holds two halves,
+    each the largest chunk's base rounded up to 4 elements (``scratch64``: its u64 view for 16-bit
+    elements, else empty): 16-bit chunks are scanned two at a time (:func:`ctx_scan2`), each
+    countdown a dependency chain the core overlaps with the other's. Returns ``(error, index of the
+    first chunk that failed)``, ``(OK, -1)`` when every chunk decoded."""
     mask = (1 << cbits) - 1
-    for i in range(table.shape[0]):
-        off, nbytes, changed, start, count = table[i, 0], table[i, 1], table[i, 2], table[i, 3], table[i, 4]
-        origin, w, at = table[i, 5], table[i, 6], table[i, 7]
-        ok, xc, xkp, xkb, xkv, xn, xnb, unary, esc, bits = _cell_streams(raw, off, off + nbytes, changed, cbits, rc)
-        if not ok:
-            return TABLE_BAD_ENTRY, i
-        old = scratch[:count]
-        idx = start
-        k = 0
-        while k < count:  # the chunk's base, a row of its cell at a time
-            q = idx // w
-            c = idx - q * w
-            run = min(w - c, count - k)
-            b = origin + q * s0 + c
-            old[k : k + run] = span[b : b + run]
-            k += run
-            idx += run
+    half = scratch.size // 2
+    sa, sb = scratch[:half], scratch[half:]
+    nt = table.shape[0]
+    i = 0
+    while i < nt:
+        err, g2, dd, ptr, rem = _cell_state(span, s0, sa, raw, table, i, shift, cbits, width,
+                                            rc, rkp, rkb, rkv, rkn, rknb)  # fmt: skip
+        if err:
+            return err, i
+        ca, count = table[i, 2], table[i, 4]
         a64 = scratch64[: count // 4] if scratch64.size else scratch64
-        err, g2, dd, ptr, rem = ctxs_prepare(old, shift, mask, width, changed, rc, rkp, rkb, rkv, rkn, rknb,
-                                             xc, xkp, xkb, xkv, xn, xnb, unary, esc, bits)  # fmt: skip
+        errb = OK
+        if scratch64.size and i + 1 < nt:
+            errb, g2b, ddb, ptrb, remb = _cell_state(span, s0, sb, raw, table, i + 1, shift, cbits, width,
+                                                     rc, rkp, rkb, rkv, rkn, rknb)  # fmt: skip
+            if errb == OK:
+                cb, countb = table[i + 1, 2], table[i + 1, 4]
+                b64 = scratch64[half // 4 : half // 4 + countb // 4]
+                ea, pa, oa, na, eb, pb, ob, nb = ctx_scan2(sa[:count], a64, ca, g2, dd, ptr, rem,
+                                                           sb[:countb], b64, cb, g2b, ddb, ptrb, remb, shift, mask)  # fmt: skip
+                if ea:
+                    return ea, i
+                if eb:
+                    return eb, i + 1
+                _emit(table, i, s0, pa, oa, na, out_pos, out_old, out_new)
+                _emit(table, i + 1, s0, pb, ob, nb, out_pos, out_old, out_new)
+                i += 2
+                continue
+        err, pos, o, n = ctx_scan(sa[:count], a64, shift, mask, width, ca, 0, g2, dd, ptr, rem)
         if err:
             return err, i
-        err, pos, o, n = ctx_scan(old, a64, shift, mask, width, changed, 0, g2, dd, ptr, rem)
-        if err:
-            return err, i
-        for t in range(changed):
-            e = start + pos[t]
-            q = e // w
-            out_pos[at + t] = origin + q * s0 + e - q * w
-            out_old[at + t] = o[t]
-            out_new[at + t] = n[t]
+        if errb:  # the second of the pair failed before its scan; the first came out whole
+            return errb, i + 1
+        _emit(table, i, s0, pos, o, n, out_pos, out_old, out_new)
+        i += 1
     return OK, -1

@@ -370,8 +370,9 @@ def decode_cells(span: np.ndarray, s0: int, record: ClassRecord, raw: np.ndarray
     at = np.cumsum(table[:, 2]) - table[:, 2]
     total = int(table[:, 2].sum()) if table.size else 0
     most = int(table[:, 4].max()) if table.size else 0
-    scratch64 = np.empty(most * span.dtype.itemsize // 8 + 1, dtype=_U64)  # 8-byte aligned
-    scratch = scratch64.view(span.dtype)[:most]
+    half = (most + 3) // 4 * 4  # two chunks' bases side by side, the second 8-byte aligned too
+    scratch64 = np.empty(2 * half * span.dtype.itemsize // 8 + 1, dtype=_U64)
+    scratch = scratch64.view(span.dtype)[: 2 * half]
     pos, old_v, new_v = np.empty(total, np.int64), np.empty(total, span.dtype), np.empty(total, span.dtype)
     run: Any = _numba_ctxs.ctxs_cells
     err, bad = run(
