@@ -253,6 +253,31 @@ def _boxes(dims: np.ndarray, cell: np.ndarray, start: np.ndarray, count: np.ndar
     return a, b, x, y
 
 
+def chunk_overlaps(header: SegmentHeader, places: dict[str, Placement]) -> np.ndarray:
+    """Per chunk of ``header``'s table, as array operations: 1 when it lies wholly in its tensor's
+    placed region (or the region is whole), -1 when wholly outside, 0 when the caller must ask
+    :func:`overlap` chunk by chunk (a part, a tensor without a placement, a folded region's cell)."""
+    t = header.table
+    dims = np.zeros((len(header.tensors), 10), dtype=np.int64)
+    how = np.zeros(len(header.tensors), dtype=np.int64)  # 1 whole, 2 a part, 3 folded part, 0 none placed
+    for ti, spec in enumerate(header.tensors):
+        place = places.get(spec.name)
+        if place is None:
+            continue
+        g = place.grid
+        how[ti] = 1 if place.whole else 3 if place.region.fold is not None else 2
+        dims[ti] = (g.rows, g.row_elems, g.inner, g.row_cell, g.col_cell, g.cols, *place.bounds)
+    per = dims[t.tensor]
+    a, b, x, y = _boxes(per, t.cell, t.start, t.count)
+    ra, rb, ca, cb = (per[:, k] for k in range(6, 10))
+    meets = (b > ra) & (a < rb) & (y > ca) & (x < cb)
+    inside = (ra <= a) & (b <= rb) & (ca <= x) & (y <= cb)
+    kind = how[t.tensor]
+    vec = (kind == 2) | ((kind == 3) & (t.cell == FLAT))
+    out = np.where(vec, np.where(meets, np.where(inside, 1, 0), -1), 0)
+    return np.where(kind == 1, 1, out)
+
+
 def folded_cell(region: Region, c: ChunkInfo) -> None:
     """RegionError for a grid cell's chunk of a tensor whose region is taken in a fold."""
     if region.fold is not None and c.cell != FLAT:

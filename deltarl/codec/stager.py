@@ -16,7 +16,15 @@ from deltarl.codec.chunk import Decoded
 from deltarl.codec.ctxs import ClassRecord
 from deltarl.codec.grid import GRID
 from deltarl.codec.kernels import worker_threads
-from deltarl.codec.regions import PART_CODECS, Placement, Region, folded_cell, in_region_count, overlap
+from deltarl.codec.regions import (
+    PART_CODECS,
+    Placement,
+    Region,
+    chunk_overlaps,
+    folded_cell,
+    in_region_count,
+    overlap,
+)
 from deltarl.codec.segment import FLAT, ChunkInfo, SegmentHeader, read_segment_header
 from deltarl.codec.tensors import TensorSpec, flat_bits, is_cuda, tensor_table, uint_dtype
 from deltarl.errors import BaseMismatch, FormatError, RegionError, StagingError, TensorMismatch
@@ -88,12 +96,14 @@ class Stager:
             mv = memoryview(data).cast("B")
             raw = np.frombuffer(mv, dtype=np.uint8)
             off = header.payload_offset
-            for c in header.chunks:
+            # a rank's region: whole / outside for every chunk at once (each rank reads every chunk's entry)
+            fast = chunk_overlaps(header, self._place).tolist() if self._regions is not None else None
+            for i, c in enumerate(header.chunks):
                 key = (c.tensor, c.cell)
                 taken = [*self._covered.get(key, []), *staged.get(key, [])]
                 if any(s < c.start + c.count and c.start < e for s, e in taken):
                     raise FormatError(f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} was already staged")
-                how = self._overlap(c)
+                how = _FAST[fast[i]] if fast is not None and fast[i] else self._overlap(c)
                 if how is not None:
                     staged.setdefault(key, []).append((c.start, c.start + c.count))
                     if how == "all":
@@ -364,6 +374,10 @@ class _Cells:
         """Pieces of at most ``most`` chunks."""
         return [_Cells(self.tensor, self.record, self.mv, self.raw, self.chunks[k : k + most])
                 for k in range(0, len(self.chunks), most)]  # fmt: skip
+
+
+# chunk_overlaps' codes as _overlap's answers
+_FAST = {1: "all", -1: "none"}
 
 
 # Decode work (in elements scanned) below which staging runs on the calling thread.
