@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 
 from deltarl.codec._numba_kernels import words16
 
-__all__ = ["ctx_prepare", "ctx_scan", "ctx_scan2", "words16"]
+__all__ = ["ctx_prepare", "ctx_scan", "ctx_scan2", "outputs2", "words16"]
 
 _FAR = np.int64(1) << 62  # a countdown that no chunk reaches: "no more targets in this class"
 
@@ -350,6 +350,19 @@ def ctx_scan(old, a64, shift, mask, width, changed, start, g2, dd, ptr, rem):
 
 
 @njit(cache=True, nogil=True)
+def outputs2(changed_a, changed_b, like):
+    """Positions, old and new bits (``like``'s dtype) for two chunks' hits, 4 slots of slack each
+    (:func:`_hits_word` writes every lane)."""
+    pa = np.empty(changed_a + 4, np.int64)
+    oa = np.empty(changed_a + 4, like.dtype)
+    na = np.empty(changed_a + 4, like.dtype)
+    pb = np.empty(changed_b + 4, np.int64)
+    ob = np.empty(changed_b + 4, like.dtype)
+    nb = np.empty(changed_b + 4, like.dtype)
+    return pa, oa, na, pb, ob, nb
+
+
+@njit(cache=True, nogil=True)
 def ctx_scan2(
     old_a,
     a64_a,
@@ -373,12 +386,7 @@ def ctx_scan2(
     Each chunk's countdown is one dependency chain through its table, and the most frequent class
     makes it a long one; two independent chunks interleaved let the core overlap the chains.
     """
-    pa = np.empty(changed_a + 4, np.int64)  # + 4: _hits_word writes every lane
-    oa = np.empty(changed_a + 4, old_a.dtype)
-    na = np.empty(changed_a + 4, old_a.dtype)
-    pb = np.empty(changed_b + 4, np.int64)
-    ob = np.empty(changed_b + 4, old_b.dtype)
-    nb = np.empty(changed_b + 4, old_b.dtype)
+    pa, oa, na, pb, ob, nb = outputs2(changed_a, changed_b, old_a)
     um = np.uint64(mask)
     sh = np.uint64(shift)
     ka = 0

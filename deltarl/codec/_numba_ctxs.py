@@ -16,6 +16,7 @@ from deltarl.codec._numba_ctx import (
     BIG_GAP_OUTSIDE,
     GAP_OUTSIDE,
     OK,
+    RANK_BEYOND_CLASS,
     RICE_ESCAPES,
     RICE_FEW_CODES,
     RICE_LONG_RUN,
@@ -26,9 +27,12 @@ from deltarl.codec._numba_ctx import (
     TABLE_SUM,
     VALUE_RANGE,
     _clz64,
+    _count_word,
     _fill,
+    _hits_word,
     ctx_scan,
     ctx_scan2,
+    outputs2,
 )
 
 __all__ = ["ctxs_cells", "ctxs_prepare"]
@@ -236,18 +240,18 @@ def _cell_streams(raw, off, end, changed, cbits, rc):
 
 
 @njit(cache=True, nogil=True)
-def _cell_state(span, s0, scratch, raw, table, i, shift, cbits, width, rc, rkp, rkb, rkv, rkn, rknb):
-    """Chunk ``i`` of ``table`` parsed, its base copied into ``scratch`` a row of its cell at a time,
-    and prepared: (error, g2, dd, ptr, rem) as ``ctx_prepare``."""
+def _cell_state(span, s0, scratch, raw, table, i, shift, cbits, width, rc, rkp, rkb, rkv, rkn, rknb, copy):
+    """Chunk ``i`` of ``table`` parsed, its base copied into ``scratch`` a row of its cell at a time
+    (unless not ``copy``: it is read in place), and prepared: (error, g2, dd, ptr, rem) as ``ctx_prepare``."""
     off, nbytes, changed, start, count = table[i, 0], table[i, 1], table[i, 2], table[i, 3], table[i, 4]
     origin, w = table[i, 5], table[i, 6]
     ok, xc, xkp, xkb, xkv, xn, xnb, unary, esc, bits = _cell_streams(raw, off, off + nbytes, changed, cbits, rc)
     if not ok:
         none = np.zeros(0, np.int64)
         return TABLE_BAD_ENTRY, none, none, none, none
-    old = scratch[:count]
+    old = scratch[:count]  # (prepare reads its size only)
     idx = start
-    k = 0
+    k = 0 if copy else count
     while k < count:
         q = idx // w
         c = idx - q * w
@@ -273,37 +277,96 @@ def _emit(table, i, s0, pos, o, n, out_pos, out_old, out_new):
 
 
 @njit(cache=True, nogil=True)
-def ctxs_cells(span, s0, scratch, scratch64, raw, table, out_pos, out_old, out_new, shift, cbits, width,
+def _rows_in_place(table, i, s0, span64):
+    """Rows of chunks ``i`` and ``i + 1`` when both are whole rows of cells of one width, each row's
+    base 8-byte aligned in ``span64`` (the span's u64 view): their bases are scanned in place, a row
+    of each at a time; else -1 (copied)."""
+    w, count = table[i, 6], table[i, 4]
+    if span64.size == 0 or w % 4 or s0 % 4 or count == 0 or count % w:
+        return -1
+    for j in (i, i + 1):
+        start, origin = table[j, 3], table[j, 5]
+        if table[j, 6] != w or table[j, 4] != count or start % w or origin % 4:
+            return -1
+        if origin + (start // w + count // w - 1) * s0 + w > span64.size * 4:
+            return -1
+    return count // w
+
+
+@njit(cache=True, nogil=True)
+def _scan2_rows(span64, like, table, i, s0, rows, shift, mask, ca, g2a, dda, ptra, rema, cb, g2b, ddb, ptrb, remb):
+    """:func:`ctx_scan2` of chunks ``i`` and ``i + 1`` (see :func:`_rows_in_place`) read in place:
+    a row of each at a time, until both have every change (positions relative to each chunk; old
+    and new bits of ``like``'s dtype)."""
+    w = table[i, 6]
+    pa, oa, na, pb, ob, nb = outputs2(ca, cb, like)
+    um = np.uint64(mask)
+    sh = np.uint64(shift)
+    wa = (table[i, 5] + table[i, 3] // w * s0) // 4
+    wb = (table[i + 1, 5] + table[i + 1, 3] // w * s0) // 4
+    ka = 0
+    kb = 0
+    for r in range(rows):
+        if ka == ca and kb == cb:
+            break
+        for j in range(w // 4):
+            x = span64[wa + j]
+            u = span64[wb + j]
+            y = x >> sh
+            v = u >> sh
+            hit_a = _count_word(rema, y, um)
+            hit_b = _count_word(remb, v, um)
+            if (hit_a | hit_b) < 0:  # a countdown past its last target stays far from zero
+                if hit_a < 0:
+                    ka = _hits_word(rema, ptra, g2a, dda, x, y, um, r * w + 4 * j, pa, oa, na, ka)
+                if hit_b < 0:
+                    kb = _hits_word(remb, ptrb, g2b, ddb, u, v, um, r * w + 4 * j, pb, ob, nb, kb)
+        wa += s0 // 4
+        wb += s0 // 4
+    ea = OK if ka == ca else RANK_BEYOND_CLASS
+    eb = OK if kb == cb else RANK_BEYOND_CLASS
+    return ea, pa[:ca], oa[:ca], na[:ca], eb, pb[:cb], ob[:cb], nb[:cb]
+
+
+@njit(cache=True, nogil=True)
+def ctxs_cells(span, span64, s0, scratch, scratch64, raw, table, out_pos, out_old, out_new, shift, cbits, width,
                rc, rkp, rkb, rkv, rkn, rknb):  # fmt: skip
     """Decode the ``ctxs`` cell chunks of one tensor, each against its own base region of ``span``
     (rows ``s0`` elements apart), into ``out_*`` (span offsets, old and new bits). ``table`` rows:
     payload offset in ``raw``, payload bytes, changed, first cell element, elements, the cell's origin
     in the span, the cell's row width in elements, first output slot. ``scratch`` holds two halves,
     each the largest chunk's base rounded up to 4 elements (``scratch64``: its u64 view for 16-bit
-    elements, else empty): 16-bit chunks are scanned two at a time (:func:`ctx_scan2`), each
-    countdown a dependency chain the core overlaps with the other's. Returns ``(error, index of the
-    first chunk that failed)``, ``(OK, -1)`` when every chunk decoded."""
+    elements, else empty; ``span64``: the span's, when 16-bit and 8-byte aligned, else empty): 16-bit
+    chunks are scanned two at a time (each countdown a dependency chain the core overlaps with the
+    other's), in place when :func:`_rows_in_place` allows, else copied. Returns ``(error, index of
+    the first chunk that failed)``, ``(OK, -1)`` when every chunk decoded."""
     mask = (1 << cbits) - 1
     half = scratch.size // 2
     sa, sb = scratch[:half], scratch[half:]
     nt = table.shape[0]
     i = 0
     while i < nt:
+        pair = scratch64.size > 0 and i + 1 < nt
+        rows = _rows_in_place(table, i, s0, span64) if pair else -1
         err, g2, dd, ptr, rem = _cell_state(span, s0, sa, raw, table, i, shift, cbits, width,
-                                            rc, rkp, rkb, rkv, rkn, rknb)  # fmt: skip
+                                            rc, rkp, rkb, rkv, rkn, rknb, rows < 0)  # fmt: skip
         if err:
             return err, i
         ca, count = table[i, 2], table[i, 4]
         a64 = scratch64[: count // 4] if scratch64.size else scratch64
         errb = OK
-        if scratch64.size and i + 1 < nt:
+        if pair:
             errb, g2b, ddb, ptrb, remb = _cell_state(span, s0, sb, raw, table, i + 1, shift, cbits, width,
-                                                     rc, rkp, rkb, rkv, rkn, rknb)  # fmt: skip
+                                                     rc, rkp, rkb, rkv, rkn, rknb, rows < 0)  # fmt: skip
             if errb == OK:
                 cb, countb = table[i + 1, 2], table[i + 1, 4]
-                b64 = scratch64[half // 4 : half // 4 + countb // 4]
-                ea, pa, oa, na, eb, pb, ob, nb = ctx_scan2(sa[:count], a64, ca, g2, dd, ptr, rem,
-                                                           sb[:countb], b64, cb, g2b, ddb, ptrb, remb, shift, mask)  # fmt: skip
+                if rows >= 0:
+                    ea, pa, oa, na, eb, pb, ob, nb = _scan2_rows(span64, sa, table, i, s0, rows, shift, mask,
+                                                                 ca, g2, dd, ptr, rem, cb, g2b, ddb, ptrb, remb)  # fmt: skip
+                else:
+                    b64 = scratch64[half // 4 : half // 4 + countb // 4]
+                    ea, pa, oa, na, eb, pb, ob, nb = ctx_scan2(sa[:count], a64, ca, g2, dd, ptr, rem,
+                                                               sb[:countb], b64, cb, g2b, ddb, ptrb, remb, shift, mask)  # fmt: skip
                 if ea:
                     return ea, i
                 if eb:
@@ -312,6 +375,9 @@ def ctxs_cells(span, s0, scratch, scratch64, raw, table, out_pos, out_old, out_n
                 _emit(table, i + 1, s0, pb, ob, nb, out_pos, out_old, out_new)
                 i += 2
                 continue
+            if rows >= 0:  # the first's base was left in place: copied now, for its scan alone
+                err, g2, dd, ptr, rem = _cell_state(span, s0, sa, raw, table, i, shift, cbits, width,
+                                                    rc, rkp, rkb, rkv, rkn, rknb, True)  # fmt: skip
         err, pos, o, n = ctx_scan(sa[:count], a64, shift, mask, width, ca, 0, g2, dd, ptr, rem)
         if err:
             return err, i

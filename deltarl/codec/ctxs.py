@@ -374,9 +374,12 @@ def decode_cells(span: np.ndarray, s0: int, record: ClassRecord, raw: np.ndarray
     scratch64 = np.empty(2 * half * span.dtype.itemsize // 8 + 1, dtype=_U64)
     scratch = scratch64.view(span.dtype)[: 2 * half]
     pos, old_v, new_v = np.empty(total, np.int64), np.empty(total, span.dtype), np.empty(total, span.dtype)
+    span64 = scratch64[:0]
+    if span.dtype.itemsize == 2 and span.size >= 4 and span.ctypes.data % 8 == 0 and span.flags.c_contiguous:
+        span64 = span[: span.size // 4 * 4].view(_U64)  # rows of cells read in place, 4 elements a load
     run: Any = _numba_ctxs.ctxs_cells
     err, bad = run(
-        span, s0, scratch, scratch64 if span.dtype.itemsize == 2 else scratch64[:0], raw,
+        span, span64, s0, scratch, scratch64 if span.dtype.itemsize == 2 else scratch64[:0], raw,
         np.ascontiguousarray(np.column_stack((table, at)), dtype=np.int64), pos, old_v, new_v, record.shift,
         record.cbits, width, record.classes, record.k_pos, record.k_big_gap, record.k_big_val, record.k_n,
         record.k_n_big,

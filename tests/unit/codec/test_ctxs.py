@@ -221,11 +221,11 @@ def test_row_shards_coded_ctxs_carry_their_own_records() -> None:
     assert np.array_equal(state["w"].bits, new)
 
 
-def _cells_delta(monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, list[bytes]]:
+def _cells_delta(monkeypatch: pytest.MonkeyPatch, cols: int = 80) -> tuple[np.ndarray, list[bytes]]:
     monkeypatch.setattr(layout, "TILE_MIN_ELEMENTS", 64)
     monkeypatch.setattr(layout, "CELL_MIN_CHANGES", 1)
     rng = np.random.default_rng(11)
-    old = (0x3C00 + rng.integers(0, 0x0400, size=(96, 80))).astype(np.uint16)
+    old = (0x3C00 + rng.integers(0, 0x0400, size=(96, cols))).astype(np.uint16)
     new = old.copy()
     new[rng.random(old.shape) < 0.03] += 1
     new[rng.random(old.shape) < 0.002] -= 9
