@@ -72,6 +72,7 @@ class Stager:
         self._covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self._counted: dict[str, int] = {}
         self._cells: dict[str, set[bool]] = {}  # per tensor: whether its chunks were cells, row-major, or both
+        self._host_jit: dict[str, bool] = {}  # per tensor: numba on and its span in host memory
         self._finished = False
 
     def add_segment(self, data: bytes, *, header: SegmentHeader | None = None) -> None:
@@ -90,6 +91,7 @@ class Stager:
         staged: dict[tuple[str, int], list[tuple[int, int]]] = {}
         counted: dict[str, int] = {}
         segs = list(segments)
+        self._host_jit = {}
         heads = list(headers) if headers is not None else [read_segment_header(d) for d in segs]
         for seg, (data, header) in enumerate(zip(segs, heads, strict=True)):
             self._check_header(header)
@@ -170,9 +172,12 @@ class Stager:
     def _batched(self, c: ChunkInfo) -> bool:
         """Whether a ctxs cell chunk is decoded with its tensor's others in one numba call (a small
         cell in host memory, numba on; else chunk by chunk, large 16-bit ones two by two)."""
-        if c.cell == FLAT or c.count > _CELL_BATCH_MAX or kernels.ctx_jit() is None:
+        if c.cell == FLAT or c.count > _CELL_BATCH_MAX:
             return False
-        return not is_cuda(self._placement(c.tensor).span)
+        on = self._host_jit.get(c.tensor)  # asked once a tensor per add_segments, not once a chunk
+        if on is None:
+            on = self._host_jit[c.tensor] = kernels.ctx_jit() is not None and not is_cuda(self._placement(c.tensor).span)
+        return on
 
     def _decode_all(self, jobs: list[_Job], cells: list[_Cells]) -> None:
         threads = worker_threads()
