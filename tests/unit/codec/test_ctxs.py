@@ -48,13 +48,11 @@ def test_golden_format3(monkeypatch: pytest.MonkeyPatch) -> None:
     assert np.array_equal(state["t"].bits, new["t"].bits)
 
 
-@st.composite
-def cells(draw: st.DrawFn) -> tuple[str, np.ndarray, np.ndarray, ClassRecord]:
-    """(dtype, old bits, new bits, a record): the record from a drawn part of the data (so classes of
-    the cell may be missing from it: extra classes) with drawn Rice parameters."""
-    dtype = draw(st.sampled_from(sorted(WIDTH)))
+def draw_bits(draw: st.DrawFn, dtype: str, n: int, densities: list[float], steps: tuple[int, ...] = (),
+              at_least_one: bool = True) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Old and new bits of ``n`` elements: weights of few exponents or any bits, changed with a drawn
+    density by +-1, +-2, half the range, 17 (and ``steps``); one change at least if asked."""
     udt = {8: np.uint8, 16: np.uint16, 32: np.uint32}[WIDTH[dtype]]
-    n = draw(st.sampled_from([1, 7, 64, 300, 4099]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     top = int(np.iinfo(udt).max)
     if draw(st.booleans()):  # weights: few exponents
@@ -62,21 +60,37 @@ def cells(draw: st.DrawFn) -> tuple[str, np.ndarray, np.ndarray, ClassRecord]:
         old = (scale + rng.integers(0, scale >> 3, n)).astype(udt)
     else:
         old = rng.integers(0, top, n, dtype=udt, endpoint=True)
-    density = draw(st.sampled_from([0.001, 0.01, 0.1, 0.5, 1.0]))
+    density = draw(st.sampled_from(densities))
     new = old.copy()
     where = np.flatnonzero(rng.random(n) < density)
-    where = where if where.size else np.array([int(rng.integers(0, n))])
-    step = rng.choice(np.array([1, top, 2, top - 2, top >> 1, 17], dtype=np.uint64), where.size)
+    if at_least_one and not where.size:
+        where = np.array([int(rng.integers(0, n))])
+    step = rng.choice(np.array([1, top, 2, top - 2, top >> 1, 17, *steps], dtype=np.uint64), where.size)
     new[where] = ((old[where].astype(np.uint64) + step) & np.uint64(top)).astype(udt)
+    return old, new
+
+
+def draw_record(draw: st.DrawFn, old: np.ndarray, new: np.ndarray, dtype: str, part: int, hint: int) -> ClassRecord:
+    """A record from a drawn part of the data (all, its first ``part`` elements or one: classes of a
+    cell may be missing from it), its Rice parameters sometimes drawn (any a writer may choose)."""
     field = draw(st.sampled_from([CLASS_FIELDS[dtype], CELL_CLASS_FIELDS[dtype]]))
-    part = draw(st.sampled_from(["all", "half", "one"]))
-    sub = {"all": slice(None), "half": slice(0, max(1, n // 2)), "one": slice(0, 1)}[part]
-    rec = choose_record(old[sub], new[sub], dtype, n, field)
-    if draw(st.booleans()):  # any parameters a writer may choose
+    sub = draw(st.sampled_from([slice(None), slice(0, max(1, part)), slice(0, 1)]))
+    rec = choose_record(old[sub], new[sub], dtype, hint, field)
+    if draw(st.booleans()):
         m = rec.classes.size
         ks = [np.array(draw(st.lists(st.integers(0, 32), min_size=m, max_size=m)), dtype=np.int64) for _ in range(5)]
         rec = ClassRecord(rec.shift, rec.cbits, rec.classes, *ks)
-    return dtype, old, new, rec
+    return rec
+
+
+@st.composite
+def cells(draw: st.DrawFn) -> tuple[str, np.ndarray, np.ndarray, ClassRecord]:
+    """(dtype, old bits, new bits, a record): the record from a drawn part of the data (so classes of
+    the cell may be missing from it: extra classes) with drawn Rice parameters."""
+    dtype = draw(st.sampled_from(sorted(WIDTH)))
+    n = draw(st.sampled_from([1, 7, 64, 300, 4099]))
+    old, new = draw_bits(draw, dtype, n, [0.001, 0.01, 0.1, 0.5, 1.0])
+    return dtype, old, new, draw_record(draw, old, new, dtype, n // 2, n)
 
 
 @SETTINGS

@@ -12,15 +12,14 @@ from hypothesis import strategies as st
 
 from deltarl.codec import BF16, ctxs, encode_delta, kernels
 from deltarl.codec import delta_layout as layout
-from deltarl.codec.classes import CELL_CLASS_FIELDS, CLASS_FIELDS
 from deltarl.codec.ctxs import ClassRecord, choose_record
 from deltarl.codec.delta_layout import CellChunks
 from deltarl.codec.encode import _encode_cells, _encode_named
 from deltarl.codec.grid import Grid
 from deltarl.codec.tensors import TensorSpec
 from deltarl.errors import NonFiniteTensor
+from tests.unit.codec.test_ctxs import WIDTH, draw_bits, draw_record
 
-WIDTH = {"bfloat16": 16, "float16": 16, "float32": 32, "float8_e4m3fn": 8, "float8_e5m2": 8}
 NAN = {"bfloat16": 0x7FC0, "float16": 0x7E00, "float32": 0x7FC00000, "float8_e4m3fn": 0x7F, "float8_e5m2": 0x7E}
 SHAPES = [(64, 64), (72, 40), (130, 24), (40, 8, 3), (1000,), (9, 700), (256, 9), (16, 72)]  # (16, 72): cells 16 and 8 wide
 SETTINGS = settings(max_examples=30, deadline=None,
@@ -34,27 +33,10 @@ def tensors(draw: st.DrawFn) -> tuple[TensorSpec, np.ndarray, np.ndarray, ClassR
     chunks of a drawn size; densities from a few changes to every element changed."""
     dtype = draw(st.sampled_from(sorted(WIDTH)))
     shape = draw(st.sampled_from(SHAPES))
-    udt = {8: np.uint8, 16: np.uint16, 32: np.uint32}[WIDTH[dtype]]
     n = int(np.prod(shape))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    top = int(np.iinfo(udt).max)
-    if draw(st.booleans()):  # weights: few exponents
-        scale = {8: 0x30, 16: 0x3C00, 32: 0x3C000000}[WIDTH[dtype]]
-        old = (scale + rng.integers(0, scale >> 3, n)).astype(udt)
-    else:
-        old = rng.integers(0, top, n, dtype=udt, endpoint=True)
-    density = draw(st.sampled_from([0.0, 0.001, 0.003, 0.01, 0.1, 0.6, 1.0]))
-    new = old.copy()
-    where = np.flatnonzero(rng.random(n) < density)
-    step = rng.choice(np.array([1, top, 2, top - 2, top >> 1, 17, 1 << (WIDTH[dtype] - 3)], dtype=np.uint64), where.size)
-    new[where] = ((old[where].astype(np.uint64) + step) & np.uint64(top)).astype(udt)
-    field = draw(st.sampled_from([CLASS_FIELDS[dtype], CELL_CLASS_FIELDS[dtype]]))
-    sub = draw(st.sampled_from([slice(None), slice(0, max(1, n // 3)), slice(0, 1)]))
-    rec = choose_record(old[sub], new[sub], dtype, n // 64 + 1, field)
-    if draw(st.booleans()):  # any parameters a writer may choose
-        m = rec.classes.size
-        ks = [np.array(draw(st.lists(st.integers(0, 32), min_size=m, max_size=m)), dtype=np.int64) for _ in range(5)]
-        rec = ClassRecord(rec.shift, rec.cbits, rec.classes, *ks)
+    steps = (1 << (WIDTH[dtype] - 3),)
+    old, new = draw_bits(draw, dtype, n, [0.0, 0.001, 0.003, 0.01, 0.1, 0.6, 1.0], steps, at_least_one=False)
+    rec = draw_record(draw, old, new, dtype, n // 3, n // 64 + 1)
     grid = Grid(shape)
     most = draw(st.sampled_from([5, 64, 333, 1 << 22]))
     chunks = [(cell, a, min(grid.numel(cell), a + most) - a) for cell in grid.cells
