@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from deltarl.codec._numba_bits import rice_encode
-from deltarl.codec._numba_kernels import rice_k
+from deltarl.codec._numba_kernels import class_streams
 from deltarl.codec.bitio import RICE_ESCAPE
 
 __all__ = ["ctxs_encode_cells"]
@@ -295,7 +295,6 @@ def _class_code(ov, nv, rank, shift, mask, width):
     rank_cm = np.empty(k, np.int64)
     dd = np.empty(k, np.int64)
     full = np.int64(1) << width
-    half = np.int64(1) << (width - 1)
     for j in range(k):
         c = (np.int64(ov[j]) >> shift) & mask
         t = fill[c]
@@ -306,40 +305,7 @@ def _class_code(ov, nv, rank, shift, mask, width):
     neg = np.empty(k, np.uint8)
     big_gaps = np.empty(k, np.uint64)
     big_vals = np.empty(k, np.uint64)
-    n_big = np.zeros(na, np.int64)
-    k_pos = np.zeros(na, np.int64)
-    k_bg = np.zeros(na, np.int64)
-    k_bv = np.zeros(na, np.int64)
-    nb = 0
-    s = 0
-    for a in range(na):
-        e = s + counts[a]
-        prev = -1
-        prevb = -1
-        gsum = 0
-        bgsum = 0
-        bvsum = 0
-        nb0 = nb
-        for t in range(s, e):
-            g = rank_cm[t] - prev - 1
-            prev = rank_cm[t]
-            gaps[t] = g
-            gsum += g
-            d = dd[t]
-            neg[t] = d >= half
-            m = (full - d - 1) if d >= half else (d - 1)
-            if m > 0:
-                bgsum += t - s - prevb - 1
-                bvsum += m - 1
-                big_gaps[nb] = t - s - prevb - 1
-                prevb = t - s
-                big_vals[nb] = m - 1
-                nb += 1
-        k_pos[a] = rice_k(gsum, e - s)
-        n_big[a] = nb - nb0
-        k_bg[a] = rice_k(bgsum, nb - nb0)
-        k_bv[a] = rice_k(bvsum, nb - nb0)
-        s = e
+    n_big, k_pos, k_bg, k_bv, nb = class_streams(rank_cm, dd, counts, width, gaps, neg, big_gaps, big_vals)
     return active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_gaps[:nb], big_vals[:nb], neg
 
 

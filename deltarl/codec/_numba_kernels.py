@@ -139,6 +139,52 @@ def ctx_arrays(old: np.ndarray, new: np.ndarray, shift: int, mask: int, width: i
 
 
 @njit(cache=True, nogil=True)
+def class_streams(rank_cm, dd, counts, width, gaps, neg, big_gaps, big_vals):
+    """What ctx codes of each class (``counts``: its changes in class-major ``rank_cm`` ranks and
+    ``dd`` wrapped differences): rank gaps, signs, the gaps between and the values of its changes
+    larger than 1 ulp into ``gaps``, ``neg``, ``big_gaps``, ``big_vals``; returns (n_big, k_pos,
+    k_big_gap, k_big_val per class, large values in all)."""
+    na = counts.size
+    full = np.int64(1) << width
+    half = np.int64(1) << (width - 1)
+    n_big = np.zeros(na, np.int64)
+    k_pos = np.zeros(na, np.int64)
+    k_bg = np.zeros(na, np.int64)
+    k_bv = np.zeros(na, np.int64)
+    nb = 0
+    s = 0
+    for a in range(na):
+        e = s + counts[a]
+        prev = -1
+        prevb = -1
+        gsum = 0
+        bgsum = 0
+        bvsum = 0
+        nb0 = nb
+        for t in range(s, e):
+            g = rank_cm[t] - prev - 1
+            prev = rank_cm[t]
+            gaps[t] = g
+            gsum += g
+            d = dd[t]
+            neg[t] = d >= half
+            m = (full - d - 1) if d >= half else (d - 1)
+            if m > 0:
+                bgsum += t - s - prevb - 1
+                bvsum += m - 1
+                big_gaps[nb] = t - s - prevb - 1
+                prevb = t - s
+                big_vals[nb] = m - 1
+                nb += 1
+        k_pos[a] = rice_k(gsum, e - s)
+        n_big[a] = nb - nb0
+        k_bg[a] = rice_k(bgsum, nb - nb0)
+        k_bv[a] = rice_k(bvsum, nb - nb0)
+        s = e
+    return n_big, k_pos, k_bg, k_bv, nb
+
+
+@njit(cache=True, nogil=True)
 def _ctx_arrays(old, new, a64, b64, shift, mask, width):
     """Everything the ctx encoder codes, in class-major order (mirrors classes._arrays_numpy)."""
     n = old.size
@@ -170,7 +216,6 @@ def _ctx_arrays(old, new, a64, b64, shift, mask, width):
     dpos = np.empty(k, np.int64)
     dd = np.empty(k, np.int64)
     full = np.int64(1) << width
-    half = np.int64(1) << (width - 1)
     for j in range(k):  # position order: old/new are read sequentially here, never again
         t = fill[cls[j]]
         fill[cls[j]] = t + 1
@@ -182,49 +227,12 @@ def _ctx_arrays(old, new, a64, b64, shift, mask, width):
     neg = np.empty(k, np.uint8)
     big_gaps = np.empty(k, np.int64)
     big_vals = np.empty(k, np.int64)
-    n_big = np.zeros(na, np.int64)
-    k_pos = np.zeros(na, np.int64)
-    k_bg = np.zeros(na, np.int64)
-    k_bv = np.zeros(na, np.int64)
+    n_big, k_pos, k_bg, k_bv, nb = class_streams(rank_cm, dd, counts, width, gaps, neg, big_gaps, big_vals)
     ks_pos = np.empty(k, np.int64)
-    nb = 0
     s = 0
     for a in range(na):
-        e = s + counts[a]
-        prev = -1
-        prevb = -1
-        gsum = 0
-        nb0 = nb
-        for t in range(s, e):
-            g = rank_cm[t] - prev - 1
-            prev = rank_cm[t]
-            gaps[t] = g
-            gsum += g
-            d = dd[t]
-            if d >= half:
-                neg[t] = 1
-                m = full - d - 1
-            else:
-                neg[t] = 0
-                m = d - 1
-            if m > 0:
-                w = t - s
-                big_gaps[nb] = w - prevb - 1
-                prevb = w
-                big_vals[nb] = m - 1
-                nb += 1
-        k_pos[a] = rice_k(gsum, e - s)
-        n_big[a] = nb - nb0
-        bgsum = 0
-        bvsum = 0
-        for t in range(nb0, nb):
-            bgsum += big_gaps[t]
-            bvsum += big_vals[t]
-        k_bg[a] = rice_k(bgsum, nb - nb0)
-        k_bv[a] = rice_k(bvsum, nb - nb0)
-        for t in range(s, e):
-            ks_pos[t] = k_pos[a]
-        s = e
+        ks_pos[s : s + counts[a]] = k_pos[a]
+        s += counts[a]
     ks_big = np.empty(nb, np.int64)
     ks_val = np.empty(nb, np.int64)
     t = 0
