@@ -114,6 +114,9 @@ class Demo:
         self.view: DemoView | None = None
         self.trainer_config: Any = None  # the TrainerConfig of the run, once training starts
         self._stop_poll = threading.Event()
+        # the poller thread and the main thread both follow the actors' events (and the training
+        # thread applies commits): one at a time, or two reads from one offset count it twice
+        self._events_lock = threading.Lock()
         self._failure: str | None = None
 
     # --- orchestration -----------------------------------------------------------------------------
@@ -287,32 +290,30 @@ class Demo:
         return next((a.name for a in self.actors if a.actor_id == actor_id), actor_id[:12])
 
     def _read_events(self, a: ActorRun) -> None:
-        try:
-            with open(a.events) as fh:
-                fh.seek(a.offset)
-                chunk = fh.read()
-        except FileNotFoundError:
-            return
-        end = chunk.rfind("\n") + 1
-        a.offset += len(chunk[:end].encode())
-        for line in chunk[:end].splitlines():
-            ev = json.loads(line)
-            if ev["event"] == "registered":
-                a.actor_id = ev["actor_id"]
-                a.version = max(a.version, ev["version"])
-            elif ev["event"] == "bootstrap":
-                a.version = max(a.version, ev["version"])
-            elif ev["event"] == "commit":
-                a.commits.append(ev)
-                a.version = max(a.version, ev["version"])
+        with self._events_lock:
+            lines, a.offset = _new_lines(a.events, a.offset)
+            for line in lines:
+                self._take_event(a, json.loads(line))
+
+    @staticmethod
+    def _take_event(a: ActorRun, ev: dict[str, Any]) -> None:
+        if ev["event"] == "registered":
+            a.actor_id = ev["actor_id"]
+            a.version = max(a.version, ev["version"])
+        elif ev["event"] == "bootstrap":
+            a.version = max(a.version, ev["version"])
+        elif ev["event"] == "commit":
+            a.commits.append(ev)
+            a.version = max(a.version, ev["version"])
 
     def _apply_commits(self) -> None:
         if self.view is None:
             return
-        for a in self.actors:
-            for c in a.commits:
-                if c.get("publish_to_staged_s") is not None:
-                    self.view.set_staged(c["version"], a.name, c["publish_to_staged_s"], c.get("pause_ms"))
+        with self._events_lock:
+            for a in self.actors:
+                for c in a.commits:
+                    if c.get("publish_to_staged_s") is not None:
+                        self.view.set_staged(c["version"], a.name, c["publish_to_staged_s"], c.get("pause_ms"))
 
     def _poll(self) -> None:
         """Follow the actors' events; stop the demo if a service or every actor dies."""
@@ -377,3 +378,16 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
     if os.environ.get(defaults.S3_ENDPOINT_ENV) is None and options.store and options.store.startswith("s3://"):
         log.info("no %s: using the AWS default endpoint for %s", defaults.S3_ENDPOINT_ENV, options.store)
     return Demo(options, console).run()
+
+
+def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """The complete lines of a JSON-lines file written after byte ``offset``, and the offset after
+    them (a line still being written is left for the next read); none while the file does not exist."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except FileNotFoundError:
+        return [], offset
+    end = chunk.rfind(b"\n") + 1
+    return chunk[:end].decode().splitlines(), offset + end
