@@ -87,7 +87,9 @@ def _result(args: argparse.Namespace, wall: float, base_rss: int, cpu: dict[str,
         out["core_s_per_gb_total"] = round(sum(cpu.values()) / (copy / GB), 3)
         # where CPU is the bound, a host with more cores runs a phase at about cores / core-s per GB
         # (each role on a host of its own: the slowest role's figure)
-        out["cpu_bound_gb_s_16_cores"] = round(16 / max(c / (copy / GB) for c in cpu.values()), 2)
+        # (None when no role used a tick of CPU that os.times or /proc shows, 10 ms: a quick run's tiny model)
+        slowest = max(c / (copy / GB) for c in cpu.values())
+        out["cpu_bound_gb_s_16_cores"] = round(16 / slowest, 2) if slowest > 0 else None
     return out
 
 
