@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import pytest
@@ -167,7 +168,8 @@ async def test_actor_calls_need_the_actors_own_secret(coordinator_service: Runni
 
 
 async def test_long_poll_partial_death_and_closed_steps_from_store(coordinator_store: ObjectStore) -> None:
-    cfg = service_config(heartbeat_timeout_s=0.3, lease_margin_s=5.0)
+    # a heartbeats every 0.1 s: a 1 s timeout keeps it alive on a loaded box, where 0.3 s did not always
+    cfg = service_config(heartbeat_timeout_s=1.0, lease_margin_s=5.0)
     cfg = cfg.model_copy(update={"service": cfg.service.model_copy(update={"keep_closed_steps": 0})})
     runner, running = await start_service(coordinator_store, cfg)
     try:
@@ -185,11 +187,14 @@ async def test_long_poll_partial_death_and_closed_steps_from_store(coordinator_s
             partial = await trainer.step_results(0, timeout=0.2)  # long-poll times out: partial
             assert not partial.complete
             assert len(partial.results) == 1
-            for _ in range(20):  # b falls silent: declared dead, its lease revoked
+            deadline = time.monotonic() + 30
+            while True:  # b falls silent: declared dead, its lease revoked; a heartbeats on
                 await actor.heartbeat(a)
+                fleet = {x["actor_id"]: x for x in (await actor.status())["actors"]}
+                if not fleet[b]["alive"]:
+                    break
+                assert time.monotonic() < deadline, "the silent actor was never declared dead"
                 await asyncio.sleep(0.1)
-            fleet = {x["actor_id"]: x for x in (await actor.status())["actors"]}
-            assert not fleet[b]["alive"]
             assert fleet[a]["alive"]
             with pytest.raises(AdmissionRejected) as err:
                 await actor.report(make_result(held))
