@@ -78,9 +78,12 @@ async def test_bootstrap_follow_and_catch_up(start_relay: StartRelay) -> None:
             assert info.changed_elements > 0
             assert info.version_id == trainer.pub.head_version_id
             assert states_equal(state, trainer.exports[3])
-            # Far behind: v4 gets staged, then 7 more versions land before the next safe point.
-            await trainer.publish(8)
+            # Far behind: v4 gets staged, then 7 more versions land before the next safe point (staged
+            # first, so a slow subscriber cannot see them all in HEAD and jump before it stages v4).
+            await trainer.publish()
             await _until_ready(sub)
+            assert sub.staged_version == 4
+            await trainer.publish(7)
             assert sub.commit().version == 4
             infos = []
             while sub.version != 11:  # HEAD is a cached hint: a step or two may come before the jump
