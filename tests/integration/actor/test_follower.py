@@ -149,7 +149,9 @@ def test_follow_command_until_stopped_writes_the_last_state(background_relay: An
         while True:  # the log line comes just before the commit is recorded; scrape until it is
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
                 scraped = resp.read().decode()
-            if "deltarl_follower_version 2.0" in scraped or time.monotonic() > deadline:
+            # the version gauge is set just before the commit counter (the scrape runs in another thread)
+            booked = "deltarl_follower_version 2.0" in scraped and "deltarl_follower_commits_total 1.0" in scraped
+            if booked or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         assert "deltarl_follower_version 2.0" in scraped, scraped[:2000]
