@@ -120,8 +120,8 @@ def _corrupt_cached_segment(cache_dir: Path, version: int) -> str:
 def _kill_in_lease(victim: Child, events: Path, url: str, victim_id: str, done: threading.Event) -> dict[str, Any]:
     """SIGKILL ``victim`` while it provably holds a lease of step ``KILL_STEP`` or later; that lease
     (its event), or nothing if ``done`` is set first. Every lease the actor's log announces (before its generation
-    starts) freezes it (SIGSTOP); half a second later, so that a report already on its way has been
-    admitted, the actor is killed if the coordinator still lists the lease as its own, and resumed
+    starts) freezes it (SIGSTOP); a second later, so that a report already on its way has been
+    admitted even on a loaded box (well inside the 3 s heartbeat timeout), the actor is killed if the coordinator still lists the lease as its own, and resumed
     otherwise (its result got in first) to wait for its next lease. No polling window can miss one."""
     seen: set[str] = set()
     with SyncCoordinatorClient(url, TOKEN) as watcher:
@@ -131,7 +131,7 @@ def _kill_in_lease(victim: Child, events: Path, url: str, victim_id: str, done: 
                     continue
                 seen.add(e["lease_id"])
                 victim.proc.send_signal(signal.SIGSTOP)
-                time.sleep(0.5)
+                time.sleep(1.0)
                 mine = next(a for a in watcher.status()["actors"] if a["actor_id"] == victim_id)
                 if e["lease_id"] in mine["leases"]:
                     victim.proc.kill()

@@ -82,7 +82,7 @@ def test_etag_recorded_at_write_and_invalidated_by_edits(tmp_path: Path) -> None
         pytest.skip("no user xattrs on this file system: head() hashes every time")
     assert recorded.split()[0] == etag == etag_of(b"hello")
     assert store.head("k").etag == etag
-    time.sleep(0.01)
+    time.sleep(0.05)  # past a coarse file-time tick (10 ms at HZ=100), so the edit's mtime differs
     (tmp_path / "k").write_bytes(b"jello")  # an edit behind the store's back: same size, new mtime
     assert store.head("k").etag == etag_of(b"jello")
     (tmp_path / "copied").write_bytes(b"no xattr")  # a file the store did not write is hashed
