@@ -13,7 +13,7 @@ from deltarl.errors import TransferError
 from deltarl.pipeline.manifest import ObjectRef
 from deltarl.storage import MemoryStore
 from deltarl.testing.wan import EmulatedLink
-from tests.fixtures.relays import StartRelay
+from tests.fixtures.relays import StartRelay, until
 
 RUN = "r"
 
@@ -92,6 +92,7 @@ async def test_corrupt_byte_in_relay_cache_is_refetched_elsewhere(start_relay: S
     async with Fetcher([relay.url]) as warm:  # fill the relay's cache
         await _fetch_all(warm, [ref, ref2])
     for key in (ref.key, ref2.key):
+        await until(lambda: relay.service.cache.get(key) is not None, f"{key} never reached the relay's cache")  # noqa: B023
         entry = relay.service.cache.get(key)
         assert entry is not None
         with open(entry.path, "r+b") as f:  # flip one byte on disk

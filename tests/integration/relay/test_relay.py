@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -16,19 +15,12 @@ from deltarl.errors import PreconditionFailed, StoreError, TransientStoreError
 from deltarl.storage import LocalStore, MemoryStore
 from deltarl.storage.aio import StoreSource
 from deltarl.storage.http_client import RelayClient
-from tests.fixtures.relays import RelayChain, StartRelay
+from tests.fixtures.relays import RelayChain, StartRelay, until
 from tests.fixtures.runs import manifest_naming
 
 SEG = "r/versions/000000000001/e000001-seg-r000-00000.bin"
 MANIFEST = "r/versions/000000000001/manifest.json"
 
-
-async def _until(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    """Wait until ``cond()`` holds: the relay books counters and commits its cache after the client has its bytes."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
-        await asyncio.sleep(0.02)
 
 
 async def test_get_range_head_and_cache_headers(start_relay: StartRelay) -> None:
@@ -108,7 +100,7 @@ async def test_long_poll_answers_when_the_object_lands(start_relay: StartRelay) 
     assert got == [b"late"] * 5
     assert elapsed < 2.0
     # the handler leaves the long-poll (the gauge's finally) around when it answers, maybe after the client has the body
-    await _until(lambda: relay.counters()["deltarl_relay_waiters"] == 0, "the relay still counts long-poll waiters")
+    await until(lambda: relay.counters()["deltarl_relay_waiters"] == 0, "the relay still counts long-poll waiters")
 
 
 async def test_push_wakes_long_polls_and_needs_the_token(start_relay: StartRelay) -> None:
@@ -118,7 +110,7 @@ async def test_push_wakes_long_polls_and_needs_the_token(start_relay: StartRelay
         with pytest.raises(StoreError, match="401"):
             await anon.put(SEG, b"x")
         waiter = asyncio.ensure_future(anon.get(SEG, unverified=True, wait=10))
-        await _until(lambda: relay.counters()["deltarl_relay_waiters"] >= 1, "the GET never entered its long-poll")
+        await until(lambda: relay.counters()["deltarl_relay_waiters"] >= 1, "the GET never entered its long-poll")
         t0 = time.monotonic()
         etag = await pusher.put(SEG, b"pushed", if_none_match=True)
         assert await waiter == b"pushed"
@@ -211,7 +203,7 @@ async def test_integrity_mismatch_is_never_served_and_refetched(start_relay: Sta
         origin.put(SEG, good)  # the origin is repaired: the relay fetches again
         assert await client.get(SEG, unverified=True) == good
     # the pull commits the object to the cache once its last piece is checked, maybe after the client has its bytes
-    await _until(lambda: relay.service.cache.get(SEG) is not None, "the repaired object never reached the cache")
+    await until(lambda: relay.service.cache.get(SEG) is not None, "the repaired object never reached the cache")
     entry = relay.service.cache.get(SEG)
     assert entry is not None
     assert entry.verified
@@ -228,7 +220,7 @@ async def test_cache_is_bounded_and_survives_restart(start_relay: StartRelay, tm
         for key, blob in blobs.items():
             assert await client.get(key, unverified=True) == blob
     # each pull commits (and evicts) after its client may have the bytes: wait for the last commit
-    await _until(lambda: list(blobs)[-1] in relay.service.cache and relay.counters()["deltarl_relay_evictions_total"] >= 2,
+    await until(lambda: list(blobs)[-1] in relay.service.cache and relay.counters()["deltarl_relay_evictions_total"] >= 2,
                  "the last object never reached the cache, evicting two")
     assert relay.counters()["deltarl_relay_evictions_total"] == 2
     assert relay.service.cache.bytes <= 1_000_000
@@ -256,7 +248,7 @@ async def test_chained_relays_carry_one_copy_per_hop(relay_chain: RelayChain) ->
         return relay_chain.a.counters()["deltarl_relay_served_bytes_total"], relay_chain.b.counters()["deltarl_relay_served_bytes_total"]
 
     # a handler counts a chunk after writing it, so maybe after the client (or the next hop) has it
-    await _until(lambda: served() == (len(data), 8 * len(data)), "served bytes never reached one copy at A, eight at B")
+    await until(lambda: served() == (len(data), 8 * len(data)), "served bytes never reached one copy at A, eight at B")
     a, b = relay_chain.a.counters(), relay_chain.b.counters()
     assert b["deltarl_relay_served_bytes_total"] == 8 * len(data)
     assert b["deltarl_relay_upstream_bytes_total"] == len(data)
@@ -300,7 +292,7 @@ async def test_a_client_leaving_a_long_poll_releases_it_along_the_chain(relay_ch
     async with RelayClient(relay_chain.b.url) as client:
         task = asyncio.ensure_future(client.get(SEG, unverified=True, wait=30))
         # B asks A to wait too
-        await _until(lambda: relay_chain.a.counters()["deltarl_relay_waiters"] >= 1, "B never held a long-poll at A")
+        await until(lambda: relay_chain.a.counters()["deltarl_relay_waiters"] >= 1, "B never held a long-poll at A")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     deadline = time.monotonic() + 5

@@ -18,7 +18,7 @@ import pytest
 from deltarl.errors import IntegrityError
 from deltarl.storage import LocalStore, MemoryStore
 from deltarl.storage.open import open_store
-from tests.fixtures.relays import StartRelay
+from tests.fixtures.relays import StartRelay, until
 from tests.fixtures.runs import manifest_naming
 
 SEG = "r/versions/000000000001/e000001-seg-r000-00000.bin"
@@ -61,10 +61,13 @@ async def test_a_removed_cache_folder_or_file_is_a_cache_miss(start_relay: Start
     origin, data = _origin(SEG, OTHER)
     relay = await start_relay(origin, piece_bytes=PIECE, cache_dir=str(tmp_path / "cache"))
     assert (await _get(f"{relay.url}/{SEG}"))[:2] == (200, data[SEG])
+    await until(lambda: relay.service.cache.get(SEG) is not None, "the first pull never reached the cache")
     entry = relay.service.cache.get(SEG)
     assert entry is not None
     os.unlink(entry.path)  # one data file gone
     assert (await _get(f"{relay.url}/{SEG}"))[:2] == (200, data[SEG])
+    await until(lambda: (e := relay.service.cache.get(SEG)) is not None and os.path.exists(e.path),
+                "the second pull never reached the cache")
     entry = relay.service.cache.get(SEG)
     assert entry is not None
     with open(entry.path, "r+b") as f:  # cut short
@@ -73,7 +76,7 @@ async def test_a_removed_cache_folder_or_file_is_a_cache_miss(start_relay: Start
     shutil.rmtree(tmp_path / "cache")  # the whole folder gone
     assert (await _get(f"{relay.url}/{SEG}"))[:2] == (200, data[SEG])  # a cached key: pulled again
     assert (await _get(f"{relay.url}/{OTHER}"))[:2] == (200, data[OTHER])  # a new key: cached afresh
-    assert relay.service.cache.get(OTHER) is not None
+    await until(lambda: relay.service.cache.get(OTHER) is not None, "the new key was never cached")
 
 
 class _GatedOrigin(MemoryStore):

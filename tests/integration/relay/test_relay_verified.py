@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 
 from deltarl.storage import MemoryStore
-from tests.fixtures.relays import StartRelay
+from tests.fixtures.relays import StartRelay, until
 from tests.fixtures.runs import manifest_naming
 
 SEG = "r/versions/000000000001/e000001-seg-r000-00000.bin"
@@ -43,6 +43,7 @@ async def test_a_flipping_upstream_never_reaches_a_client(start_relay: StartRela
     origin.put(MANIFEST, _manifest(SEG, data))
     a = await start_relay(origin, piece_bytes=PIECE)
     assert (await _get(f"{a.url}/{SEG}"))[1] == data  # cached at A, checked
+    await until(lambda: a.service.cache.get(SEG) is not None, "the object never reached A's cache")
     entry = a.service.cache.get(SEG)
     assert entry is not None
     bad_at = 2 * PIECE + 17
