@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from deltarl.actor.config import ActorConfig
@@ -41,6 +41,7 @@ from deltarl.errors import (
 
 if TYPE_CHECKING:
     from deltarl.actor.backends.base import BackendAdapter, Generation, GenerationBackend
+    from deltarl.protocol.client import SyncCoordinatorClient
     from deltarl.protocol.records import LeaseGrant, PromptItem, RolloutResult
     from deltarl.storage.store import ObjectStore
 
@@ -133,27 +134,42 @@ class ActorLoop:
                     continue
                 self._serve(client, grant)
         finally:
-            clean = self.stopping  # stop() (SIGTERM, Ctrl-C), not an error
-            self._stop.set()
-            if heartbeat is not None:
-                heartbeat.join(timeout=10)
-            if client is not None:
-                if clean:
-                    self._leave(client)  # counted as left, not died
-                client.close()
-            self._write_state()
-            if self.weights is not None:
-                self.weights.close()
-            if self.backend is not None:
-                self.backend.close()  # vLLM: its engine processes
-            held = None if self.weights is None else self.weights.held
-            self.events.emit("exit", version=None if held is None else held[0],
-                             admitted=self.results_admitted, rejected=self.results_rejected)
-            self.events.close()
-            if self.metrics_server is not None:
-                self.metrics_server.close()
-            if own_store and store is not None:
-                store.close()
+            self._teardown(client, heartbeat, store if own_store else None, clean=self.stopping)
+
+    def _teardown(self, client: SyncCoordinatorClient | None, heartbeat: threading.Thread | None,
+                  own_store: ObjectStore | None, *, clean: bool) -> None:
+        """Leave, write the state, close everything, emit ``exit``. Each step runs even if one before
+        it failed (that failure is logged and named in the ``exit`` event): an actor that cannot close
+        its fetcher still closes its engine and says it ended. ``clean``: stopped, not failed."""
+        failed: list[str] = []
+
+        def step(what: str, call: Callable[[], object]) -> None:
+            try:
+                call()
+            except Exception:
+                log.exception("actor %s: %s failed on the way out", self.name, what)
+                failed.append(what)
+
+        self._stop.set()
+        if heartbeat is not None:
+            heartbeat.join(timeout=10)
+        if client is not None:
+            if clean:
+                step("leave", lambda: self._leave(client))  # counted as left, not died
+            step("close the coordinator client", client.close)
+        step("write the state", self._write_state)
+        if self.weights is not None:
+            step("close the weights", self.weights.close)
+        if self.backend is not None:
+            step("close the backend", self.backend.close)  # vLLM: its engine processes
+        held = None if self.weights is None else self.weights.held
+        self.events.emit("exit", version=None if held is None else held[0], admitted=self.results_admitted,
+                         rejected=self.results_rejected, **({"teardown_failed": failed} if failed else {}))
+        self.events.close()
+        if self.metrics_server is not None:
+            step("close the metrics server", self.metrics_server.close)
+        if own_store is not None:
+            step("close the store", own_store.close)
 
     def _leave(self, client: Any) -> None:
         if self.actor_id is None:

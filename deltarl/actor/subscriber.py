@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
@@ -125,6 +126,7 @@ class Subscriber(SafePoint):
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._warming: asyncio.Future[None] | None = None  # the codec warm-up (once)
+        self._warm_stop = threading.Event()  # set by close: the warm-up ends at its next step
         self._error: BaseException | None = None
         #: An error the background loop stopped on (the run was re-created with other tensors).
         self._fatal: BaseException | None = None
@@ -178,7 +180,7 @@ class Subscriber(SafePoint):
         with deltas to apply, else when background staging starts (the next version is a delta)."""
         if self._warming is None:
             dtypes = [t.dtype for t in (await self._source.run_info()).tensors]
-            self._warming = asyncio.ensure_future(asyncio.to_thread(warm_codec_quietly, dtypes))
+            self._warming = asyncio.ensure_future(asyncio.to_thread(warm_codec_quietly, dtypes, stop=self._warm_stop))
         return self._warming
 
     async def bootstrap(self, version: int | None = None, *, in_place: bool = True) -> CommitInfo:
@@ -216,7 +218,10 @@ class Subscriber(SafePoint):
 
     async def close(self) -> None:
         await self._stop_background()
-        if self._warming is not None:  # an interpreter exiting mid-compile can crash: let it finish
+        if self._warming is not None:  # an interpreter exiting mid-compile can crash: let its current compile finish
+            self._warm_stop.set()
+            if not self._warming.done():
+                log.info("closing: waiting for the codec warm-up's compile under way to finish")
             await asyncio.gather(self._warming, return_exceptions=True)
         if self._digests is not None:
             await asyncio.to_thread(self._digests.shutdown)

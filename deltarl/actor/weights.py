@@ -200,10 +200,14 @@ class Weights:
 
     # --- lifetime ------------------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 120.0) -> None:
+        """Stop staging, close the subscriber and fetcher, end the loop's thread. A close that outlasts
+        ``timeout_s`` (a codec compile that will not end) is logged and the loop stopped anyway."""
         if not self._loop.is_closed() and self._thread.is_alive():
             try:
-                self._call(self._close(), timeout=30)
+                self._call(self._close(), timeout=timeout_s)
+            except TimeoutError:
+                log.warning("the weights' subscriber did not close in %.0fs; stopping its loop anyway", timeout_s)
             finally:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._thread.join(timeout=30)

@@ -5,6 +5,8 @@ waits for other things (the trainer's step, the keyframe) instead of inside its 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,11 +23,13 @@ _SEGMENT_BYTES = 1 << 16
 _BASE = "0" * 64
 
 
-def warm_codec(dtypes: Iterable[str]) -> None:
+def warm_codec(dtypes: Iterable[str], *, stop: threading.Event | None = None) -> None:
     """Encode, check, stage, commit and roll back tiny deltas of each raw width the run's ``dtypes`` use (16 bits
     for bfloat16/float16, 32 for float32, 8 for the FP8 dtypes), at 0.02%, 1% and wholly changed (the ``sparse``, ``ctx`` and ``dense``
     codecs ``auto`` picks from), and at 1% in grid cells coded ``ctxs``; nothing is kept. Only those widths and codecs: on a fresh install numba
-    compiles each signature on first use, and one the run never uses would cost seconds."""
+    compiles each signature on first use, and one the run never uses would cost seconds (all of them, a minute on
+    two cores). ``stop``: set it to end the warm-up at the next step (a compile already under way finishes first:
+    numba cannot be interrupted), so an owner closing early does not wait for every signature."""
     from deltarl.codec.encode import iter_encode_delta
     from deltarl.codec.stager import stage_delta
 
@@ -36,12 +40,17 @@ def warm_codec(dtypes: Iterable[str]) -> None:
     for width in sorted(widths & {8, 16, 32}):
         old = {"w": _tensor(width, rng)}
         for every, codec in ((4099, "auto"), (97, "auto"), (1, "auto"), (97, "ctxs")):  # sparse, ctx, dense; cells' ctxs
+            if stop is not None and stop.is_set():
+                log.debug("codec warm-up stopped before %d-bit %s 1/%d", width, codec, every)
+                return
+            t0 = time.perf_counter()
             new = {"w": _nudged(old["w"], every)}
             segments = list(iter_encode_delta(old, new, base=_BASE, segment_bytes=_SEGMENT_BYTES, check_finite=True,
                                               codec=codec))  # fmt: skip
             staged = stage_delta(old, segments, base=_BASE)
             staged.commit()  # the commit and rollback kernels too: else the first real pause loads them
             staged.rollback()
+            log.debug("codec warm-up: %d-bit %s 1/%d in %.2fs", width, codec, every, time.perf_counter() - t0)
 
 
 def _tensor(width: int, rng: np.random.Generator) -> Any:
@@ -64,11 +73,11 @@ def _nudged(value: Any, every: int) -> Any:
     return out
 
 
-def warm_codec_quietly(dtypes: Iterable[str]) -> None:
+def warm_codec_quietly(dtypes: Iterable[str], *, stop: threading.Event | None = None) -> None:
     """:func:`warm_codec` for a background thread: a failure is logged, never raised (the first real
     delta then loads the kernels itself, and reports any real problem)."""
     try:
-        warm_codec(dtypes)
+        warm_codec(dtypes, stop=stop)
     except Exception as err:
         log.warning("codec warm-up failed (the first delta loads the kernels instead): %s", err)
 

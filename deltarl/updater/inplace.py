@@ -324,8 +324,10 @@ class InPlaceUpdater:
         if self._loop is None:
             return
         try:
-            self._call(self._close_quietly(self._sub, *self._closing), timeout=30)
+            self._call(self._close_quietly(self._sub, *self._closing), timeout=120)  # a cold codec compile: a minute
             self._sub, self._closing = None, []
+        except TimeoutError:
+            log.warning("deltarl: the subscriber did not close in 120s; stopping its loop anyway")
         finally:
             loop, self._loop = self._loop, None
             loop.call_soon_threadsafe(loop.stop)

@@ -70,7 +70,7 @@ async def test_actor_follows_versions_and_ends_on_the_trainers_bits(
         scraped = await asyncio.to_thread(_scrape, actor.metrics_server.url)
     finally:
         actor.stop()
-        await asyncio.to_thread(thread.join, 60)
+        await asyncio.to_thread(thread.join, 180)  # a close waits for a cold codec compile under way
     assert not thread.is_alive()
     state = json.loads(state_out.read_text())
     assert state["version"] == 3
@@ -169,7 +169,7 @@ def test_actor_waits_for_an_unreachable_coordinator(local_store: ObjectStore, tm
     assert thread.is_alive()
     assert [e["event"] for e in _events(events)] == ["bootstrap"]
     actor.stop()
-    thread.join(timeout=30)
+    thread.join(timeout=180)
     assert not thread.is_alive()
     assert _events(events)[-1]["event"] == "exit"
 
@@ -195,7 +195,7 @@ async def test_relay_only_actor_needs_no_origin_store(
             await asyncio.sleep(0.05)
     finally:
         actor.stop()
-        await asyncio.to_thread(thread.join, 60)
+        await asyncio.to_thread(thread.join, 180)  # a close waits for a cold codec compile under way
     assert not thread.is_alive()
     assert json.loads(state_out.read_text())["state_digest"] == state_digest(final)
     assert actor.weights is not None
