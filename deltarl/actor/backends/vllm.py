@@ -33,7 +33,11 @@ if TYPE_CHECKING:
 ASK_AGAIN_S = 0.05
 #: how long a client goes on asking for a published version the engine is staging
 STAGE_TIMEOUT_S = 600.0
+#: with a staging poll, the longest a client polls before it asks for the version again anyway (a
+#: stage dropped for a newer HEAD never shows the version it asked for)
+POLL_REASK_S = 2.0
 _KIND = re.compile(r"\[deltarl:(\w+)\]")
+_STAGING = re.compile(r"version (\d+) is being staged")
 
 #: keyword arguments of ``vllm.LLM`` (or ``vllm serve`` flags) that select the deltarl engine; the
 #: integration (``deltarl.integrations.vllm``) re-exports this dict and checks its names against its own
@@ -78,11 +82,18 @@ def take_update(
     *,
     wait_s: float = 0.0,
     stage_timeout_s: float = STAGE_TIMEOUT_S,
+    staged: Callable[[], Sequence[dict[str, Any]]] | None = None,
 ) -> None:
     """``start_weight_update`` + ``update_weights`` until the engine has the version staged: it
     answers ``NotStaged`` (staging in the background, generation going on) and ``NotPublished``
     (not committed yet: asked again for up to ``wait_s``) at once instead of holding vLLM's RPC,
-    so a client asks again; any other refusal is raised. Call ``finish_weight_update`` after."""
+    so a client asks again; any other refusal is raised. Call ``finish_weight_update`` after.
+
+    ``staged``: each rank's :meth:`~deltarl.integrations.vllm.worker.DeltaRLWorkerExtension.deltarl_staged`
+    (a call that never raises). With it, after a ``NotStaged`` the client polls that until every rank
+    holds the version (or one reports an error) and asks once more, instead of a refused
+    ``update_weights`` (an error vLLM logs with its traceback in every process) every
+    :data:`ASK_AGAIN_S`."""
     t0 = time.monotonic()
     while True:
         start()
@@ -94,7 +105,25 @@ def take_update(
             kind, waited = refusal_kind(err), time.monotonic() - t0
             if not ((kind == "NotStaged" and waited < stage_timeout_s) or (kind == "NotPublished" and left > 0)):
                 raise
-        time.sleep(ASK_AGAIN_S)
+            target = _STAGING.search(str(err)) if kind == "NotStaged" else None
+        if staged is None or target is None:
+            time.sleep(ASK_AGAIN_S)
+        else:
+            wait_until_staged(staged, int(target.group(1)), min(POLL_REASK_S, max(0.0, t0 + stage_timeout_s - time.monotonic())))
+
+
+def wait_until_staged(staged: Callable[[], Sequence[dict[str, Any]]], version: int, timeout_s: float) -> bool:
+    """Poll ``staged`` (each rank's ``{"staged": N, "error": …}``) every :data:`ASK_AGAIN_S` until every
+    rank has staged ``version`` or one reports an error (the next ask raises it); False if
+    ``timeout_s`` passed first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        time.sleep(ASK_AGAIN_S)  # first: a rank's standing error must not turn the asking into a busy loop
+        ranks = list(staged())
+        if ranks and (any(r.get("error") for r in ranks) or all(r.get("staged") == version for r in ranks)):
+            return True
+        if time.monotonic() >= deadline:
+            return False
 
 
 def engine_update(llm: Any, version: int | str = "latest", *, wait_s: float = 0.0) -> dict[str, Any]:
@@ -102,7 +131,8 @@ def engine_update(llm: Any, version: int | str = "latest", *, wait_s: float = 0.
     then commit it in place; a refused version raises and leaves the weights as they were. The
     first worker's status."""
     take_update(lambda: llm.collective_rpc("start_weight_update"),
-                lambda info: llm.collective_rpc("update_weights", kwargs={"update_info": info}), version, wait_s=wait_s)
+                lambda info: llm.collective_rpc("update_weights", kwargs={"update_info": info}), version, wait_s=wait_s,
+                staged=lambda: llm.collective_rpc("deltarl_staged"))
     engine_finish(llm)
     return engine_status(llm)[0]
 

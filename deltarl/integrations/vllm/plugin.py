@@ -10,7 +10,11 @@ vLLM calls :func:`register` in every process it starts (the engine core, each wo
   only, keeps linear and LM-head weights live: the CPU build otherwise copies each one into a
   oneDNN / SGL packed buffer and drops the parameter (``dispatch_cpu_unquantized_gemm``), so no
   in-place write could reach the matmul. The layer then multiplies with ``torch.nn.functional.linear``
-  on its own parameter. Other engines in the same install are untouched.
+  on its own parameter. Other engines in the same install are untouched;
+* turns vLLM's ERROR log of a deltarl "ask again" answer (``[deltarl:NotStaged]``,
+  ``[deltarl:NotPublished]``: a version still staging, or not committed yet; the client asks
+  again) into one DEBUG line: vLLM logs every failed worker RPC with its traceback, in the worker
+  and again in the engine core, and these answers are not failures (:class:`AskAgainFilter`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import ctypes
 import ctypes.util
 import logging
 import platform
+import re
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -29,6 +34,10 @@ SUPPORTED_VLLM = ((0, 32), (0, 34))
 _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 _SYS_ARCH_PRCTL = 158  # x86-64
+#: vLLM's loggers that report a failed worker RPC (``WorkerProc hit an exception``) and a failed
+#: engine-core call (``Invocation of collective_rpc method failed``), each with its traceback
+RPC_ERROR_LOGGERS = ("vllm.v1.executor.multiproc_executor", "vllm.v1.engine.core")
+_ASK_AGAIN = re.compile(r"\[deltarl:(?:NotStaged|NotPublished)\]")
 
 
 def request_amx() -> bool:
@@ -42,6 +51,29 @@ def request_amx() -> bool:
         return int(libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA)) == 0
     except (OSError, AttributeError):
         return False
+
+
+class AskAgainFilter(logging.Filter):
+    """Drops an ERROR record whose exception is a deltarl "ask again" answer, logging it as one
+    DEBUG line of ``deltarl.integrations.vllm.plugin`` instead; every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.levelno < logging.ERROR or exc is None:
+            return True
+        text = str(exc)
+        if _ASK_AGAIN.search(text) is None:
+            return True
+        log.debug("deltarl: %s: %s", record.getMessage(), text.splitlines()[0][:300] if text else "")
+        return False
+
+
+def quiet_ask_again() -> None:
+    """Put :class:`AskAgainFilter` on vLLM's RPC error loggers (once per process)."""
+    for name in RPC_ERROR_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, AskAgainFilter) for f in logger.filters):
+            logger.addFilter(AskAgainFilter())
 
 
 def _deltarl_engine_configured() -> bool:
@@ -89,8 +121,10 @@ def check_version(version: str) -> bool:
 
 
 def register() -> None:
-    """vLLM's plugin hook: AMX state, the ``deltarl`` engine, live CPU weights (see the module doc)."""
+    """vLLM's plugin hook: AMX state, the ``deltarl`` engine, live CPU weights, quiet "ask again"
+    answers (see the module doc)."""
     request_amx()
+    quiet_ask_again()
     import vllm
 
     check_version(getattr(vllm, "__version__", ""))

@@ -120,12 +120,20 @@ def attach(url: str, store: str, run: str, *, relays: Sequence[str] = (), versio
 def stage(url: str, version: int, *, timeout_s: float = 600.0) -> None:
     """``/start_weight_update`` and ``/update_weights``: the workers fetch, verify and decode ``version``
     (the next after the served one) in the background while the server keeps generating; the
-    engine answers ``NotStaged`` at once until it has, and this asks again (``take_update``)."""
+    engine answers ``NotStaged`` at once until it has; this then polls ``deltarl_staged`` until every
+    worker holds it, and asks again (``take_update``)."""
     from deltarl.actor.backends.vllm import take_update
 
     take_update(lambda: call_route(url, "start_weight_update", timeout_s=timeout_s),
                 lambda info: call_route(url, "update_weights", {"update_info": info}, timeout_s=timeout_s),
-                version, stage_timeout_s=timeout_s)
+                version, stage_timeout_s=timeout_s, staged=lambda: server_staged(url, timeout_s=timeout_s))
+
+
+def server_staged(url: str, *, timeout_s: float = 300.0) -> list[dict[str, Any]]:
+    """Every worker's ``deltarl_staged`` (the version its background staging holds, and its last
+    error) through ``/collective_rpc``: a poll that never fails in the server, so it logs nothing."""
+    out = call_route(url, "collective_rpc", {"method": "deltarl_staged"}, timeout_s=timeout_s)
+    return [r for r in (out or {}).get("results") or [] if isinstance(r, dict)]
 
 
 def commit(url: str, version: int, *, timeout_s: float = 600.0) -> None:

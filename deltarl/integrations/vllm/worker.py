@@ -27,6 +27,15 @@ class DeltaRLWorkerExtension:
             raise ConfigError("this vLLM engine was not started with weight_transfer_config={'backend': 'deltarl'}")
         return engine
 
+    def deltarl_staged(self) -> dict[str, Any]:
+        """What the background staging holds, cheaply and without raising: ``staged`` (the version
+        ready to take, or None), ``error`` (its last error, ``[deltarl:Kind] …``, or None), ``rank``.
+        A client polls this while a version stages instead of asking ``update_weights`` again."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if engine is None or not hasattr(engine, "background"):
+            return {"staged": None, "error": "[deltarl:ConfigError] no deltarl weight-transfer engine", "rank": None}
+        return {**engine.background(), "rank": engine.updater.ranks.rank}
+
     def deltarl_status(self, digest: bool = False) -> dict[str, Any]:
         """The served version, its id and the last update's timings (no ``version`` key: nothing
         served), the version staged in the background and its last error (``[deltarl:Kind] …``),

@@ -54,3 +54,63 @@ def test_other_refusals_are_raised_at_once() -> None:
     assert calls == ["start", "update"]
     assert refusal_kind(refused.value) == "IntegrityError"
     assert refusal_kind(RuntimeError("no tag here")) is None
+
+
+def _staging_engine(ready_after: int, errors: dict[int, str] | None = None) -> tuple[list[str], Callable[[], None],
+                                                                                     Callable[[dict[str, object]], None],
+                                                                                     Callable[[], list[dict[str, object]]]]:
+    """Two ranks staging version 3: ``update_weights`` answers the engine's real ``NotStaged`` until
+    the ``ready_after``-th poll of ``deltarl_staged`` has seen both ranks hold it; ``errors``: a rank's
+    error reported at that poll number instead."""
+    calls: list[str] = []
+    polls = [0]
+
+    def start() -> None:
+        calls.append("start")
+
+    def update(info: dict[str, object]) -> None:
+        calls.append("update")
+        if polls[0] < ready_after:
+            raise RuntimeError("Worker failed with error '[deltarl:NotStaged] version 3 is being staged in the "
+                               "background: ask again', please check the stack trace above for the root cause")
+
+    def staged() -> list[dict[str, object]]:
+        calls.append("poll")
+        polls[0] += 1
+        error = (errors or {}).get(polls[0])
+        held = 3 if polls[0] >= ready_after else 2
+        return [{"staged": held, "error": None, "rank": 0}, {"staged": 2 if error else held, "error": error, "rank": 1}]
+
+    return calls, start, update, staged
+
+
+def test_with_a_staging_poll_a_not_staged_version_is_polled_not_asked_again() -> None:
+    calls, start, update, staged = _staging_engine(ready_after=5)
+    take_update(start, update, 3, staged=staged)
+    # one refused ask, polls until both ranks hold 3, then the ask that takes it
+    assert calls == ["start", "update", *["poll"] * 5, "start", "update"]
+
+
+def test_a_rank_error_ends_the_poll_and_the_next_ask_reports_it() -> None:
+    calls, start, update, staged = _staging_engine(ready_after=10**6, errors={2: "[deltarl:IntegrityError] piece 4"})
+    with pytest.raises(RuntimeError, match="NotStaged"):  # the engine still answers NotStaged here...
+        take_update(start, update, 3, staged=staged, stage_timeout_s=0.3)
+    assert calls[:6] == ["start", "update", "poll", "poll", "start", "update"]  # ...but it was asked at once
+
+
+def test_a_poll_that_never_shows_the_version_asks_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import deltarl.actor.backends.vllm as backend
+
+    monkeypatch.setattr(backend, "POLL_REASK_S", 0.2)
+    calls, start, update, staged = _staging_engine(ready_after=10**6)
+    with pytest.raises(RuntimeError, match="NotStaged"):
+        take_update(start, update, 3, staged=staged, stage_timeout_s=0.9)
+    asks = calls.count("update")
+    assert 3 <= asks <= 6  # asked again every ~0.2 s of polling, until the stage timeout
+    assert calls.count("poll") > asks
+
+
+def test_a_not_staged_answer_without_a_version_falls_back_to_asking_again() -> None:
+    calls, _, start, update = _engine(["NotStaged", None])  # "version 3 …": no version being staged named
+    take_update(start, update, 3, staged=lambda: pytest.fail("polled without a version to wait for"))
+    assert calls == ["start", "update"] * 2
