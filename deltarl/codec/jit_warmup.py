@@ -1,9 +1,15 @@
 """Warm the codec before the first real delta: numba loads each compiled signature from its cache
 on first call (~0.3 s in all), so a publisher or a bootstrap pays it on a worker thread while it
-waits for other things (the trainer's step, the keyframe) instead of inside its first version."""
+waits for other things (the trainer's step, the keyframe) instead of inside its first version.
+
+``python -m deltarl.codec.jit_warmup`` compiles every width's kernels into numba's cache at once
+(about two core-minutes on a fresh install; well under a second once cached): an image build or
+a test run starting many processes does it once, before they start, instead of in each of them.
+numba keeps one cache per source file for one numba version (``NUMBA_CACHE_DIR`` moves it)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import threading
 import time
@@ -82,4 +88,21 @@ def warm_codec_quietly(dtypes: Iterable[str], *, stop: threading.Event | None = 
         log.warning("codec warm-up failed (the first delta loads the kernels instead): %s", err)
 
 
-__all__ = ["warm_codec", "warm_codec_quietly"]
+def main(argv: list[str] | None = None) -> None:
+    """Compile (or load) the codec's kernels for ``--dtypes`` (default: every dtype the codec takes)."""
+    parser = argparse.ArgumentParser(description="compile the codec's numba kernels into numba's cache")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated dtypes (default: all)")
+    args = parser.parse_args(argv)
+    if kernels.jit() is None:
+        print("numba is not installed: the codec runs its numpy path, nothing to compile")
+        return
+    t0 = time.perf_counter()
+    warm_codec(args.dtypes.split(","))
+    print(f"codec kernels ready in {time.perf_counter() - t0:.1f}s")
+
+
+__all__ = ["main", "warm_codec", "warm_codec_quietly"]
+
+
+if __name__ == "__main__":
+    main()
