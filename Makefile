@@ -58,20 +58,19 @@ demo: $(STAMP)
 	$(BIN)/deltarl demo
 
 # The main suite runs on two pytest-xdist workers (many tests wait on servers, links and
-# subprocesses: they keep ~1.4 of 2 cores busy); mypy, the .venv-vllm install and the compile of
-# each venv's numba cache (at the lowest CPU priority, in the cores the tests leave idle: a kernel a
-# worker needs before that compile reached it is compiled by the worker) run in the background
-# meanwhile; their logs are printed only if they fail. Tried and dropped: compiling the main venv's
-# kernels before the workers start (173 s on the critical path, beside mypy and pip)
+# subprocesses: they keep ~1.4 of 2 cores busy; the codec's numba kernels are compiled once before
+# they start, tests/fixtures/codec_warmup.py); mypy, the .venv-vllm install and the compile of its
+# own numba cache (at the lowest CPU priority, in the cores the main suite leaves idle) run in the
+# background meanwhile; their logs are printed only if they fail. Tried on a fresh clone and dropped:
+# compiling the main venv's kernels at nice 19 beside the workers (main suite 764 s, against 173 + 552
+# s compiled first), which also left processes writing one numba cache at once
 test: $(STAMP)
 	$(BIN)/ruff check deltarl tests benchmarks
-	nice -n 19 $(BIN)/python -m deltarl.codec.jit_warmup > .jit-warmup.log 2>&1 & warm=$$!; \
-	  $(BIN)/mypy > .mypy.log 2>&1 & types=$$!; \
+	$(BIN)/mypy > .mypy.log 2>&1 & types=$$!; \
 	  { $(MAKE) --no-print-directory vllm-venv && $(VLLM_NUMBA) nice -n 19 $(VLLM_BIN)/python -m deltarl.codec.jit_warmup; } \
 	    > $(VLLM_VENV).log 2>&1 & venv=$$!; \
 	  rc=0; $(BIN)/pytest -q -n 2 || rc=$$?; \
 	  if wait $$types; then tail -1 .mypy.log; else cat .mypy.log; echo "mypy failed"; rc=1; fi; \
-	  wait $$warm || { cat .jit-warmup.log; echo "compiling the codec's kernels failed"; rc=1; }; \
 	  wait $$venv || { cat $(VLLM_VENV).log; echo "building $(VLLM_VENV) or compiling its codec kernels failed"; exit 1; }; \
 	  exit $$rc
 	$(MAKE) test-vllm

@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.fixtures.plain_http",  # a plain HTTP object server (no long-poll), counting requests
     "tests.fixtures.coordinator",  # coordinator service on loopback
     "tests.fixtures.models",  # tiny transformers models and tokenizer
+    "tests.fixtures.codec_warmup",  # numba's kernels compiled once, before pytest-xdist's workers start
 ]
