@@ -88,20 +88,26 @@ def warm_codec_quietly(dtypes: Iterable[str], *, stop: threading.Event | None = 
         log.warning("codec warm-up failed (the first delta loads the kernels instead): %s", err)
 
 
+def compile_codec(dtypes: Iterable[str] = tuple(DTYPES)) -> float | None:
+    """:func:`warm_codec` for ``dtypes`` (default: every dtype the codec takes), in this thread; the
+    seconds it took, or None where numba is not installed (the numpy path compiles nothing)."""
+    if kernels.jit() is None:
+        return None
+    t0 = time.perf_counter()
+    warm_codec(dtypes)
+    return time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> None:
     """Compile (or load) the codec's kernels for ``--dtypes`` (default: every dtype the codec takes)."""
     parser = argparse.ArgumentParser(description="compile the codec's numba kernels into numba's cache")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated dtypes (default: all)")
-    args = parser.parse_args(argv)
-    if kernels.jit() is None:
-        print("numba is not installed: the codec runs its numpy path, nothing to compile")
-        return
-    t0 = time.perf_counter()
-    warm_codec(args.dtypes.split(","))
-    print(f"codec kernels ready in {time.perf_counter() - t0:.1f}s")
+    took = compile_codec(parser.parse_args(argv).dtypes.split(","))
+    print("numba is not installed: the codec runs its numpy path, nothing to compile" if took is None
+          else f"codec kernels ready in {took:.1f}s")
 
 
-__all__ = ["main", "warm_codec", "warm_codec_quietly"]
+__all__ = ["compile_codec", "main", "warm_codec", "warm_codec_quietly"]
 
 
 if __name__ == "__main__":
