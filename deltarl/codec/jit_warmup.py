@@ -10,10 +10,14 @@ numba keeps one cache per source file for one numba version (``NUMBA_CACHE_DIR``
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import logging
+import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -89,13 +93,43 @@ def warm_codec_quietly(dtypes: Iterable[str], *, stop: threading.Event | None = 
 
 
 def compile_codec(dtypes: Iterable[str] = tuple(DTYPES)) -> float | None:
-    """:func:`warm_codec` for ``dtypes`` (default: every dtype the codec takes), in this thread; the
-    seconds it took, or None where numba is not installed (the numpy path compiles nothing)."""
+    """:func:`warm_codec` for ``dtypes`` (default: every dtype the codec takes), in this thread, under
+    an exclusive lock on numba's cache of the codec (:func:`cache_lock`), so processes that call it at
+    once (two test suites starting together, containers sharing a volume) compile each kernel once and
+    never write one cache index at once; the seconds it took, waiting included, or None where numba is
+    not installed (the numpy path compiles nothing)."""
     if kernels.jit() is None:
         return None
     t0 = time.perf_counter()
-    warm_codec(dtypes)
+    with cache_lock():
+        warm_codec(dtypes)
     return time.perf_counter() - t0
+
+
+def cache_dir() -> Path:
+    """Where numba caches the codec's kernels: ``NUMBA_CACHE_DIR`` if set, else the codec's
+    ``__pycache__`` (numba's default for a writable source tree)."""
+    root = os.environ.get("NUMBA_CACHE_DIR")
+    here = Path(kernels.__file__).resolve().parent
+    return Path(root) / here.relative_to(here.anchor) if root else here / "__pycache__"
+
+
+@contextlib.contextmanager
+def cache_lock() -> Iterator[None]:
+    """An exclusive ``flock`` on a file in :func:`cache_dir` (one host; numba takes no lock of its own
+    when it writes its cache): a second holder waits, then loads what the first compiled."""
+    path = cache_dir() / "deltarl-jit-warmup.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another process is compiling the codec's kernels (%s): waiting for it", path)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -107,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
           else f"codec kernels ready in {took:.1f}s")
 
 
-__all__ = ["compile_codec", "main", "warm_codec", "warm_codec_quietly"]
+__all__ = ["cache_dir", "cache_lock", "compile_codec", "main", "warm_codec", "warm_codec_quietly"]
 
 
 if __name__ == "__main__":
