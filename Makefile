@@ -38,7 +38,7 @@ vllm-venv: $(VLLM_STAMP)
 # docs/RELIABILITY.md); the slowest files first (611, 614 and 539 s: no gain over the plain order)
 VLLM_PYTEST_ARGS ?=
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_BIN)/pytest -q -n 2 --dist loadfile -p no:cacheprovider $(VLLM_PYTEST_ARGS) tests/integration/vllm
+	$(VLLM_BIN)/pytest -q -n 3 --dist loadfile -p no:cacheprovider $(VLLM_PYTEST_ARGS) tests/integration/vllm
 
 # the support window's other end: the trainer-side engine against vLLM 0.33's and 0.34's own
 # WeightSource (their pure-Python modules, no compiled parts, ahead of the installed 0.32 build)
@@ -65,8 +65,8 @@ demo: $(STAMP)
 # fresh clones): compile 166 s + main suite 576 s + vLLM suite 518 s
 test: $(STAMP)
 	$(BIN)/ruff check deltarl tests benchmarks
-	$(BIN)/mypy > .mypy.log 2>&1 & types=$$!; \
-	  { $(MAKE) --no-print-directory vllm-venv && \
+	nice -n 10 $(BIN)/mypy > .mypy.log 2>&1 & types=$$!; \
+	  { nice -n 10 $(MAKE) --no-print-directory vllm-venv && \
 	    nice -n 10 $(MAKE) --no-print-directory test-vllm VLLM_PYTEST_ARGS=--timeout=900; } > .vllm-suite.log 2>&1 & vllm=$$!; \
 	  rc=0; $(BIN)/pytest -q -n 2 || rc=$$?; \
 	  if wait $$types; then tail -1 .mypy.log; else cat .mypy.log; echo "mypy failed"; rc=1; fi; \
