@@ -207,9 +207,13 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                      # per rank: bytes read for this version (TP 1: the whole delta) and fetch + decode + stage
                      "rank_fetched_bytes": [r.get("fetched_bytes") or delta_bytes[v] for r in ranks],
                      "rank_stage_s": [r["fetch_s"] for r in ranks],
+                     # where a rank's stage went (a rank staging regions): read + verify, decode wall, decode CPU
+                     "rank_stage_parts": [r.get("stage_parts") for r in ranks],
                      "worker_rss_after": mem["VmRSS"], "worker_peak_rss_after": mem["VmHWM"]})
         print(f"v{v}: fetch {st['fetch_s'] * 1e3:.0f} ms, decode {st['decode_s'] * 1e3:.0f} ms, pause {st['pause_s'] * 1e3:.1f} ms, "
-              f"scatter {scatter[v] * 1e3:.1f} ms", flush=True)
+              f"scatter {scatter[v] * 1e3:.1f} ms" + "".join(
+                  f"; rank {i}: read {p['read_s'] * 1e3:.0f} ms, decode {p['decode_s'] * 1e3:.0f} ms "
+                  f"(CPU {p['decode_cpu_s'] * 1e3:.0f} ms)" for i, p in enumerate(rows[-1]["rank_stage_parts"]) if p), flush=True)
     final = status(llm, digest=True)[0]
     mem_deltarl = _memory(llm)
     whole_model_paths = tp == 1 and not moe  # vLLM's sparse path and the dense reload read the model whole
@@ -239,6 +243,9 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     med["rank_stage_s"] = statistics.median(max(r["rank_stage_s"]) for r in rows)
     med["worker_scatter_s"] = in_worker["scatter_s"] if in_worker else float("nan")
     med["rank_fetched_over_delta"] = statistics.median(max(r["rank_fetched_bytes"]) / r["delta_bytes"] for r in rows)
+    med["rank_stage_parts"] = [  # per rank: the median of each part over the versions
+        {k: statistics.median(r["rank_stage_parts"][i][k] for r in rows) for k in ("read_s", "decode_s", "decode_cpu_s")}
+        if all(r["rank_stage_parts"][i] for r in rows) else None for i in range(len(rows[0]["rank_stage_parts"]))]
     res = {
         "shape": args.shape, "tp": tp, "model_bytes": model_bytes, "fraction": args.fraction, "versions": rows,
         "engine_load_s": load_s, "attach_s": attach_s, "median": med,
@@ -271,6 +278,10 @@ def _table(res: dict[str, Any], fraction: float, versions: int) -> None:
                        ("vLLM load_checkpoint_weight_patches", "vllm_sparse_s"), ("dense load_weights", "dense_reload_s")):
         print(f"{label:40s} {m[key] * 1e3:10.1f}")
     print(f"bytes a rank fetched / the version's delta bytes: {m['rank_fetched_over_delta']:.3f}")
+    for i, p in enumerate(m["rank_stage_parts"]):
+        if p:
+            print(f"rank {i} stage (medians): read + verify {p['read_s'] * 1e3:.0f} ms, decode + stage "
+                  f"{p['decode_s'] * 1e3:.0f} ms wall, {p['decode_cpu_s'] * 1e3:.0f} ms CPU of its thread")
     print(f"pause / plain scatter in the worker: {res['pause_over_worker_scatter']:.2f}x (worker: {res['worker_cpus']}), "
           f"in the driver: {res['pause_over_scatter']:.2f}x   pause / vLLM sparse: {res['pause_over_vllm_sparse']:.3f}x")
     print(f"worker memory beyond vLLM's own: {res['extra_copies_steady']:.3f} copies of a rank's part (steady), peak "

@@ -136,6 +136,7 @@ class ShardedUpdater:
         self.attempts = 0
         self.error_attempt = 0
         self.fetched_bytes = 0  # bytes the last staged version read (only the pieces holding this rank's part)
+        self.stage_parts: dict[str, float] | None = None  # where the last stage's time went (RegionStage)
         self._aim: int | None = None  # a version several ahead asked for ("latest" far behind)
 
     # --- reads --------------------------------------------------------------------------------------
@@ -209,11 +210,12 @@ class ShardedUpdater:
                 if manifest.parent != base:
                     raise RunError(f"{manifest.key}: parent {manifest.parent} is not the served version's id {base}")
                 t0 = time.monotonic()
-                update, fetched = await asyncio.to_thread(stage_region_reads, get_range, manifest, self.views,
-                                                          self.placements, self.table, base=base)
+                update, took = await asyncio.to_thread(stage_region_reads, get_range, manifest, self.views,
+                                                       self.placements, self.table, base=base)
                 if (self.version, self.version_id) == (target - 1, base):
                     self._staged = Staged(target, vid, manifest, update, time.monotonic() - t0)
-                    self.fetched_bytes = fetched  # this rank's part of the version, and the headers
+                    self.fetched_bytes = took.fetched_bytes  # this rank's part of the version, and the headers
+                    self.stage_parts = took.as_dict()
                     self.error = None
             except ObjectNotFound:
                 continue  # not published yet: poll again

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -72,19 +74,37 @@ def stage_regions(views: Mapping[str, Any], placements: Sequence[Placement], tab
     return stage_delta(views, segments, base=base, regions=codec_regions(placements, table), specs=table)
 
 
+@dataclass
+class RegionStage:
+    """What staging a rank's part of one version took: the bytes read and where the time went."""
+
+    fetched_bytes: int  # the rank's pieces and the segments' headers
+    read_s: float  # wall: headers, the plan, the pieces read and verified
+    decode_s: float  # wall: decode and stage
+    #: the staging thread's CPU in decode and stage: below ``decode_s`` when it waited for a core (a decode
+    #: pool's other threads, used where the rank has more than one core, are not counted)
+    decode_cpu_s: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"read_s": self.read_s, "decode_s": self.decode_s, "decode_cpu_s": self.decode_cpu_s}
+
+
 def stage_region_reads(get_range: Any, manifest: Any, views: Mapping[str, Any], placements: Sequence[Placement],
-                       table: Sequence[TensorSpec], *, base: str) -> tuple[StagedUpdate, int]:
+                       table: Sequence[TensorSpec], *, base: str) -> tuple[StagedUpdate, RegionStage]:
     """Read only the pieces of ``manifest``'s segments that hold this rank's chunks (each verified;
-    :mod:`deltarl.pipeline.region_reads`) and stage them into ``views``; also the bytes read.
+    :mod:`deltarl.pipeline.region_reads`) and stage them into ``views``; also what it read and took.
     ``get_range(key, start, end)`` is any ranged read (a store's, the fetcher's)."""
     from deltarl.codec.stager import stage_delta
     from deltarl.pipeline.region_reads import read_segment_parts
 
+    t0 = time.perf_counter()
     regions = codec_regions(placements, table)
     parts = read_segment_parts(get_range, manifest, regions)
     data: list[Any] = [p.data for p in parts]  # the segments' buffers, only the verified pieces read (no copy)
+    t1, c1 = time.perf_counter(), time.thread_time()
     staged = stage_delta(views, data, base=base, regions=regions, specs=table, headers=[p.header for p in parts])
-    return staged, sum(p.fetched_bytes for p in parts)
+    took = RegionStage(sum(p.fetched_bytes for p in parts), t1 - t0, time.perf_counter() - t1, time.thread_time() - c1)
+    return staged, took
 
 
 async def load_keyframe(source: Any, manifest: Any, views: Mapping[str, Any], placements: Sequence[Placement],

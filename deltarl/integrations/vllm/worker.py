@@ -41,7 +41,9 @@ class DeltaRLWorkerExtension:
         served), the version staged in the background and its last error (``[deltarl:Kind] …``),
         the worker's resident memory; with ``digest``, the state digest of this rank's served weights
         (``digest``, hashed in place) and of the whole engine's (``engine_digest``, joined from every rank);
-        ``fetch``: what this worker has fetched (bytes by source, objects, retries)."""
+        ``fetch``: what this worker has fetched (bytes by source, objects, retries); a rank staging its
+        part (tensor/expert parallel): ``fetched_bytes`` and ``stage_parts`` (read + verify, decode wall
+        and the staging thread's CPU seconds of the last staged version)."""
         engine = self._deltarl_engine()
         out: dict[str, Any] = {} if engine.served is None else dataclasses.asdict(engine.served)
         out["tensors"] = len(engine.views)
@@ -55,6 +57,7 @@ class DeltaRLWorkerExtension:
             out["engine_digest"] = engine.engine_digest()  # every rank takes part: ask every worker at once
         out["rank"] = engine.updater.ranks.rank
         out["fetched_bytes"] = getattr(engine.updater._sub, "fetched_bytes", None)  # a tensor/expert parallel rank's reads
+        out["stage_parts"] = getattr(engine.updater._sub, "stage_parts", None)  # and where its last stage's time went
         return out
 
 
