@@ -38,7 +38,7 @@ vllm-venv: $(VLLM_STAMP)
 # docs/RELIABILITY.md); the slowest files first (611, 614 and 539 s: no gain over the plain order)
 VLLM_PYTEST_ARGS ?=
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_BIN)/pytest -q -n 3 --dist loadscope -p no:cacheprovider $(VLLM_PYTEST_ARGS) tests/integration/vllm
+	$(VLLM_BIN)/pytest -q -n 3 --dist loadfile -p no:cacheprovider $(VLLM_PYTEST_ARGS) tests/integration/vllm
 
 # the support window's other end: the trainer-side engine against vLLM 0.33's and 0.34's own
 # WeightSource (their pure-Python modules, no compiled parts, ahead of the installed 0.32 build)

@@ -7,8 +7,7 @@ The checkpoints hold their experts fused, as transformers writes Qwen3-MoE (``ga
 ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``): at TP 2 each rank holds a column range of a fold of
 them, with expert parallel a row range (its experts).
 
-One engine per layout serves all of its checks (an engine costs ~15-30 s to start on two cores). A
-test class per layout, so pytest-xdist (``--dist loadscope``) spreads the layouts over its workers.
+One engine per layout serves all of its checks (an engine costs ~15-30 s to start on two cores).
 """
 
 from __future__ import annotations
@@ -81,19 +80,18 @@ def _publish(root: Path, arch: str) -> tuple[Path, list[dict[str, Any]]]:
 NO_GENERATE = {"moe-ep2": "vLLM 0.32's CPU experts kernel ignores expert_map (segfaults on generate)"}
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="module", params=list(LAYOUTS))
 def layout(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Layout]:
-    name = request.cls.LAYOUT
-    arch, options = LAYOUTS[name]
+    arch, options = LAYOUTS[request.param]
     if options.get("tensor_parallel_size", 1) > 1:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core a rank
-    root = tmp_path_factory.mktemp(name)
+    root = tmp_path_factory.mktemp(request.param)
     ckpt, states = _publish(root, arch)
-    yield Layout(root, ckpt, str(root / "store"), states, options, name not in NO_GENERATE)
+    yield Layout(root, ckpt, str(root / "store"), states, options, request.param not in NO_GENERATE)
     os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="module")
 def served(layout: Layout) -> Iterator[Any]:
     from deltarl.integrations.vllm import attach
 
@@ -119,71 +117,50 @@ def _fresh_dir(layout: Layout, version: int) -> Path:
     return out
 
 
-class LayoutChecks:
-    """The checks of one layout (:data:`LAYOUTS`), on one engine of it (``served``)."""
+def test_updates_equal_a_fresh_engine_of_the_same_layout(layout: Layout, served: Any) -> None:
+    from deltarl.integrations.vllm import attach, status, update
 
-    LAYOUT: str
-
-    def test_updates_equal_a_fresh_engine_of_the_same_layout(self, layout: Layout, served: Any) -> None:
-        from deltarl.integrations.vllm import attach, status, update
-
-        for v in range(1, N + 1):
-            assert update(served, v)["version"] == v
-        ranks = status(served, digest=True)
-        assert {r["version"] for r in ranks} == {N}
-        assert ranks[0]["engine_digest"] == _digest(layout.states[N])  # the whole engine, bit for bit the trainer's
-        after = greedy(served) if layout.generates else None
-        fresh = engine(_fresh_dir(layout, N), **layout.options)  # vLLM's own loader on replay(N)
-        try:
-            if layout.generates:
-                assert greedy(fresh) == after  # tokens and logprobs, exactly
-            boot = attach(fresh, layout.store, "r")  # late: from the keyframe, each rank reading its part
-            assert boot["version"] == N
-            assert status(fresh, digest=True)[0]["engine_digest"] == ranks[0]["engine_digest"]
-            if layout.generates:
-                assert greedy(fresh) == after
-        finally:
-            shut(fresh)
-
-
-    def test_a_corrupt_piece_is_refused_on_every_rank_and_nothing_changes(self, layout: Layout, served: Any) -> None:
-        from deltarl.integrations.vllm import status, update
-        from deltarl.pipeline.publisher import Publisher
-        from deltarl.storage.open import open_store
-        from deltarl.testing.vllm_runs import evolve
-
-        before = status(served, digest=True)
-        tokens = greedy(served) if layout.generates else None
-        v = before[0]["version"]
-        store = open_store(layout.store)
-        with Publisher(store, "r", keyframe_interval=1000) as pub:
-            pub.publish(evolve(layout.states[v], 0.01, seed=500 + v), v + 1)
-        store.close()
-        segs = sorted((Path(layout.store) / "r" / "versions" / f"{v + 1:012d}").glob("*-seg-*.bin"))
-        seg = segs[-1]  # the last segment: the tensors sorted last (one rank's part of them, at TP 2)
-        data = bytearray(seg.read_bytes())
-        data[len(data) // 2] ^= 0x01
-        seg.chmod(0o644)
-        seg.write_bytes(bytes(data))
-        with pytest.raises(Exception, match=r"no source delivered bytes matching its manifest|IntegrityError|hash"):
-            update(served, v + 1)
-        after = status(served, digest=True)
-        assert [(r["version"], r["digest"]) for r in after] == [(r["version"], r["digest"]) for r in before]  # every rank
+    for v in range(1, N + 1):
+        assert update(served, v)["version"] == v
+    ranks = status(served, digest=True)
+    assert {r["version"] for r in ranks} == {N}
+    assert ranks[0]["engine_digest"] == _digest(layout.states[N])  # the whole engine, bit for bit the trainer's
+    after = greedy(served) if layout.generates else None
+    fresh = engine(_fresh_dir(layout, N), **layout.options)  # vLLM's own loader on replay(N)
+    try:
         if layout.generates:
-            assert greedy(served) == tokens
+            assert greedy(fresh) == after  # tokens and logprobs, exactly
+        boot = attach(fresh, layout.store, "r")  # late: from the keyframe, each rank reading its part
+        assert boot["version"] == N
+        assert status(fresh, digest=True)[0]["engine_digest"] == ranks[0]["engine_digest"]
+        if layout.generates:
+            assert greedy(fresh) == after
+    finally:
+        shut(fresh)
 
 
-class TestMoeTp1(LayoutChecks):
-    LAYOUT = "moe-tp1"
+def test_a_corrupt_piece_is_refused_on_every_rank_and_nothing_changes(layout: Layout, served: Any) -> None:
+    from deltarl.integrations.vllm import status, update
+    from deltarl.pipeline.publisher import Publisher
+    from deltarl.storage.open import open_store
+    from deltarl.testing.vllm_runs import evolve
 
-
-class TestDenseTp2(LayoutChecks):
-    LAYOUT = "dense-tp2"
-
-
-class TestMoeTp2(LayoutChecks):
-    LAYOUT = "moe-tp2"
-
-
-class TestMoeEp2(LayoutChecks):
-    LAYOUT = "moe-ep2"
+    before = status(served, digest=True)
+    tokens = greedy(served) if layout.generates else None
+    v = before[0]["version"]
+    store = open_store(layout.store)
+    with Publisher(store, "r", keyframe_interval=1000) as pub:
+        pub.publish(evolve(layout.states[v], 0.01, seed=500 + v), v + 1)
+    store.close()
+    segs = sorted((Path(layout.store) / "r" / "versions" / f"{v + 1:012d}").glob("*-seg-*.bin"))
+    seg = segs[-1]  # the last segment: the tensors sorted last (one rank's part of them, at TP 2)
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    seg.chmod(0o644)
+    seg.write_bytes(bytes(data))
+    with pytest.raises(Exception, match=r"no source delivered bytes matching its manifest|IntegrityError|hash"):
+        update(served, v + 1)
+    after = status(served, digest=True)
+    assert [(r["version"], r["digest"]) for r in after] == [(r["version"], r["digest"]) for r in before]  # every rank
+    if layout.generates:
+        assert greedy(served) == tokens
