@@ -32,10 +32,13 @@ $(VLLM_STAMP): pyproject.toml
 vllm-venv: $(VLLM_STAMP)
 
 # the tests against vLLM's real engine (they are not collected in the main venv, which has no vLLM);
-# two workers, a test file each at a time: an engine's start is mostly one thread importing and
-# loading, so two overlap on two cores (~480 s where one worker took ~595 s on a loaded box). Tried
-# on fresh clones and dropped: three workers (548 s, and they raced vLLM's own shutdown, see
-# docs/RELIABILITY.md); the slowest files first (611, 614 and 539 s: no gain over the plain order)
+# three workers, a test file each at a time, the longest files first (tests/integration/vllm/
+# conftest.py): an engine's start is mostly one process importing vLLM, so two workers kept only
+# ~1.1 of 2 cores busy (606 s alone on a warm numba cache). Tried on fresh clones and dropped:
+# --dist loadgroup (pytest 9.2 ignores the group xdist 3.8 writes into the test id: every test ran
+# alone, starting its own engines); test_parallel's four layouts as classes on --dist loadscope
+# (beside the main suite: 1255 s against 1167 s, the main suite slower, and test_serve_sync's
+# restarted server missed its deadline)
 VLLM_PYTEST_ARGS ?=
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/pytest -q -n 3 --dist loadfile -p no:cacheprovider $(VLLM_PYTEST_ARGS) tests/integration/vllm

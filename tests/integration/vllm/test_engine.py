@@ -125,7 +125,7 @@ def test_a_relay_restart_is_survived(vllm_run: Run, served: Any, tmp_path: Path)
     assert status(served, digest=True)[0]["digest"] == before["digest"]
     second = relay(port)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a loaded box (make test runs this suite beside the main one)
         while True:  # the fetcher may hold the failed source back for its cooldown
             try:
                 got = update(served, v + 1)

@@ -129,14 +129,14 @@ def test_an_update_never_holds_generation_for_a_fetch(runs: Runs, llm: Any) -> N
     t0 = time.monotonic()
     answer = _answer(llm, 2)
     assert answer in ("NotStaged", None), answer  # None: staged faster than the call answered, and taken
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 6.0  # bounds below the 8 s wait leave slack for a loaded box (make test)
     assert update(llm, 2)["version"] == 2
     t0 = time.monotonic()
     assert _answer(llm, 3, wait_s=8.0) == "NotPublished"
-    assert time.monotonic() - t0 < 2.0  # was 8 s: the wait held vLLM's RPC, and generation with it
+    assert time.monotonic() - t0 < 6.0  # was 8 s: the wait held vLLM's RPC, and generation with it
     t1 = time.monotonic()
     greedy(llm)
-    assert time.monotonic() - t1 < 5.0
+    assert time.monotonic() - t1 < 8.0  # ~2 s on an idle box; a held RPC added the 8 s wait
     states = runs.publish("b", 1)
     assert update(llm, 3, wait_s=30)["version"] == 3
     assert status(llm, digest=True)[0]["digest"] == _digest(states[3])
@@ -162,7 +162,7 @@ def test_a_replaced_run_never_commits_the_old_runs_staged_version(runs: Runs, ll
     runs.publish("d", 2)
     attach(llm, runs.url, "d", version=1)
     runs.publish("d", 1, seed=0)  # the old version 2, staged by the engine in the background
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 240
     while status(llm)[0]["staged"] != 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert status(llm)[0]["staged"] == 2

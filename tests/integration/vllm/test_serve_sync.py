@@ -23,7 +23,7 @@ import pytest
 
 from tests.integration.vllm.conftest import SPEC
 
-pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.filterwarnings("ignore"), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.filterwarnings("ignore"), pytest.mark.timeout(1800)]
 
 VERSIONS = 5
 LONG = [(i * 37 + 11) % 256 for i in range(200)]  # a 200-token prompt: its prefix is cached before the updates
@@ -73,7 +73,7 @@ def vllm_servers(ckpt: Path, logs: list[Path]) -> Iterator[list[dict[str, Any]]]
             kill(srv)
 
 
-def wait_up(srv: dict[str, Any], log: Path, timeout_s: float = 240.0) -> None:
+def wait_up(srv: dict[str, Any], log: Path, timeout_s: float = 600.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if srv["proc"].poll() is not None:
@@ -126,7 +126,7 @@ def served(url: str) -> int | None:
     return None if v is None else int(v)
 
 
-def wait_for(cond: Any, what: str, timeout_s: float = 180.0) -> None:
+def wait_for(cond: Any, what: str, timeout_s: float = 600.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():
