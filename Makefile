@@ -64,8 +64,9 @@ demo: $(STAMP)
 # on one process importing vLLM) and here takes what the main suite leaves idle; its tests' timeout
 # is raised to 900 s for that. Both venvs hold one numba (0.65, vLLM's pin) and so one compiled
 # cache; the compile holds a lock on it, so the second suite loads what the first compiled. Its log
-# goes to .vllm-suite.log: the summary is printed, all of it if it failed. Before (sequential, on
-# fresh clones): compile 166 s + main suite 576 s + vLLM suite 518 s
+# goes to .vllm-suite.log: the summary is printed, all of it if it failed. On fresh clones with both
+# venvs built: 1167 s, where one suite after the other took 1354-1394 s (compile 166 s + main suite
+# 576 s + vLLM suite 518 s); two vLLM workers instead of three beside the main suite: 1345 s
 test: $(STAMP)
 	$(BIN)/ruff check deltarl tests benchmarks
 	nice -n 10 $(BIN)/mypy > .mypy.log 2>&1 & types=$$!; \

@@ -129,3 +129,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the order within a file is kept
+
+
+def publish_corrupt(store_dir: str | Path, run: str, state: dict[str, Any], version: int, **publisher: Any) -> Path:
+    """Publish ``state`` as ``version`` of ``run`` with one bit of its last segment flipped, so that an
+    engine following the run never sees the version whole: it is published into a copy of the store,
+    the bit flipped there, and its files moved in segments first, then its manifest, then HEAD (each
+    replaced whole). An engine staging in the background would otherwise stage the version before the
+    bit flips, and the refusal the test expects never comes (a loaded box, make test, 2026-12-07).
+    Returns the corrupt segment's path in the store."""
+    from deltarl.pipeline.publisher import Publisher
+    from deltarl.storage.open import open_store
+
+    store_dir = Path(store_dir)
+    scratch = store_dir.with_name(f"{store_dir.name}-corrupt-{version}")
+    shutil.copytree(store_dir, scratch)
+    store = open_store(str(scratch))
+    with Publisher(store, run, **publisher) as pub:
+        pub.publish(state, version)
+    store.close()
+    name = f"{version:012d}"
+    src, dst = scratch / run / "versions" / name, store_dir / run / "versions" / name
+    seg = sorted(src.glob("*-seg-*.bin"))[-1]  # the last: the tensors sorted last (one rank's part of them at TP 2)
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped bit in the middle of the segment
+    seg.chmod(0o644)
+    seg.write_bytes(bytes(data))
+    dst.mkdir()
+    for f in [*sorted(src.glob("*-seg-*.bin")), src / "manifest.json", scratch / run / "HEAD"]:
+        target = (store_dir / run / "HEAD") if f.name == "HEAD" else dst / f.name
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.copyfile(f, tmp)
+        os.replace(tmp, target)
+    return dst / seg.name

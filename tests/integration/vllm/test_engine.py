@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.vllm.conftest import VERSIONS, Run, engine, greedy, shut
+from tests.integration.vllm.conftest import VERSIONS, Run, engine, greedy, publish_corrupt, shut
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.filterwarnings("ignore")]  # vLLM's own warnings
 
@@ -49,14 +49,8 @@ def test_updates_equal_a_fresh_engine_on_replay(vllm_run: Run, served: Any) -> N
         shut(fresh)
 
 
-def _segment_files(run: Run, version: int) -> list[Path]:
-    return sorted((Path(run.store_url) / run.run / "versions" / f"{version:012d}").glob("*-seg-*.bin"))
-
-
 def test_refused_versions_leave_the_served_weights_unchanged(vllm_run: Run, served: Any) -> None:
     from deltarl.integrations.vllm import status, update
-    from deltarl.pipeline.publisher import Publisher
-    from deltarl.storage.open import open_store
     from deltarl.testing.vllm_runs import evolve
 
     before = status(served, digest=True)[0]
@@ -66,24 +60,15 @@ def test_refused_versions_leave_the_served_weights_unchanged(vllm_run: Run, serv
         update(served, v + 1)  # missing: not published yet
     with pytest.raises(Exception, match="does not apply to the served version"):
         update(served, v + 2)  # wrong base
-    store = open_store(vllm_run.store_url)
-    with Publisher(store, vllm_run.run, keyframe_interval=1000) as pub:
-        nxt = evolve(vllm_run.states[v], 0.01, seed=100 + v)
-        pub.publish(nxt, v + 1)
-    store.close()
-    files = _segment_files(vllm_run, v + 1)
-    assert files, "the new version has segments"
-    seg = files[0]
-    data = bytearray(seg.read_bytes())
-    data[len(data) // 2] ^= 0x01  # one flipped bit in the middle of a segment
-    seg.chmod(0o644)
-    seg.write_bytes(bytes(data))
+    nxt = evolve(vllm_run.states[v], 0.01, seed=100 + v)
+    seg = publish_corrupt(vllm_run.store_url, vllm_run.run, nxt, v + 1, keyframe_interval=1000)
     with pytest.raises(Exception, match="no source delivered bytes matching its manifest"):
         update(served, v + 1)
     after = status(served, digest=True)[0]
     assert (after["version"], after["digest"]) == (v, before["digest"])  # bit-identical
     assert greedy(served) == tokens  # and it still serves
-    data[len(data) // 2] ^= 0x01
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 2] ^= 0x01  # the bit flipped back
     seg.write_bytes(bytes(data))
     got = update(served, v + 1)  # the intact version still applies
     assert got["version"] == v + 1

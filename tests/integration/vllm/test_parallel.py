@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.vllm.conftest import engine, greedy, shut
+from tests.integration.vllm.conftest import engine, greedy, publish_corrupt, shut
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.filterwarnings("ignore")]  # vLLM's own warnings
 
@@ -141,23 +141,12 @@ def test_updates_equal_a_fresh_engine_of_the_same_layout(layout: Layout, served:
 
 def test_a_corrupt_piece_is_refused_on_every_rank_and_nothing_changes(layout: Layout, served: Any) -> None:
     from deltarl.integrations.vllm import status, update
-    from deltarl.pipeline.publisher import Publisher
-    from deltarl.storage.open import open_store
     from deltarl.testing.vllm_runs import evolve
 
     before = status(served, digest=True)
     tokens = greedy(served) if layout.generates else None
     v = before[0]["version"]
-    store = open_store(layout.store)
-    with Publisher(store, "r", keyframe_interval=1000) as pub:
-        pub.publish(evolve(layout.states[v], 0.01, seed=500 + v), v + 1)
-    store.close()
-    segs = sorted((Path(layout.store) / "r" / "versions" / f"{v + 1:012d}").glob("*-seg-*.bin"))
-    seg = segs[-1]  # the last segment: the tensors sorted last (one rank's part of them, at TP 2)
-    data = bytearray(seg.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    seg.chmod(0o644)
-    seg.write_bytes(bytes(data))
+    publish_corrupt(layout.store, "r", evolve(layout.states[v], 0.01, seed=500 + v), v + 1, keyframe_interval=1000)
     with pytest.raises(Exception, match=r"no source delivered bytes matching its manifest|IntegrityError|hash"):
         update(served, v + 1)
     after = status(served, digest=True)
