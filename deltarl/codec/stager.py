@@ -14,7 +14,7 @@ from deltarl.codec import ctxs, kernels, registry
 from deltarl.codec.apply import StagedUpdate, _old_range, _old_reader, _Part
 from deltarl.codec.chunk import Decoded
 from deltarl.codec.ctxs import ClassRecord
-from deltarl.codec.grid import GRID
+from deltarl.codec.grid import CELLS, GRID
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.regions import (
     PART_CODECS,
@@ -69,7 +69,9 @@ class Stager:
                     raise TensorMismatch(f"region of {name!r}: no such tensor in the table or no view in the state")
                 self._place[name] = Placement(name, self._specs[name], region, state[name])
         self._parts: dict[str, list[_Part]] = {}
-        self._covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self._names = list(self._specs)
+        self._tid = {name: i for i, name in enumerate(self._names)}  # a tensor's id in the covered rows
+        self._covered = np.zeros((0, 4), dtype=np.int64)  # (tensor id, cell, start, end) of the chunks staged
         self._counted: dict[str, int] = {}
         self._cells: dict[str, set[bool]] = {}  # per tensor: whether its chunks were cells, row-major, or both
         self._host_jit: dict[str, bool] = {}  # per tensor: numba on and its span in host memory
@@ -86,50 +88,93 @@ class Stager:
         threads (no barrier per segment); on error nothing is kept and the stager stays usable."""
         if self._finished:
             raise StagingError("stager already finished")
-        jobs: list[_Job] = []
-        cells: dict[tuple[int, str], _Cells] = {}
-        staged: dict[tuple[str, int], list[tuple[int, int]]] = {}
-        counted: dict[str, int] = {}
         segs = list(segments)
         self._host_jit = {}
         heads = list(headers) if headers is not None else [read_segment_header(d) for d in segs]
-        for seg, (data, header) in enumerate(zip(segs, heads, strict=True)):
+        jobs: list[_Job] = []
+        cells: list[_Cells] = []
+        taken: list[np.ndarray] = []  # per segment: (tensor, cell, start, end) rows of the chunks staged
+        counted: dict[str, int] = {}
+        kinds: set[tuple[str, bool]] = set()
+        for data, header in zip(segs, heads, strict=True):
             self._check_header(header)
             mv = memoryview(data).cast("B")
             raw = np.frombuffer(mv, dtype=np.uint8)
-            off = header.payload_offset
-            # a rank's region: whole / outside for every chunk at once (each rank reads every chunk's entry)
-            fast = chunk_overlaps(header, self._place).tolist() if self._regions is not None else None
-            for i, c in enumerate(header.chunks):
-                key = (c.tensor, c.cell)
-                taken = [*self._covered.get(key, []), *staged.get(key, [])]
-                if any(s < c.start + c.count and c.start < e for s, e in taken):
-                    raise FormatError(f"chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} was already staged")
-                how = _FAST[fast[i]] if fast is not None and fast[i] else self._overlap(c)
-                if how is not None:
-                    staged.setdefault(key, []).append((c.start, c.start + c.count))
-                    if how == "all":
-                        n = c.count
-                    elif how == "none":  # another rank's cell: nothing to count or decode
-                        n = 0
-                    else:
-                        place = self._place[c.tensor]
-                        n = in_region_count(place.grid, c, place.bounds)
-                    counted[c.tensor] = counted.get(c.tensor, 0) + n
-                    if c.changed and how != "none" and c.codec == "ctxs" and self._batched(c):
-                        batch = cells.get((seg, c.tensor))
-                        if batch is None:
-                            batch = cells[seg, c.tensor] = _Cells(c.tensor, header.classes.get(c.tensor), mv, raw, [])
-                        batch.chunks.append((c, off))
-                    elif c.changed and how != "none":
-                        jobs.append((c, mv[off : off + c.nbytes], header.classes.get(c.tensor)))
-                off += c.nbytes
-        self._decode_all(jobs, [b for batch in cells.values() for b in batch.split(_CELLS_PER_TASK)])
-        for key, ranges in staged.items():
-            self._covered.setdefault(key, []).extend(ranges)
-            self._cells.setdefault(key[0], set()).add(key[1] != FLAT)
-        for name, n in counted.items():
-            self._counted[name] = self._counted.get(name, 0) + n
+            t, names = header.table, [s.name for s in header.tensors]
+            how = self._overlaps(header)  # the chunks are taken as columns: a Python step only for the few that need one
+            take = np.flatnonzero(how != _SKIP)
+            ids = np.array([self._tid[n] for n in names], dtype=np.int64)[t.tensor[take]] if take.size else take
+            taken.append(np.stack((ids, t.cell[take], t.start[take], t.start[take] + t.count[take]), axis=1))
+            n = np.where(how[take] == _ALL, t.count[take], 0)
+            for k in np.flatnonzero(how[take] == _PART).tolist():
+                c = header.chunk(int(take[k]))
+                place = self._place[c.tensor]
+                n[k] = in_region_count(place.grid, c, place.bounds)
+            for ti, got in zip(*_sums(t.tensor[take], n), strict=True):
+                counted[names[ti]] = counted.get(names[ti], 0) + got
+            kinds.update((names[ti], bool(cell)) for ti, cell in _pairs(t.tensor[take], t.cell[take] != FLAT))
+            todo = take[(t.changed[take] > 0) & (how[take] != _NONE)]
+            batch = todo[(t.codec[todo] == _CTXS) & (t.cell[todo] != FLAT) & (t.count[todo] <= _CELL_BATCH_MAX)]
+            batch = batch[self._on_host_jit(names, t.tensor[batch])]
+            for i in np.setdiff1d(todo, batch, assume_unique=True).tolist():
+                c = header.chunk(i)
+                off = int(t.offset[i])
+                jobs.append((c, mv[off : off + c.nbytes], header.classes.get(c.tensor)))
+            order = batch[np.argsort(t.tensor[batch], kind="stable")]  # a tensor's cells in table order
+            for ti, rows in zip(*_runs(t.tensor[order], order), strict=True):
+                name = names[ti]
+                table = np.stack([getattr(t, f)[rows] for f in ("offset", "nbytes", "changed", "start", "count", "cell")], 1)
+                cells.append(_Cells(name, header.classes.get(name), mv, raw, table, header, rows))
+        rows = self._check_taken(taken)
+        self._decode_all(jobs, [piece for b in cells for piece in b.split(_CELLS_PER_TASK)])
+        self._covered = np.concatenate((self._covered, rows))
+        for name, cell in kinds:
+            self._cells.setdefault(name, set()).add(cell)
+        for name, got in counted.items():
+            self._counted[name] = self._counted.get(name, 0) + got
+
+    def _overlaps(self, header: SegmentHeader) -> np.ndarray:
+        """Per chunk of ``header``: how it meets this stager's regions (``_ALL``, ``_PART``, ``_NONE``,
+        or ``_SKIP``: a tensor the stager holds no region of), array operations but for the few
+        chunks :func:`chunk_overlaps` leaves to :meth:`_overlap`."""
+        t = header.table
+        if self._regions is None:
+            return np.full(len(t), _ALL, dtype=np.int64)
+        how = chunk_overlaps(header, self._place)
+        out = np.where(how == 1, _ALL, np.where(how == -1, _NONE, _SKIP))
+        for i in np.flatnonzero(how == 0).tolist():
+            out[i] = _HOW[self._overlap(header.chunk(i))]
+        return out
+
+    def _check_taken(self, taken: list[np.ndarray]) -> np.ndarray:
+        """The rows ``(tensor id, cell, start, end)`` of the chunks of these segments; FormatError if
+        one overlaps another of them or one staged before (a segment's own chunks are disjoint: its
+        parse checked). Only the rows of a (tensor, cell) these segments name are sorted."""
+        new = [x for x in taken if x.size]
+        rows = np.concatenate(new) if new else np.zeros((0, 4), dtype=np.int64)
+        old = self._covered
+        if old.size and rows.size:
+            old = old[np.isin(old[:, 0] * (CELLS + 1) + old[:, 1], rows[:, 0] * (CELLS + 1) + rows[:, 1])]
+        if len(new) + bool(old.size) >= 2:
+            both = np.concatenate((old, rows))
+            a = both[np.lexsort((both[:, 2], both[:, 1], both[:, 0]))]
+            hit = np.flatnonzero((a[1:, 0] == a[:-1, 0]) & (a[1:, 1] == a[:-1, 1]) & (a[1:, 2] < a[:-1, 3]))
+            if hit.size:
+                tid, _, start, end = (int(x) for x in a[int(hit[0]) + 1])
+                raise FormatError(f"chunk [{start}, {end}) of {self._names[tid]!r} was already staged")
+        return rows
+
+    def _on_host_jit(self, names: list[str], tensors: np.ndarray) -> np.ndarray:
+        """Per entry of ``tensors`` (header indices): whether its ctxs cells decode in one numba call
+        (numba on and the tensor's span in host memory), asked once a tensor per add_segments."""
+        out = np.zeros(tensors.size, dtype=bool)
+        for ti in np.unique(tensors).tolist():
+            on = self._host_jit.get(names[ti])
+            if on is None:
+                on = self._host_jit[names[ti]] = kernels.ctx_jit() is not None and not is_cuda(
+                    self._placement(names[ti]).span)
+            out[tensors == ti] = on
+        return out
 
     def _check_header(self, header: SegmentHeader) -> None:
         if header.base != self._base:
@@ -168,16 +213,6 @@ class Stager:
         if place is None:
             place = self._place[name] = Placement(name, self._specs[name], _WHOLE, self._state[name])
         return place
-
-    def _batched(self, c: ChunkInfo) -> bool:
-        """Whether a ctxs cell chunk is decoded with its tensor's others in one numba call (a small
-        cell in host memory, numba on; else chunk by chunk, large 16-bit ones two by two)."""
-        if c.cell == FLAT or c.count > _CELL_BATCH_MAX:
-            return False
-        on = self._host_jit.get(c.tensor)  # asked once a tensor per add_segments, not once a chunk
-        if on is None:
-            on = self._host_jit[c.tensor] = kernels.ctx_jit() is not None and not is_cuda(self._placement(c.tensor).span)
-        return on
 
     def _decode_all(self, jobs: list[_Job], cells: list[_Cells]) -> None:
         threads = worker_threads()
@@ -264,14 +299,15 @@ class Stager:
         span = flat_bits(b.tensor, place.span)
         if b.record is None:
             raise FormatError(f"ctxs chunks of {b.tensor!r} without the tensor's class record")
-        cols = np.array([(off, c.nbytes, c.changed, c.start, c.count, c.cell) for c, off in b.chunks], dtype=np.int64)
+        cols = b.table
         i, j = np.divmod(cols[:, 5], GRID)
         r0, c0 = i * g.row_cell, j * g.col_cell
         c1 = np.minimum(g.cols, c0 + g.col_cell)
         table = np.column_stack((cols[:, :5], (r0 - ra) * place.s0 + c0 * g.inner - ca, (c1 - c0) * g.inner))
         dec, bad = ctxs.decode_cells(span, place.s0, b.record, b.raw, table)
         if dec is None:  # the chunk decoded alone says why
-            c, off = b.chunks[max(bad, 0)]
+            k = max(bad, 0)
+            c, off = b.header.chunk(int(b.rows[k])), int(cols[k, 0])
             where = f"ctxs chunk [{c.start}, {c.start + c.count}) of {c.tensor!r} (cell {c.cell})"
             try:
                 self._decode(c, b.mv[off : off + c.nbytes], b.record)
@@ -363,26 +399,56 @@ _CELLS_PER_TASK = 16
 @dataclass
 class _Cells:
     """A tensor's ctxs cell chunks of one segment, decoded in one call: its class record, the
-    segment's bytes (as a memoryview and as uint8) and (chunk, payload offset) pairs."""
+    segment's bytes (as a memoryview and as uint8), one row a chunk of (payload offset, nbytes,
+    changed, start, count, cell), and where the chunks are in the segment's header."""
 
     tensor: str
     record: ClassRecord | None
     mv: memoryview
     raw: np.ndarray
-    chunks: list[tuple[ChunkInfo, int]]
+    table: np.ndarray
+    header: SegmentHeader
+    rows: np.ndarray  # the chunks' indices in the header's table
 
     @property
     def work(self) -> int:
-        return sum(c.count for c, _ in self.chunks)
+        return int(self.table[:, 4].sum())
 
     def split(self, most: int) -> list[_Cells]:
         """Pieces of at most ``most`` chunks."""
-        return [_Cells(self.tensor, self.record, self.mv, self.raw, self.chunks[k : k + most])
-                for k in range(0, len(self.chunks), most)]  # fmt: skip
+        return [_Cells(self.tensor, self.record, self.mv, self.raw, self.table[k : k + most], self.header,
+                       self.rows[k : k + most]) for k in range(0, len(self.rows), most)]  # fmt: skip
 
 
-# chunk_overlaps' codes as _overlap's answers
-_FAST = {1: "all", -1: "none"}
+# How a chunk meets a stager's regions: staged whole, in part, another rank's (counted, not
+# decoded), or skipped (no region of its tensor here).
+_ALL, _PART, _NONE, _SKIP = 1, 2, -1, 0
+_HOW = {"all": _ALL, "part": _PART, "none": _NONE, None: _SKIP}
+_CTXS = registry.BY_NAME["ctxs"].id
+
+
+def _sums(keys: np.ndarray, values: np.ndarray) -> tuple[list[int], list[int]]:
+    """The distinct ``keys`` and the sum of ``values`` over each."""
+    uniq, inv = np.unique(keys, return_inverse=True)
+    out = np.zeros(uniq.size, dtype=np.int64)
+    np.add.at(out, inv, values)
+    return uniq.tolist(), out.tolist()
+
+
+def _pairs(a: np.ndarray, b: np.ndarray) -> list[tuple[int, int]]:
+    """The distinct ``(a, b)`` pairs."""
+    if not a.size:
+        return []
+    both = np.unique(np.stack((a.astype(np.int64), b.astype(np.int64)), axis=1), axis=0)
+    return [(int(x), int(y)) for x, y in both.tolist()]
+
+
+def _runs(keys: np.ndarray, values: np.ndarray) -> tuple[list[int], list[np.ndarray]]:
+    """Runs of equal ``keys`` (sorted): each run's key and its ``values``."""
+    if not keys.size:
+        return [], []
+    cut = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+    return keys[np.concatenate(([0], cut))].tolist(), np.split(values, cut)
 
 
 # Decode work (in elements scanned) below which staging runs on the calling thread.
