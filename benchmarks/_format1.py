@@ -25,6 +25,8 @@ def format1_bytes(segments: list[bytes]) -> int:
         h = read_segment_header(seg)
         listed = [c for c in h.chunks if c.changed or c.codec == "none"]
         total += len(seg) - 4 - h.chunk_table_bytes + 40 * len(listed)
+        if h.format_version == 4 and not h.classes:
+            total -= 4  # format 4's count of class records (none here), which format 1 did not have
         off = h.payload_offset
         for c in h.chunks:
             if c.changed:

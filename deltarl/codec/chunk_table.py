@@ -68,11 +68,12 @@ def _limits(dims: np.ndarray, ti: np.ndarray, tile: np.ndarray) -> np.ndarray:
 
 
 def parse_chunk_table(raw: memoryview, nchunks: int, tensors: list[TensorSpec], payload_offset: int,
-                      payload_room: int) -> ChunkTable:  # fmt: skip
-    """Parse and check a chunk table's varints, then add one ``none`` chunk ``[0, numel)`` for every
-    tensor of the table (with elements) that no chunk names. ``payload_room``: bytes the segment has
-    for payloads (the total must equal it). Raises FormatError on any inconsistency."""
-    v = leb128_decode(raw, nchunks * FIELDS).reshape(nchunks, FIELDS)
+                      payload_room: int, *, fields: np.ndarray | None = None) -> ChunkTable:  # fmt: skip
+    """Parse and check a chunk table's varints (or its ``fields``, one row a chunk, where the
+    segment stored them another way: format 4's columns), then add one ``none`` chunk ``[0, numel)``
+    for every tensor of the table (with elements) that no chunk names. ``payload_room``: bytes the
+    segment has for payloads (the total must equal it). Raises FormatError on any inconsistency."""
+    v = leb128_decode(raw, nchunks * FIELDS).reshape(nchunks, FIELDS) if fields is None else fields
     if nchunks and int(v.max()) >= _MAX_FIELD:
         raise FormatError(f"chunk table value {int(v.max())} is out of range")
     v = v.astype(np.int64)
