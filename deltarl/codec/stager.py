@@ -167,14 +167,15 @@ class Stager:
     def _on_host_jit(self, names: list[str], tensors: np.ndarray) -> np.ndarray:
         """Per entry of ``tensors`` (header indices): whether its ctxs cells decode in one numba call
         (numba on and the tensor's span in host memory), asked once a tensor per add_segments."""
-        out = np.zeros(tensors.size, dtype=bool)
-        for ti in np.unique(tensors).tolist():
+        uniq, inv = np.unique(tensors, return_inverse=True)
+        flags = np.zeros(uniq.size, dtype=bool)
+        for k, ti in enumerate(uniq.tolist()):
             on = self._host_jit.get(names[ti])
             if on is None:
                 on = self._host_jit[names[ti]] = kernels.ctx_jit() is not None and not is_cuda(
                     self._placement(names[ti]).span)
-            out[tensors == ti] = on
-        return out
+            flags[k] = on
+        return flags[inv]
 
     def _check_header(self, header: SegmentHeader) -> None:
         if header.base != self._base:
