@@ -8,6 +8,7 @@ import struct
 
 from deltarl.codec import read_segment_header
 from deltarl.codec.chunk import unpack_streams
+from deltarl.codec.segment import pack_segment
 
 _LAYOUT = {
     "ctx": ("<BB", 11),
@@ -18,15 +19,23 @@ _LAYOUT = {
 }
 
 
+def _uncompressed(seg: bytes) -> bytes:
+    """The segment with its header as format 2 / 3 write it (format 4 compresses the header)."""
+    h = read_segment_header(seg)
+    if h.format_version != 4:
+        return seg
+    payloads = [bytes(seg[o : o + c.nbytes]) for c, o in zip(h.chunks, h.table.offset.tolist(), strict=True)]
+    return pack_segment(h.base, list(h.tensors), list(h.chunks), payloads, h.classes, compress=False)
+
+
 def format1_bytes(segments: list[bytes]) -> int:
     """The bytes format 1 takes for the same chunks: 40-byte chunk entries, u32 stream lengths."""
     total = 0
-    for seg in segments:
+    for stored in segments:
+        seg = _uncompressed(stored)
         h = read_segment_header(seg)
         listed = [c for c in h.chunks if c.changed or c.codec == "none"]
         total += len(seg) - 4 - h.chunk_table_bytes + 40 * len(listed)
-        if h.format_version == 4 and not h.classes:
-            total -= 4  # format 4's count of class records (none here), which format 1 did not have
         off = h.payload_offset
         for c in h.chunks:
             if c.changed:

@@ -24,7 +24,7 @@ import numpy as np
 import zstandard
 
 from deltarl.codec.bitio import leb128_decode, leb128_encode
-from deltarl.codec.chunk import unzstd, zstd
+from deltarl.codec.chunk import zstd
 from deltarl.codec.chunk_table import FIELDS, ChunkTable, parse_chunk_table
 from deltarl.codec.ctxs import ClassRecord, parse_record, read_varint
 from deltarl.codec.registry import NONE, codec_id, codec_name
@@ -33,7 +33,7 @@ from deltarl.errors import FormatError, IntegrityError, UnsupportedFormatVersion
 
 MAGIC = b"DRLS"
 FORMAT_VERSION = 3  # written when a chunk is coded ctxs (its tensor's class record in the header)
-FORMAT_COLUMNS = 4  # written when the chunk table is smaller as a zstd frame of its columns
+FORMAT_COMPRESSED = 4  # written when the header is shorter as one zstd frame (the chunk table as columns)
 FORMAT_VERSIONS = (2, 3, 4)  # read
 _SHARED = codec_id("ctxs")
 MAX_HEADER_BYTES = 16 << 20
@@ -131,15 +131,18 @@ def _unchanged_whole(tensors: list[TensorSpec], chunks: list[ChunkInfo]) -> set[
 
 def pack_segment(
     base: str, tensors: list[TensorSpec], chunks: list[ChunkInfo], payloads: list[bytes],
-    records: Mapping[str, ClassRecord] | None = None,
+    records: Mapping[str, ClassRecord] | None = None, *, compress: bool = True,
 ) -> bytes:
     """Build one segment; ``chunks[i]`` describes ``payloads[i]``. A tensor that is wholly covered
     by ``none`` chunks here is written with no chunk at all (its table entry covers it). A segment
-    with ``ctxs`` chunks is format 3 and carries their tensors' class ``records``; else format 2."""
+    with ``ctxs`` chunks is format 3 and carries their tensors' class ``records``; else format 2. With
+    ``compress`` (the default), a segment of 8 chunks or more whose header is shorter so is format 4:
+    everything after the base id in one zstd frame, the chunk table as columns."""
     index = {spec.name: i for i, spec in enumerate(tensors)}
     whole = _unchanged_whole(tensors, chunks)
     raw_base = base.encode()
-    parts = [struct.pack("<H", len(raw_base)), raw_base, struct.pack("<I", len(tensors))]
+    head = [struct.pack("<H", len(raw_base)), raw_base]
+    parts = [struct.pack("<I", len(tensors))]
     prev = b""
     for spec in tensors:
         name = spec.name.encode()
@@ -156,25 +159,22 @@ def pack_segment(
         [(index[c.tensor], 8 * (c.cell + 1) + codec_id(c.codec), c.start, c.count, c.changed, c.nbytes) for c, _ in kept],
         dtype=np.uint64,
     )
-    table = leb128_encode(fields.reshape(-1))
-    packed = column_table(fields) if len(kept) >= _COLUMN_MIN_CHUNKS else None
-    columns = packed is not None and len(packed) < len(table)
-    if columns:
-        assert packed is not None
-        table = packed
-    parts.append(struct.pack("<II", len(kept), len(table)))
-    parts.append(table)
     recorded = sorted({index[c.tensor] for c, _ in kept if c.codec == "ctxs"})
     if recorded and (records is None or any(tensors[t].name not in records for t in recorded)):
         raise ValueError("a segment with ctxs chunks needs their tensors' class records")
-    if recorded or columns:  # format 3 and 4: the class records (format 4 may have none)
-        have = records or {}
-        parts.append(struct.pack("<I", len(recorded)))
-        parts += [leb128_encode(np.array([t], dtype=np.uint64)) + have[tensors[t].name].pack() for t in recorded]
-    body = b"".join(parts)
+    have = records or {}
+    recs = [struct.pack("<I", len(recorded)),
+            *(leb128_encode(np.array([t], dtype=np.uint64)) + have[tensors[t].name].pack() for t in recorded)]
+    rows = leb128_encode(fields.reshape(-1))
+    body = b"".join([*head, *parts, struct.pack("<II", len(kept), len(rows)), rows, *(recs if recorded else [])])
+    version = FORMAT_VERSION if recorded else 2
+    if compress and len(kept) >= _COMPRESS_MIN_CHUNKS:  # format 4 where it is shorter
+        cols = column_table(fields)
+        packed = b"".join([*head, zstd(b"".join([*parts, struct.pack("<II", len(kept), len(cols)), cols, *recs]))])
+        if len(packed) < len(body):
+            body, version = packed, FORMAT_COMPRESSED
     if len(body) > MAX_HEADER_BYTES:
         raise FormatError(f"segment header of {len(body)} bytes exceeds the {MAX_HEADER_BYTES}-byte cap")
-    version = FORMAT_COLUMNS if columns else FORMAT_VERSION if recorded else 2
     out = bytearray(_PREFIX.pack(MAGIC, version, 0, len(body), zlib.crc32(body)))
     out += body
     for _, p in kept:
@@ -235,16 +235,19 @@ def read_segment_header(data: bytes | bytearray | memoryview, *, partial: bool =
     if not 0 < blen <= MAX_BASE_BYTES:
         raise FormatError(f"base id length {blen} out of bounds")
     base = r.text(blen, "base id")
+    if version == FORMAT_COMPRESSED:
+        body = memoryview(_inflate(body[r.off :]))
+        r = _Reader(body)
     (ntensors,) = r.take("<I")
     tensors, r.off = _tensor_table(body, r.off, ntensors)
     nchunks, tlen = r.take("<II")
-    if r.off + tlen > len(body) or (nchunks > tlen and version != FORMAT_COLUMNS):
+    if r.off + tlen > len(body) or nchunks > tlen:
         raise FormatError("segment header is truncated")
     if version == 2 and r.off + tlen != len(body):
         raise FormatError("segment header has trailing bytes")
     room = len(mv) - _PREFIX.size - hlen - 4
     raw = body[r.off : r.off + tlen]
-    fields = table_columns(raw, nchunks, len(tensors)) if version == FORMAT_COLUMNS else None
+    fields = table_columns(raw, nchunks, len(tensors)) if version == FORMAT_COMPRESSED else None
     table = parse_chunk_table(raw, nchunks, tensors, _PREFIX.size + hlen, room, fields=fields)
     classes = _records(body, r.off + tlen, tensors, table) if version != 2 else {}
     if not classes and bool((table.codec == _SHARED).any()):
@@ -252,32 +255,40 @@ def read_segment_header(data: bytes | bytearray | memoryview, *, partial: bool =
     return SegmentHeader(version, base, tuple(tensors), table, _PREFIX.size + hlen, tlen, classes)
 
 
-# A segment of fewer chunks keeps the plain table (its varints are smaller than a zstd frame's own header).
-_COLUMN_MIN_CHUNKS = 8
+# A segment of fewer chunks keeps format 2 / 3 (a zstd frame's own header outweighs what it saves).
+_COMPRESS_MIN_CHUNKS = 8
+
+
+def _inflate(frame: memoryview) -> bytes:
+    """The content of format 4's header frame: one zstd frame, its content size declared and at most
+    the header cap, and nothing after it; FormatError otherwise."""
+    try:
+        size = zstandard.frame_content_size(frame)
+        if size < 0 or size > MAX_HEADER_BYTES:
+            raise FormatError(f"segment header frame declares {size} bytes (at most {MAX_HEADER_BYTES})")
+        out = zstandard.ZstdDecompressor().decompress(frame, max_output_size=size, allow_extra_data=False)
+    except zstandard.ZstdError as err:
+        raise FormatError(f"segment header frame is corrupt: {err}") from err
+    if len(out) != size:
+        raise FormatError(f"segment header frame decoded to {len(out)} bytes, it declares {size}")
+    return out
 
 
 def column_table(fields: np.ndarray) -> bytes:
-    """Format 4's chunk table: one zstd frame (content size declared) of the table's six columns of
-    varints, column after column, the tensor indices as zigzag differences from the previous chunk's
-    (the first's from 0). A tensor's cells have one index, one tile step and one size: the columns
-    compress ~5x where the rows do ~2.6x (docs/FORMAT.md, "Header body")."""
+    """Format 4's chunk table: the table's six columns of varints, column after column, the tensor
+    indices as zigzag differences from the previous chunk's (the first's from 0). A tensor's cells
+    have one index, one tile step and one size: in the header's zstd frame the columns compress ~5x
+    where the rows do ~2.6x (docs/FORMAT.md, "Header body")."""
     cols = fields.astype(np.int64).T.copy()
     d = np.diff(cols[0], prepend=0)
     cols[0] = (d << 1) ^ (d >> 63)
-    return zstd(leb128_encode(cols.astype(np.uint64).reshape(-1)))
+    return leb128_encode(cols.astype(np.uint64).reshape(-1))
 
 
-def table_columns(frame: memoryview, nchunks: int, ntensors: int) -> np.ndarray:
-    """The ``(nchunks, 6)`` fields of a format 4 chunk table frame (:func:`column_table`); FormatError
-    if the frame is corrupt, declares more than the header cap or does not hold exactly ``6 nchunks``
-    varints, or a tensor index leaves the table."""
-    try:
-        size = zstandard.frame_content_size(frame)
-    except zstandard.ZstdError as err:
-        raise FormatError(f"chunk table frame is corrupt: {err}") from err
-    if size < 0 or size > MAX_HEADER_BYTES or size < nchunks * FIELDS:
-        raise FormatError(f"chunk table frame declares {size} bytes for {nchunks} chunks")
-    v = leb128_decode(unzstd(frame, size), nchunks * FIELDS).reshape(FIELDS, nchunks)
+def table_columns(raw: memoryview, nchunks: int, ntensors: int) -> np.ndarray:
+    """The ``(nchunks, 6)`` fields of format 4's chunk table (:func:`column_table`); FormatError if it
+    does not hold exactly ``6 nchunks`` varints or a tensor index leaves the table."""
+    v = leb128_decode(raw, nchunks * FIELDS).reshape(FIELDS, nchunks)
     if nchunks and int(v.max()) >= 1 << 62:
         raise FormatError(f"chunk table value {int(v.max())} is out of range")
     cols = v.astype(np.int64)

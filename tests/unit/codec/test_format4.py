@@ -1,5 +1,6 @@
-"""Segment format 4: the chunk table as one zstd frame of its columns. Golden bytes (read, and the
-writer's table and payloads), the columns' round trip, and corrupt frames refused by name."""
+"""Segment format 4: the header after the base id as one zstd frame, the chunk table in it as
+columns. Golden bytes (read, and the writer's header content and payloads), the columns' round trip,
+and corrupt frames and tables refused by name."""
 
 from __future__ import annotations
 
@@ -20,25 +21,25 @@ from deltarl.codec.stager import Stager
 from deltarl.errors import BaseMismatch, FormatError, TensorMismatch
 
 # A 64 x 64 bfloat16 tensor (arithmetic bits, no randomness) coded ctxs in its 64 cells of 8 x 8:
-# 64 chunk entries, 202 bytes as a frame of columns where ~450 as rows.
+# 64 chunk entries (433 bytes of column varints) and the record in a 250-byte header body, where
+# format 3's is 504.
 GOLDEN_V4 = (
-    "44524c5304000000110100002a7030a80200763001000000000001007701024000000000000000400000000000000040"
-    "000000ca00000028b52ffd60b10005060072ce2a2690a7e9332a95a452542a49a5a854924aabfb7dbfeff725eef7fd7e"
-    "df2360b7dd52ca2d534a12baaa8845b0d5ddc5345333777599b665baaabbbb8cb5b5994d3553db6ae2ffd388b76edf46"
-    "3c2e2b1e7d5cc71f6dfb88b8300fedf4fd2b3e0f0a345edd7973ead3992f375cd97163ca93192f971e5d7972e8cf911f"
-    "961c597162c88f111f36ae3ae79aa36e3ae696331e100c1c1a0a084ebae8944b0ebae7903b18160604141202008a2206"
-    "0029529a79e396b236812432816426813601000000000807043d04030200003f04030200003c04060200003e04060000"
-    "0000030086bfeab105262073000002001fc00640000200a3f8208600000300277fe80645487384000200c7c005500001"
-    "00fe06700001003f8400000200677012600002006f80c20000030092ffd05135873a000001003f4500000100cf350000"
-    "02009fe08446000001007c4000030066ffa007604618800002008dfdb0551c0000020087fc601540000002001ff0a455"
-    "00000200a3f8725400000200bfc0455900000200c7c02490000100fc16000001003f66000002006f80a4000002006f80"
-    "97000002008bf80689000002001fc00460000200c7c006800002005ff06605000002002fe016a0000200dfe001635000"
-    "0002008bf8445a000002004fe018600002005f806b00000200cfe03486000002009fc0d2700002001ff0307600000300"
-    "51bffa96840551900002005f803d0000020037fc3696400000020033f83436000002007f8065d000020093f836180000"
-    "020037f8165a000001009f36000001003f3600000200bf807610000100fc56000001009f74000002004fe03a70000200"
-    "cbfd306741c0000100bc400002001ff0826300000200c7f09445000002005f8089000002006ff0069c0000020031fe46"
-    "08500000030075fd40045042cc0002008bf808530000030019ff80504597000002008fc003600002002fe006c0000200"
-    "6dfa8cd1a0000200bf80a6308ef52629"
+    "44524c5304000000fa000000af2f12db0200763028b52ffd60f400650700465032299029e973b4b4545a1aedea92ab8b"
+    "9595e5e2e2c6efb57eafbd6ce8705fed7b6b1191b6a5945ba624652f0027001e006ecc78b9c94d279de422171d748b84"
+    "c202e2c1a0e020f7b8e79c735ce39a631c1a080618160402ec268ce18bb0b30bf864182e9f7cba74c9238f0e7df1c493"
+    "254b1c7164e8903ffedcb9e38d37670cf1c38f1d3bdc089aa9ca2ac0ffa7114fddbe8d7854563cfaa88e3fdaf6115161"
+    "1edae9fbd76696b83073e24182998f08a87b8a55acd55db53453337775972abb74557777d752d4662a1a0c0029418115"
+    "97a262a41c6c66e35b6add0492c80492314ef2156ec19800600100030086bfeab105262073000002001fc00640000200"
+    "a3f8208600000300277fe80645487384000200c7c00550000100fe06700001003f8400000200677012600002006f80c2"
+    "0000030092ffd05135873a000001003f4500000100cf35000002009fe08446000001007c4000030066ffa00760461880"
+    "0002008dfdb0551c0000020087fc601540000002001ff0a45500000200a3f8725400000200bfc0455900000200c7c024"
+    "90000100fc16000001003f66000002006f80a4000002006f8097000002008bf80689000002001fc00460000200c7c006"
+    "800002005ff06605000002002fe016a0000200dfe0016350000002008bf8445a000002004fe018600002005f806b0000"
+    "0200cfe03486000002009fc0d2700002001ff030760000030051bffa96840551900002005f803d0000020037fc369640"
+    "0000020033f83436000002007f8065d000020093f836180000020037f8165a000001009f36000001003f3600000200bf"
+    "807610000100fc56000001009f74000002004fe03a70000200cbfd306741c0000100bc400002001ff0826300000200c7"
+    "f09445000002005f8089000002006ff0069c0000020031fe4608500000030075fd40045042cc0002008bf80853000003"
+    "0019ff80504597000002008fc003600002002fe006c00002006dfa8cd1a0000200bf80a6301837e0bf"
 )
 
 
@@ -63,7 +64,8 @@ def test_golden_format4_reads_and_stages() -> None:
     seg = bytes.fromhex(GOLDEN_V4)
     h = read_segment_header(seg)
     assert h.format_version == 4
-    assert h.chunk_table_bytes == 202
+    assert h.chunk_table_bytes == 433
+    assert h.payload_offset == 16 + 250
     assert sorted(c.cell for c in h.chunks) == list(range(64))
     assert all(c.codec == "ctxs" and c.start == 0 and c.count == 64 for c in h.chunks)
     old, new = _pair()
@@ -74,6 +76,8 @@ def test_golden_format4_reads_and_stages() -> None:
 
 def test_writer_gives_the_golden_table_and_payloads(monkeypatch: pytest.MonkeyPatch) -> None:
     """The frame's bytes are the zstd library's; what it holds, and every other byte, are ours."""
+    from deltarl.codec.segment import _inflate
+
     seg, gold = _encode(monkeypatch), bytes.fromhex(GOLDEN_V4)
     a, b = read_segment_header(seg), read_segment_header(gold)
     assert a.format_version == 4
@@ -81,6 +85,7 @@ def test_writer_gives_the_golden_table_and_payloads(monkeypatch: pytest.MonkeyPa
         assert np.array_equal(getattr(a.table, f), getattr(b.table, f)), f
     assert seg[a.payload_offset : -4] == gold[b.payload_offset : -4]
     assert a.classes == b.classes
+    assert _inflate(memoryview(seg)[20 : a.payload_offset]) == _inflate(memoryview(gold)[20 : b.payload_offset])
 
 
 def test_few_chunks_keep_the_row_table() -> None:
@@ -101,28 +106,26 @@ def test_columns_round_trip(rows: list[tuple[int, ...]]) -> None:
     assert np.array_equal(table_columns(memoryview(column_table(fields)), len(rows), 41), fields)
 
 
-def _frame(values: list[int]) -> memoryview:
+def test_corrupt_tables_and_frames_are_refused_by_name() -> None:
     from deltarl.codec.bitio import leb128_encode
+    from deltarl.codec.segment import _inflate
 
-    return memoryview(zstd(leb128_encode(np.array(values, dtype=np.uint64))))
-
-
-def test_corrupt_frames_are_refused_by_name() -> None:
-    fields = np.array([[0, 8, 0, 4, 1, 3], [1, 8, 0, 4, 0, 0]], dtype=np.uint64)
-    good = column_table(fields)
-    with pytest.raises(FormatError, match=r"corrupt|declares"):
-        table_columns(memoryview(b"\x00" * len(good)), 2, 2)
-    with pytest.raises(FormatError):
-        table_columns(memoryview(good[:-3]), 2, 2)  # truncated
-    with pytest.raises(FormatError, match=r"declares|exactly"):
+    good = column_table(np.array([[0, 8, 0, 4, 1, 3], [1, 8, 0, 4, 0, 0]], dtype=np.uint64))
+    with pytest.raises(FormatError, match="exactly"):
         table_columns(memoryview(good), 3, 2)  # fewer varints than 6 a chunk
     with pytest.raises(FormatError, match="tensor index"):
         table_columns(memoryview(good), 2, 1)  # the second chunk's tensor is not in a table of one
+    minus = leb128_encode(np.array([3, 0, 8, 8, 0, 0, 4, 4, 1, 0, 3, 0], dtype=np.uint64))  # zigzag 3 = -2
     with pytest.raises(FormatError, match="tensor index"):
-        table_columns(_frame([3, 0, 8, 8, 0, 0, 4, 4, 1, 0, 3, 0]), 2, 2)  # zigzag 3 = -2: index -2
-    big = zstd(bytes(MAX_HEADER_BYTES + 1))
+        table_columns(memoryview(minus), 2, 2)
+    frame = zstd(b"header")
+    assert _inflate(memoryview(frame)) == b"header"
+    with pytest.raises(FormatError, match="corrupt"):
+        _inflate(memoryview(frame + b"\x00"))  # bytes after the frame
+    with pytest.raises(FormatError, match="corrupt"):
+        _inflate(memoryview(frame[:-2]))  # truncated
     with pytest.raises(FormatError, match="declares"):
-        table_columns(memoryview(big), 1, 1)
+        _inflate(memoryview(zstd(bytes(MAX_HEADER_BYTES + 1))))
     assert FIELDS == 6
 
 
