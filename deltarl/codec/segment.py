@@ -170,8 +170,9 @@ def pack_segment(
     version = FORMAT_VERSION if recorded else 2
     if compress and len(kept) >= _COMPRESS_MIN_CHUNKS:  # format 4 where it is shorter
         cols = column_table(fields)
-        packed = b"".join([*head, zstd(b"".join([*parts, struct.pack("<II", len(kept), len(cols)), cols, *recs]))])
-        if len(packed) < len(body):
+        content = b"".join([*parts, struct.pack("<II", len(kept), len(cols)), cols, *recs])
+        packed = b"".join([*head, zstd(content)])
+        if len(packed) < len(body) and len(content) <= MAX_HEADER_BYTES:  # a reader inflates at most the cap
             body, version = packed, FORMAT_COMPRESSED
     if len(body) > MAX_HEADER_BYTES:
         raise FormatError(f"segment header of {len(body)} bytes exceeds the {MAX_HEADER_BYTES}-byte cap")
