@@ -58,7 +58,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def weed_command(
-    weed: str, data_dir: Path, ip: str, s3_port: int, *, default_ports: bool, buckets: str
+    weed: str, data_dir: Path, ip: str, s3_port: int, *, default_ports: bool, buckets: str, max_volumes: int = 0
 ) -> tuple[list[str], int]:
     """The ``weed mini`` command line for an S3-only instance, and its S3 port (``s3_port=0``: free)."""
     data_dir = data_dir.absolute()
@@ -77,6 +77,7 @@ def weed_command(
         "-s3.port.lance=0",
         "-volume.preStopSeconds=0",  # single node: nobody to drain to, stop at once
         f"-s3.port={s3_port}",
+        f"-volume.max={max_volumes}",
         f"-s3.localSocket={data_dir / 's3.sock'}",
         f"-filer.localSocket={data_dir / 'filer.sock'}",
     ]
@@ -96,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--default-ports", action="store_true", help="keep weed's default ports for the other listeners"
     )
+    parser.add_argument("--max-volumes", type=int, default=0,
+                        help="volumes the server may create (0: weed's own rule, free disk / volume size); every "
+                             "bucket is a collection with volumes of its own, so many buckets on a small disk need more")
     parser.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     args = parser.parse_args(argv)
     weed = find_weed()
@@ -104,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.dir.mkdir(parents=True, exist_ok=True)
     cmd, s3_port = weed_command(
-        weed, args.dir, args.ip, args.s3_port, default_ports=args.default_ports, buckets=args.bucket
+        weed, args.dir, args.ip, args.s3_port, default_ports=args.default_ports, buckets=args.bucket,
+        max_volumes=args.max_volumes,
     )
     print(f"S3_ENDPOINT=http://{args.ip}:{s3_port}", flush=True)
     if args.dry_run:

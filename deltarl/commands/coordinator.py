@@ -88,11 +88,11 @@ async def _serve(store: object, run: str, config: object) -> None:
         site = web.TCPSite(runner, config.service.host, config.service.port)
         await site.start()
         host, port = runner.addresses[0][:2]
-        print(f"coordinator for run {run!r} listening on http://{host}:{port}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # before the line a supervisor waits for: a stop
+            loop.add_signal_handler(sig, stop.set)  # sent right after it is a clean exit, not a kill
+        print(f"coordinator for run {run!r} listening on http://{host}:{port}", flush=True)
         await stop.wait()
     finally:
         await runner.cleanup()
