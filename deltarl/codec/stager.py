@@ -14,7 +14,7 @@ from deltarl.codec import ctxs, kernels, registry
 from deltarl.codec.apply import StagedUpdate, _old_range, _old_reader, _Part
 from deltarl.codec.chunk import Decoded
 from deltarl.codec.ctxs import ClassRecord
-from deltarl.codec.grid import CELLS, GRID
+from deltarl.codec.grid import GRID
 from deltarl.codec.kernels import worker_threads
 from deltarl.codec.regions import (
     PART_CODECS,
@@ -26,6 +26,18 @@ from deltarl.codec.regions import (
     overlap,
 )
 from deltarl.codec.segment import FLAT, ChunkInfo, SegmentHeader, read_segment_header
+from deltarl.codec.stage_columns import (
+    ALL,
+    EMPTY_ROWS,
+    HOW,
+    NONE,
+    PART,
+    SKIP,
+    first_overlap,
+    pairs,
+    runs,
+    sums,
+)
 from deltarl.codec.tensors import TensorSpec, flat_bits, is_cuda, tensor_table, uint_dtype
 from deltarl.errors import BaseMismatch, FormatError, RegionError, StagingError, TensorMismatch
 
@@ -71,7 +83,7 @@ class Stager:
         self._parts: dict[str, list[_Part]] = {}
         self._names = list(self._specs)
         self._tid = {name: i for i, name in enumerate(self._names)}  # a tensor's id in the covered rows
-        self._covered = np.zeros((0, 4), dtype=np.int64)  # (tensor id, cell, start, end) of the chunks staged
+        self._covered = EMPTY_ROWS  # (tensor id, cell, start, end) of the chunks staged
         self._counted: dict[str, int] = {}
         self._cells: dict[str, set[bool]] = {}  # per tensor: whether its chunks were cells, row-major, or both
         self._host_jit: dict[str, bool] = {}  # per tensor: numba on and its span in host memory
@@ -102,18 +114,18 @@ class Stager:
             raw = np.frombuffer(mv, dtype=np.uint8)
             t, names = header.table, [s.name for s in header.tensors]
             how = self._overlaps(header)  # the chunks are taken as columns: a Python step only for the few that need one
-            take = np.flatnonzero(how != _SKIP)
+            take = np.flatnonzero(how != SKIP)
             ids = np.array([self._tid[n] for n in names], dtype=np.int64)[t.tensor[take]] if take.size else take
             taken.append(np.stack((ids, t.cell[take], t.start[take], t.start[take] + t.count[take]), axis=1))
-            n = np.where(how[take] == _ALL, t.count[take], 0)
-            for k in np.flatnonzero(how[take] == _PART).tolist():
+            n = np.where(how[take] == ALL, t.count[take], 0)
+            for k in np.flatnonzero(how[take] == PART).tolist():
                 c = header.chunk(int(take[k]))
                 place = self._place[c.tensor]
                 n[k] = in_region_count(place.grid, c, place.bounds)
-            for ti, got in zip(*_sums(t.tensor[take], n), strict=True):
+            for ti, got in zip(*sums(t.tensor[take], n), strict=True):
                 counted[names[ti]] = counted.get(names[ti], 0) + got
-            kinds.update((names[ti], bool(cell)) for ti, cell in _pairs(t.tensor[take], t.cell[take] != FLAT))
-            todo = take[(t.changed[take] > 0) & (how[take] != _NONE)]
+            kinds.update((names[ti], bool(cell)) for ti, cell in pairs(t.tensor[take], t.cell[take] != FLAT))
+            todo = take[(t.changed[take] > 0) & (how[take] != NONE)]
             batch = todo[(t.codec[todo] == _CTXS) & (t.cell[todo] != FLAT) & (t.count[todo] <= _CELL_BATCH_MAX)]
             batch = batch[self._on_host_jit(names, t.tensor[batch])]
             for i in np.setdiff1d(todo, batch, assume_unique=True).tolist():
@@ -121,7 +133,7 @@ class Stager:
                 off = int(t.offset[i])
                 jobs.append((c, mv[off : off + c.nbytes], header.classes.get(c.tensor)))
             order = batch[np.argsort(t.tensor[batch], kind="stable")]  # a tensor's cells in table order
-            for ti, rows in zip(*_runs(t.tensor[order], order), strict=True):
+            for ti, rows in zip(*runs(t.tensor[order], order), strict=True):
                 name = names[ti]
                 table = np.stack([getattr(t, f)[rows] for f in ("offset", "nbytes", "changed", "start", "count", "cell")], 1)
                 cells.append(_Cells(name, header.classes.get(name), mv, raw, table, header, rows))
@@ -134,34 +146,25 @@ class Stager:
             self._counted[name] = self._counted.get(name, 0) + got
 
     def _overlaps(self, header: SegmentHeader) -> np.ndarray:
-        """Per chunk of ``header``: how it meets this stager's regions (``_ALL``, ``_PART``, ``_NONE``,
-        or ``_SKIP``: a tensor the stager holds no region of), array operations but for the few
+        """Per chunk of ``header``: how it meets this stager's regions (``ALL``, ``PART``, ``NONE``,
+        or ``SKIP``: a tensor the stager holds no region of), array operations but for the few
         chunks :func:`chunk_overlaps` leaves to :meth:`_overlap`."""
         t = header.table
         if self._regions is None:
-            return np.full(len(t), _ALL, dtype=np.int64)
+            return np.full(len(t), ALL, dtype=np.int64)
         how = chunk_overlaps(header, self._place)
-        out = np.where(how == 1, _ALL, np.where(how == -1, _NONE, _SKIP))
+        out = np.where(how == 1, ALL, np.where(how == -1, NONE, SKIP))
         for i in np.flatnonzero(how == 0).tolist():
-            out[i] = _HOW[self._overlap(header.chunk(i))]
+            out[i] = HOW[self._overlap(header.chunk(i))]
         return out
 
     def _check_taken(self, taken: list[np.ndarray]) -> np.ndarray:
         """The rows ``(tensor id, cell, start, end)`` of the chunks of these segments; FormatError if
-        one overlaps another of them or one staged before (a segment's own chunks are disjoint: its
-        parse checked). Only the rows of a (tensor, cell) these segments name are sorted."""
-        new = [x for x in taken if x.size]
-        rows = np.concatenate(new) if new else np.zeros((0, 4), dtype=np.int64)
-        old = self._covered
-        if old.size and rows.size:
-            old = old[np.isin(old[:, 0] * (CELLS + 1) + old[:, 1], rows[:, 0] * (CELLS + 1) + rows[:, 1])]
-        if len(new) + bool(old.size) >= 2:
-            both = np.concatenate((old, rows))
-            a = both[np.lexsort((both[:, 2], both[:, 1], both[:, 0]))]
-            hit = np.flatnonzero((a[1:, 0] == a[:-1, 0]) & (a[1:, 1] == a[:-1, 1]) & (a[1:, 2] < a[:-1, 3]))
-            if hit.size:
-                tid, _, start, end = (int(x) for x in a[int(hit[0]) + 1])
-                raise FormatError(f"chunk [{start}, {end}) of {self._names[tid]!r} was already staged")
+        one overlaps another of them or one staged before."""
+        rows, hit = first_overlap(self._covered, taken)
+        if hit is not None:
+            tid, _, start, end = (int(x) for x in hit)
+            raise FormatError(f"chunk [{start}, {end}) of {self._names[tid]!r} was already staged")
         return rows
 
     def _on_host_jit(self, names: list[str], tensors: np.ndarray) -> np.ndarray:
@@ -421,35 +424,7 @@ class _Cells:
                        self.rows[k : k + most]) for k in range(0, len(self.rows), most)]  # fmt: skip
 
 
-# How a chunk meets a stager's regions: staged whole, in part, another rank's (counted, not
-# decoded), or skipped (no region of its tensor here).
-_ALL, _PART, _NONE, _SKIP = 1, 2, -1, 0
-_HOW = {"all": _ALL, "part": _PART, "none": _NONE, None: _SKIP}
 _CTXS = registry.BY_NAME["ctxs"].id
-
-
-def _sums(keys: np.ndarray, values: np.ndarray) -> tuple[list[int], list[int]]:
-    """The distinct ``keys`` and the sum of ``values`` over each."""
-    uniq, inv = np.unique(keys, return_inverse=True)
-    out = np.zeros(uniq.size, dtype=np.int64)
-    np.add.at(out, inv, values)
-    return uniq.tolist(), out.tolist()
-
-
-def _pairs(a: np.ndarray, b: np.ndarray) -> list[tuple[int, int]]:
-    """The distinct ``(a, b)`` pairs."""
-    if not a.size:
-        return []
-    both = np.unique(np.stack((a.astype(np.int64), b.astype(np.int64)), axis=1), axis=0)
-    return [(int(x), int(y)) for x, y in both.tolist()]
-
-
-def _runs(keys: np.ndarray, values: np.ndarray) -> tuple[list[int], list[np.ndarray]]:
-    """Runs of equal ``keys`` (sorted): each run's key and its ``values``."""
-    if not keys.size:
-        return [], []
-    cut = np.flatnonzero(keys[1:] != keys[:-1]) + 1
-    return keys[np.concatenate(([0], cut))].tolist(), np.split(values, cut)
 
 
 # Decode work (in elements scanned) below which staging runs on the calling thread.
