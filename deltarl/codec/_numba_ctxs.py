@@ -35,7 +35,9 @@ from deltarl.codec._numba_ctx import (
     outputs2,
 )
 
-__all__ = ["ctxs_cells", "ctxs_prepare"]
+from deltarl.codec import _ctxs5
+
+__all__ = ["ctxs5_prepare", "ctxs_cells", "ctxs_prepare"]
 
 _ESCAPE = 40
 
@@ -187,6 +189,30 @@ def ctxs_prepare(old, shift, mask, width, changed, rc, rkp, rkb, rkv, rkn, rknb,
 
 
 @njit(cache=True, nogil=True)
+def ctxs5_prepare(pay, n_elems, width, changed, cbits, rc, rkp, rkv, rkn, rsh):
+    """A layout 2 (segment format 5) chunk: :func:`deltarl.codec._ctxs5.parse`, then the scan state:
+    (error, g2, dd, ptr, rem) as ``ctx_prepare``."""
+    nclass = 1 << cbits
+    err, active, counts, n_big, gaps, bg, bv, sbase = _ctxs5.parse(pay, changed, n_elems, width, cbits, rc, rkp,
+                                                                   rkv, rkn, rsh)  # fmt: skip
+    na = active.size
+    g2 = np.empty(changed + na + 2, np.int64)
+    dd = np.empty(changed + na + 2, np.int64)
+    ptr = np.empty(nclass, np.int64)
+    rem = np.empty(nclass, np.int64)
+    if err:
+        return err, g2, dd, ptr, rem
+    slot = 0
+    t = 0
+    for a in range(na):
+        for j in range(counts[a]):
+            g2[slot + j] = gaps[t + j]
+        t += counts[a]
+        slot += counts[a] + 1
+    return _fill(nclass, changed, width, na, active, counts, n_big, bg, bv, pay, sbase, g2, dd, ptr, rem)
+
+
+@njit(cache=True, nogil=True)
 def _varint(raw, off, end):
     """``(value, offset after it)``; value -1 when truncated or longer than 9 bytes."""
     n = np.int64(0)
@@ -240,12 +266,17 @@ def _cell_streams(raw, off, end, changed, cbits, rc):
 
 
 @njit(cache=True, nogil=True)
-def _cell_state(span, s0, scratch, raw, table, i, shift, cbits, width, rc, rkp, rkb, rkv, rkn, rknb, copy):
+def _cell_state(span, s0, scratch, raw, table, i, shift, cbits, width, rc, rkp, rkb, rkv, rkn, rknb, rsh, layout, copy):
     """Chunk ``i`` of ``table`` parsed, its base copied into ``scratch`` a row of its cell at a time
     (unless not ``copy``: it is read in place), and prepared: (error, g2, dd, ptr, rem) as ``ctx_prepare``."""
     off, nbytes, changed, start, count = table[i, 0], table[i, 1], table[i, 2], table[i, 3], table[i, 4]
     origin, w = table[i, 5], table[i, 6]
-    ok, xc, xkp, xkb, xkv, xn, xnb, unary, esc, bits = _cell_streams(raw, off, off + nbytes, changed, cbits, rc)
+    if layout == 2:
+        ok = True
+        xc = xkp = xkb = xkv = xn = xnb = np.zeros(0, np.int64)
+        unary, esc, bits = raw[0:0], np.zeros(0, np.uint64), raw[0:0]
+    else:
+        ok, xc, xkp, xkb, xkv, xn, xnb, unary, esc, bits = _cell_streams(raw, off, off + nbytes, changed, cbits, rc)
     if not ok:
         none = np.zeros(0, np.int64)
         return TABLE_BAD_ENTRY, none, none, none, none
@@ -260,6 +291,8 @@ def _cell_state(span, s0, scratch, raw, table, i, shift, cbits, width, rc, rkp, 
         old[k : k + run] = span[b : b + run]
         k += run
         idx += run
+    if layout == 2:
+        return ctxs5_prepare(raw[off : off + nbytes], count, width, changed, cbits, rc, rkp, rkv, rkn, rsh)
     return ctxs_prepare(old, shift, (1 << cbits) - 1, width, changed, rc, rkp, rkb, rkv, rkn, rknb,
                         xc, xkp, xkb, xkv, xn, xnb, unary, esc, bits)  # fmt: skip
 
@@ -330,7 +363,7 @@ def _scan2_rows(span64, like, table, i, s0, rows, shift, mask, ca, g2a, dda, ptr
 
 @njit(cache=True, nogil=True)
 def ctxs_cells(span, span64, s0, scratch, scratch64, raw, table, out_pos, out_old, out_new, shift, cbits, width,
-               rc, rkp, rkb, rkv, rkn, rknb):  # fmt: skip
+               rc, rkp, rkb, rkv, rkn, rknb, rsh, layout):  # fmt: skip
     """Decode the ``ctxs`` cell chunks of one tensor, each against its own base region of ``span``
     (rows ``s0`` elements apart), into ``out_*`` (span offsets, old and new bits). ``table`` rows:
     payload offset in ``raw``, payload bytes, changed, first cell element, elements, the cell's origin
@@ -349,7 +382,7 @@ def ctxs_cells(span, span64, s0, scratch, scratch64, raw, table, out_pos, out_ol
         pair = scratch64.size > 0 and i + 1 < nt
         rows = _rows_in_place(table, i, s0, span64) if pair else -1
         err, g2, dd, ptr, rem = _cell_state(span, s0, sa, raw, table, i, shift, cbits, width,
-                                            rc, rkp, rkb, rkv, rkn, rknb, rows < 0)  # fmt: skip
+                                            rc, rkp, rkb, rkv, rkn, rknb, rsh, layout, rows < 0)  # fmt: skip
         if err:
             return err, i
         ca, count = table[i, 2], table[i, 4]
@@ -357,7 +390,7 @@ def ctxs_cells(span, span64, s0, scratch, scratch64, raw, table, out_pos, out_ol
         errb = OK
         if pair:
             errb, g2b, ddb, ptrb, remb = _cell_state(span, s0, sb, raw, table, i + 1, shift, cbits, width,
-                                                     rc, rkp, rkb, rkv, rkn, rknb, rows < 0)  # fmt: skip
+                                                     rc, rkp, rkb, rkv, rkn, rknb, rsh, layout, rows < 0)  # fmt: skip
             if errb == OK:
                 cb, countb = table[i + 1, 2], table[i + 1, 4]
                 if rows >= 0:
@@ -377,7 +410,7 @@ def ctxs_cells(span, span64, s0, scratch, scratch64, raw, table, out_pos, out_ol
                 continue
             if rows >= 0:  # the first's base was left in place: copied now, for its scan alone
                 err, g2, dd, ptr, rem = _cell_state(span, s0, sa, raw, table, i, shift, cbits, width,
-                                                    rc, rkp, rkb, rkv, rkn, rknb, True)  # fmt: skip
+                                                    rc, rkp, rkb, rkv, rkn, rknb, rsh, layout, True)  # fmt: skip
         err, pos, o, n = ctx_scan(sa[:count], a64, shift, mask, width, ca, 0, g2, dd, ptr, rem)
         if err:
             return err, i

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from deltarl.codec import _ctxs5
 from deltarl.codec._numba_bits import rice_encode
 from deltarl.codec._numba_kernels import class_streams
 from deltarl.codec.bitio import RICE_ESCAPE
@@ -156,6 +157,15 @@ def _pack(out, at, changed, active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_
         out[at] = np.uint8(acc << (8 - nbits))
         at += 1
     return out, at
+
+
+@njit(cache=True, nogil=True)
+def _bits(mask):
+    k = 0
+    while mask:
+        k += 1
+        mask >>= 1
+    return k
 
 
 @njit(cache=True, nogil=True)
@@ -310,8 +320,16 @@ def _class_code(ov, nv, rank, shift, mask, width):
 
 
 @njit(cache=True, nogil=True)
-def _finish(old, new, ch, changed, count, shift, mask, width, rix, rkp, rkb, rkv, rkn, rknb, lo, hi, others, weight,
-            fmask, out, at):  # fmt: skip
+def pack5(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, neg, pops, rix, rkp, rkv, rkn, rsh,
+          cbits):  # fmt: skip
+    """A layout 2 (segment format 5) payload: :func:`deltarl.codec._ctxs5.pack`, compiled."""
+    return _ctxs5.pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, neg, pops, rix, rkp, rkv,
+                       rkn, rsh, cbits)  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
+def _finish(old, new, ch, changed, count, shift, mask, width, rix, rkp, rkb, rkv, rkn, rknb, rsh, pops, lo, hi,
+            others, weight, fmask, out, at):  # fmt: skip
     """One chunk from its changes (``ch`` rows in position order): (kind, NaN / Inf count, out, its end)."""
     ov = np.empty(changed, old.dtype)
     nv = np.empty(changed, old.dtype)
@@ -331,13 +349,26 @@ def _finish(old, new, ch, changed, count, shift, mask, width, rix, rkp, rkb, rkv
     active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_gaps, big_vals, neg = _class_code(
         ov, nv, ch[:changed, 1], shift, mask, width
     )
+    if pops.size:  # layout 2
+        gi = np.empty(gaps.size, np.int64)
+        bgi = np.empty(big_gaps.size, np.int64)
+        bvi = np.empty(big_vals.size, np.int64)
+        for t in range(gaps.size):
+            gi[t] = np.int64(gaps[t])
+        for t in range(big_gaps.size):
+            bgi[t], bvi[t] = np.int64(big_gaps[t]), np.int64(big_vals[t])
+        pay = _ctxs5.pack(changed, active, counts, n_big, k_pos, k_bv, gi, bgi, bvi, neg, pops, rix, rkp, rkv, rkn,
+                          rsh, _bits(mask))  # fmt: skip
+        out = _grow(out, at + pay.size)
+        out[at : at + pay.size] = pay
+        return CELL_CTXS, 0, out, at + pay.size
     out, at = _pack(out, at, changed, active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_gaps, big_vals, neg,
                     rix, rkp, rkb, rkv, rkn, rknb)  # fmt: skip
     return CELL_CTXS, 0, out, at
 
 
 @njit(cache=True, nogil=True)
-def ctxs_encode_cells(old, new, a64, b64, s0, table, shift, cbits, width, rc, rkp, rkb, rkv, rkn, rknb,
+def ctxs_encode_cells(old, new, a64, b64, s0, table, shift, cbits, width, rc, rkp, rkb, rkv, rkn, rknb, rsh, layout,
                       lo, hi, others, weight, fmask, out):  # fmt: skip
     """Code the cell chunks of one tensor (``old`` / ``new``: its row-major bits, rows ``s0`` elements
     apart; ``a64`` / ``b64``: their u64 views for 16-bit elements 8-byte aligned, else empty) against
@@ -387,7 +418,13 @@ def ctxs_encode_cells(old, new, a64, b64, s0, table, shift, cbits, width, rc, rk
             rows[j, 1], rows[j, 2], rows[j, 3] = changed, at, at
             if changed == 0:
                 continue
+            pops = np.zeros(mask + 1 if layout == 2 else 0, np.int64)  # the chunk's elements of each class
+            t0 = m * 4 * (mask + 1) if table[i, 4] >= 0 else 0
+            for c in range(pops.size):
+                for lane in range(4):
+                    pops[c] += c4[t0 + lane * (mask + 1) + c]
             kind, bad, out, at = _finish(old, new, mine[first[m] : first[m + 1]], changed, table[j, 1], shift, mask,
-                                         width, rix, rkp, rkb, rkv, rkn, rknb, lo, hi, others, weight, fmask, out, at)  # fmt: skip
+                                         width, rix, rkp, rkb, rkv, rkn, rknb, rsh, pops, lo, hi, others, weight,
+                                         fmask, out, at)  # fmt: skip
             rows[j, 0], rows[j, 3], rows[j, 4] = kind, at, bad
     return out, rows

@@ -12,6 +12,7 @@ lacks is an *extra* class of the chunk, listed as in a ``ctx`` class table. Layo
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,9 @@ from deltarl.codec.classes import CLASS_FIELDS, ClassCode, rank_classes
 from deltarl.codec.ctx import _DECODE_ERRORS, changes_numpy
 from deltarl.errors import FormatError
 
+# How a record's chunks are coded: per-class counts and stream lengths (segment formats 3 and 4), or
+# counts against the record's shares in one length-free code (format 5, :mod:`deltarl.codec._ctxs5`).
+LAYOUT_COUNTS, LAYOUT_SHARES = 1, 2
 _ENTRY = struct.Struct("<BBBB")  # an extra class: class, k_pos, k_big_gap, k_big_val (then varint n, n_big)
 _U64 = np.uint64
 
@@ -33,7 +37,12 @@ class ClassRecord:
     """The class parameters shared by one tensor's ``ctxs`` chunks: the class field (``shift``,
     ``cbits``), the classes in record order and, per class, the Rice parameters of its rank gaps
     (``k_pos``), large-value gaps (``k_big_gap``), large values (``k_big_val``), a chunk's count of
-    its changes (``k_n``) and of its large ones (``k_n_big``). The first class's count is not coded."""
+    its changes (``k_n``) and of its large ones (``k_n_big``). The first class's count is not coded.
+
+    ``layout``: how its chunks are coded. 1 (segment formats 3 and 4): counts and large-value counts
+    per class, stream lengths as varints. 2 (format 5, :mod:`deltarl.codec._ctxs5`): ``share`` per
+    class, a class's count coded against its share of the chunk's changes (``k_n`` the parameter of
+    that difference), one sequence of large values (``k_big_gap`` and ``k_n_big`` unused)."""
 
     shift: int
     cbits: int
@@ -43,6 +52,8 @@ class ClassRecord:
     k_big_val: np.ndarray
     k_n: np.ndarray
     k_n_big: np.ndarray
+    share: np.ndarray | None = None  # layout 2: each class's changes per 65,536 of the sample's
+    layout: int = LAYOUT_COUNTS
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ClassRecord) and self.pack() == other.pack()
@@ -52,36 +63,48 @@ class ClassRecord:
 
     def pack(self) -> bytes:
         """``u8 shift, u8 cbits, varint m``, then ``m`` times ``u8 class, k_pos, k_big_gap, k_big_val,
-        k_n, k_n_big`` (docs/FORMAT.md, "Class records")."""
+        k_n, k_n_big`` and (layout 2) ``u16 share`` (docs/FORMAT.md, "Class records")."""
         cols = np.stack([self.classes, self.k_pos, self.k_big_gap, self.k_big_val, self.k_n, self.k_n_big], axis=1)
-        return struct.pack("<BB", self.shift, self.cbits) + varint(len(self.classes)) + cols.astype(np.uint8).tobytes()
+        rows = cols.astype(np.uint8)
+        if self.layout == LAYOUT_SHARES:
+            rows = np.concatenate((rows, self.shares().astype("<u2").view(np.uint8).reshape(-1, 2)), axis=1)
+        return struct.pack("<BB", self.shift, self.cbits) + varint(len(self.classes)) + rows.tobytes()
+
+    def shares(self) -> np.ndarray:
+        """The classes' shares (zeros for a layout 1 record)."""
+        return np.zeros(self.classes.size, np.int64) if self.share is None else self.share
 
 
-def parse_record(raw: memoryview, off: int, width: int) -> tuple[ClassRecord, int]:
-    """One class record from ``raw[off:]`` for ``width``-bit elements: (record, offset after it);
-    FormatError if it is truncated or invalid."""
+def parse_record(raw: memoryview, off: int, width: int, layout: int = LAYOUT_COUNTS) -> tuple[ClassRecord, int]:
+    """One class record of ``layout`` from ``raw[off:]`` for ``width``-bit elements: (record, offset
+    after it); FormatError if it is truncated or invalid."""
     if off + 3 > len(raw):
         raise FormatError("class record is truncated")
     shift, cbits = raw[off], raw[off + 1]
     m, off = read_varint(raw, off + 2, "class record")
     if not 1 <= cbits <= 8 or shift + cbits > width:
         raise FormatError(f"class record field (shift {shift}, bits {cbits}) does not fit {width}-bit values")
-    if not 1 <= m <= 1 << cbits or off + 6 * m > len(raw):
+    row = 8 if layout == LAYOUT_SHARES else 6
+    if not 1 <= m <= 1 << cbits or off + row * m > len(raw):
         raise FormatError(f"class record of {m} classes is truncated or too long")
-    cols = np.frombuffer(raw[off : off + 6 * m], dtype=np.uint8).reshape(m, 6).T.astype(np.int64)
+    block = np.frombuffer(raw[off : off + row * m], dtype=np.uint8).reshape(m, row)
+    cols = block[:, :6].T.astype(np.int64)
     if int(cols[0].max()) >= 1 << cbits or np.unique(cols[0]).size != m or int(cols[1:].max()) > 32:
         raise FormatError("class record has a repeated or out-of-range class, or a Rice parameter above 32")
-    return ClassRecord(int(shift), int(cbits), *cols), off + 6 * m
+    share = block[:, 6:].copy().view("<u2").reshape(m).astype(np.int64) if row == 8 else None
+    return ClassRecord(int(shift), int(cbits), *cols, share=share, layout=layout), off + row * m
 
 
 def choose_record(old: np.ndarray, new: np.ndarray, dtype: str, chunk_elems: int,
-                  field: tuple[int, int] | None = None) -> ClassRecord:  # fmt: skip
+                  field: tuple[int, int] | None = None, layout: int = LAYOUT_SHARES) -> ClassRecord:  # fmt: skip
     """The record an encoder writes for a tensor, from a sample of it (``old``/``new``: the sampled
     elements): every class of the sample's base, by decreasing sampled changes (then class), with
     ``k`` by the integer rule (:func:`deltarl.codec.bitio.rice_k`) on the sample's totals:
     ``k_pos`` (population - changes, changes), ``k_big_gap`` (changes - large, large), ``k_big_val``
-    (sum of ``|d| - 2``, large), ``k_n`` and ``k_n_big`` (changes and large ones per
-    ``chunk_elems``); a class without sampled (large) changes counts one."""
+    (sum of ``|d| - 2``, large), ``k_n_big`` (large ones per ``chunk_elems``) and ``k_n``: layout 1,
+    (changes per ``chunk_elems``); layout 2, ``(13 isqrt(e), 8)`` for a class expected to change ``e``
+    times in a chunk of ``chunk_elems`` (its count's spread). A class without sampled (large) changes
+    counts one. Layout 2's ``share``: ``floor(65536 changes / all changes)``, at most 65,535."""
     shift, cbits = field or CLASS_FIELDS[dtype]
     mask = (1 << cbits) - 1
     width = old.dtype.itemsize * 8
@@ -99,13 +122,20 @@ def choose_record(old: np.ndarray, new: np.ndarray, dtype: str, chunk_elems: int
     classes = np.flatnonzero(pop)
     classes = classes[np.lexsort((classes, -chg[classes]))]
     c, b = np.maximum(chg[classes], 1), np.maximum(nbig[classes], 1)
+    share = None
+    k_n = bitio.rice_k(chg[classes] * chunk_elems, np.full(classes.size, n))
+    if layout == LAYOUT_SHARES:
+        share = np.minimum((chg[classes] << 16) // max(hit.size, 1), 65535).astype(np.int64)
+        spread = 13 * np.array([math.isqrt(int(e)) for e in (chg[classes] * chunk_elems) // n], dtype=np.int64)
+        k_n = bitio.rice_k(spread, np.full(classes.size, 8))
     return ClassRecord(
         shift, cbits, classes,
         bitio.rice_k(pop[classes] - chg[classes], c),
         bitio.rice_k(np.where(nbig[classes] > 0, chg[classes] - nbig[classes], chg[classes]), b),
         bitio.rice_k(vsum[classes], b),
-        bitio.rice_k(chg[classes] * chunk_elems, np.full(classes.size, n)),
+        k_n,
         bitio.rice_k(nbig[classes] * chunk_elems, np.full(classes.size, n)),
+        share=share, layout=layout,
     )  # fmt: skip
 
 
@@ -136,7 +166,32 @@ def encode(old: np.ndarray, new: np.ndarray, dtype: str, changes: Changes, recor
     a = changes.classes
     if a is None or (a.shift, a.cbits) != (record.shift, record.cbits):
         a = rank_classes(old, new, dtype, field=(record.shift, record.cbits))
+    if record.layout == LAYOUT_SHARES:
+        pops = np.bincount(kernels.classes(old, record.shift, (1 << record.cbits) - 1), minlength=1 << record.cbits)
+        return _pack5(a, record, pops)
     return _pack(a, record)
+
+
+def _record_index(record: ClassRecord) -> np.ndarray:
+    rix = np.full(1 << record.cbits, -1, dtype=np.int64)
+    rix[record.classes] = np.arange(record.classes.size)
+    return rix
+
+
+def _pack5(a: ClassCode, record: ClassRecord, pops: np.ndarray) -> bytes:
+    """Layout 2 (segment format 5): :func:`deltarl.codec._ctxs5.pack`, run as Python or compiled."""
+    from deltarl.codec import _ctxs5
+
+    args = (a.active, a.counts, a.n_big, a.k_pos, a.k_bv, a.gaps.astype(np.int64), a.big_gaps.astype(np.int64),
+            a.big_vals.astype(np.int64), a.neg.astype(np.uint8), pops.astype(np.int64), _record_index(record),
+            record.k_pos, record.k_big_val, record.k_n, record.shares())  # fmt: skip
+    jit = kernels.ctx_jit()
+    if jit is not None:
+        from deltarl.codec import _numba_ctxs_encode
+
+        return _numba_ctxs_encode.pack5(int(a.pos.size), *args, record.cbits).tobytes()
+    return _ctxs5.pack(int(a.pos.size), *[np.asarray(x, np.int64) if x.dtype != np.uint8 else x for x in args],
+                       record.cbits).tobytes()  # fmt: skip
 
 
 def _pack(a: ClassCode, record: ClassRecord) -> bytes:
@@ -219,12 +274,14 @@ def decode(old: np.ndarray, payload: memoryview, changed: int, record: ClassReco
     if record is None:
         raise FormatError("ctxs chunk without its tensor's class record")
     width = _width(old, record)
-    p = _parse(payload, changed, record)
     mask = (1 << record.cbits) - 1
     jit = kernels.ctx_jit()
+    if record.layout == LAYOUT_SHARES and jit is None:
+        return _decode5_numpy(old, record, width, changed, payload)
+    p = None if record.layout == LAYOUT_SHARES else _parse(payload, changed, record)
     if jit is None:
         return _decode_numpy(old, record, width, changed, p)
-    state = _prepare(old, record, width, changed, p)
+    state = _prepare(old, record, width, changed, p, payload)
     (a64,) = jit.words16(old)
     err, pos, old_v, new_v = jit.ctx_scan(old, a64, record.shift, mask, width, changed, 0, *state)
     _check(err)
@@ -241,8 +298,8 @@ def decode_pair(a: tuple[np.ndarray, memoryview, int, ClassRecord], b: tuple[np.
     (a64_a,), (a64_b,) = jit.words16(old_a), jit.words16(old_b)
     if not a64_a.size or not a64_b.size:
         return decode(*a), decode(*b)
-    state_a = _prepare(old_a, rec_a, _width(old_a, rec_a), ch_a, _parse(pay_a, ch_a, rec_a))
-    state_b = _prepare(old_b, rec_b, _width(old_b, rec_b), ch_b, _parse(pay_b, ch_b, rec_b))
+    state_a = _prepare(old_a, rec_a, _width(old_a, rec_a), ch_a, _parsed(pay_a, ch_a, rec_a), pay_a)
+    state_b = _prepare(old_b, rec_b, _width(old_b, rec_b), ch_b, _parsed(pay_b, ch_b, rec_b), pay_b)
     err_a, pos_a, oa, na, err_b, pos_b, ob, nb = jit.ctx_scan2(
         old_a, a64_a, ch_a, *state_a, old_b, a64_b, ch_b, *state_b, rec_a.shift, (1 << rec_a.cbits) - 1
     )
@@ -251,9 +308,21 @@ def decode_pair(a: tuple[np.ndarray, memoryview, int, ClassRecord], b: tuple[np.
     return Decoded(pos_a, na, oa), Decoded(pos_b, nb, ob)
 
 
-def _prepare(old: np.ndarray, r: ClassRecord, width: int, changed: int, p: _Parsed) -> tuple[np.ndarray, ...]:
+def _parsed(payload: memoryview, changed: int, record: ClassRecord) -> _Parsed | None:
+    return None if record.layout == LAYOUT_SHARES else _parse(payload, changed, record)
+
+
+def _prepare(old: np.ndarray, r: ClassRecord, width: int, changed: int, p: _Parsed | None, payload: memoryview
+             ) -> tuple[np.ndarray, ...]:  # fmt: skip
     from deltarl.codec import _numba_ctxs
 
+    if p is None:  # layout 2
+        err, *state = _numba_ctxs.ctxs5_prepare(
+            np.frombuffer(payload, dtype=np.uint8), old.size, width, changed, r.cbits, r.classes, r.k_pos,
+            r.k_big_val, r.k_n, r.shares(),
+        )  # fmt: skip
+        _check(err)
+        return tuple(state)
     prepare: Any = _numba_ctxs.ctxs_prepare
     err, *state = prepare(
         old, r.shift, (1 << r.cbits) - 1, width, changed, r.classes, r.k_pos, r.k_big_gap, r.k_big_val, r.k_n,
@@ -350,6 +419,25 @@ def _decode_numpy(old: np.ndarray, r: ClassRecord, width: int, changed: int, p: 
 
 
 
+def _decode5_numpy(old: np.ndarray, r: ClassRecord, width: int, changed: int, payload: memoryview) -> Decoded:
+    """Layout 2 without numba: :func:`deltarl.codec._ctxs5.parse` as Python, then the numpy select."""
+    from deltarl.codec import _ctxs5
+
+    pay = np.frombuffer(payload, dtype=np.uint8)
+    err, active, counts, n_big, gaps, bg, bv, sbase = _ctxs5.parse(
+        pay, changed, old.size, width, r.cbits, r.classes, r.k_pos, r.k_big_val, r.k_n, r.shares()
+    )
+    _check(int(err))
+    neg = np.unpackbits(pay, count=sbase + changed)[sbase:]
+    up = np.argsort(active, kind="stable")  # the numpy select takes the classes ascending
+    per, big = _regroup(counts, up), _regroup(n_big, up)
+    try:
+        return changes_numpy(old, r.shift, (1 << r.cbits) - 1, width, (active[up], counts[up], n_big[up]),
+                             (gaps[per], bg[big], bv[big], neg[per]))  # fmt: skip
+    except FormatError as err:  # the numba path's words
+        raise FormatError(str(err).replace("ctx ", "ctxs ", 1)) from None
+
+
 # Columns of :func:`decode_cells`' table, one row a cell chunk.
 CELL_COLUMNS = ("offset", "nbytes", "changed", "start", "count", "origin", "width")
 
@@ -382,7 +470,7 @@ def decode_cells(span: np.ndarray, s0: int, record: ClassRecord, raw: np.ndarray
         span, span64, s0, scratch, scratch64 if span.dtype.itemsize == 2 else scratch64[:0], raw,
         np.ascontiguousarray(np.column_stack((table, at)), dtype=np.int64), pos, old_v, new_v, record.shift,
         record.cbits, width, record.classes, record.k_pos, record.k_big_gap, record.k_big_val, record.k_n,
-        record.k_n_big,
+        record.k_n_big, record.shares(), record.layout,
     )  # fmt: skip
     if err:
         return None, int(bad)
@@ -422,7 +510,7 @@ def encode_cells(old: np.ndarray, new: np.ndarray, s0: int, record: ClassRecord,
     out, rows = run(
         old, new, a64, b64, s0, np.ascontiguousarray(table, dtype=np.int64), record.shift, record.cbits, width,
         record.classes, record.k_pos, record.k_big_gap, record.k_big_val, record.k_n, record.k_n_big,
-        float(alone[0]), float(alone[1]),
+        record.shares(), record.layout, float(alone[0]), float(alone[1]),
         np.zeros((0, 2)) if others is None else np.ascontiguousarray(others, dtype=np.float64), weight, finite_mask,
         np.empty(max(64, int(table[:, 1].sum()) // 32 if table.size else 64), np.uint8),
     )  # fmt: skip

@@ -13,13 +13,16 @@ import numpy as np
 
 from deltarl.codec import registry
 from deltarl.codec.classes import CELL_CLASS_FIELDS, CLASS_FIELDS
-from deltarl.codec.ctxs import ClassRecord, choose_record
+from deltarl.codec.ctxs import LAYOUT_SHARES, ClassRecord, choose_record
 from deltarl.codec.grid import CELLS, GRID, MORTON_ORDER, Grid
 from deltarl.codec.segment import FLAT
 from deltarl.codec.tensors import TensorSpec, flat_bits, is_cuda
 from deltarl.errors import TensorMismatch
 
 _CTXS = registry.by_name("ctxs")
+# The class records the encoder writes: layout 2 (segment format 5, counts against each class's
+# share). Layout 1 (formats 3 and 4) is still read; the golden tests of those formats write it.
+RECORD_LAYOUT = LAYOUT_SHARES
 # A tensor of at least this many elements whose changes ``ctx`` will code is cut into the cells of
 # its shard grid (deltarl.codec.grid): a rank holding a TP part along either dimension then reads
 # and decodes only its cells, against only its own base. Smaller tensors, and tensors ``sparse``
@@ -138,7 +141,8 @@ def class_record(spec: TensorSpec, old: np.ndarray, new: np.ndarray, step: int, 
     so, sn = sample_arrays(old, new, TILE_SAMPLE_BLOCKS)
     hits = int(np.count_nonzero(so != sn))
     coarse = hits * mean < CELL_COARSE_CHANGES * max(so.size, 1)
-    return choose_record(so, sn, spec.dtype, mean, (CELL_CLASS_FIELDS if coarse else CLASS_FIELDS)[spec.dtype])
+    field = (CELL_CLASS_FIELDS if coarse else CLASS_FIELDS)[spec.dtype]
+    return choose_record(so, sn, spec.dtype, mean, field, RECORD_LAYOUT)
 
 
 def sample_arrays(old: np.ndarray, new: np.ndarray, blocks: int) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,8 @@
 Byte layout (little-endian; docs/FORMAT.md is the specification)::
 
     0   4  magic b"DRLS"
-    4   2  format version (3 when a chunk is coded ``ctxs``, else 2)
+    4   2  format version (5 when a chunk is coded ``ctxs`` against a layout 2 class record; else 4
+           when the header is shorter compressed, 3 with ``ctxs`` chunks, 2)
     6   2  flags (0)
     8   4  header length H (<= MAX_HEADER_BYTES)
     12  4  crc32 of the header body
@@ -26,7 +27,7 @@ import zstandard
 from deltarl.codec.bitio import leb128_decode, leb128_encode
 from deltarl.codec.chunk import zstd
 from deltarl.codec.chunk_table import FIELDS, ChunkTable, parse_chunk_table
-from deltarl.codec.ctxs import ClassRecord, parse_record, read_varint
+from deltarl.codec.ctxs import LAYOUT_COUNTS, LAYOUT_SHARES, ClassRecord, parse_record, read_varint
 from deltarl.codec.registry import NONE, codec_id, codec_name
 from deltarl.codec.tensors import DTYPE_BY_CODE, DTYPES, TensorSpec, uint_dtype
 from deltarl.errors import FormatError, IntegrityError, UnsupportedFormatVersion
@@ -34,7 +35,8 @@ from deltarl.errors import FormatError, IntegrityError, UnsupportedFormatVersion
 MAGIC = b"DRLS"
 FORMAT_VERSION = 3  # written when a chunk is coded ctxs (its tensor's class record in the header)
 FORMAT_COMPRESSED = 4  # written when the header is shorter as one zstd frame (the chunk table as columns)
-FORMAT_VERSIONS = (2, 3, 4)  # read
+FORMAT_SHARES = 5  # format 4 whose class records carry shares and whose ctxs chunks are coded against them
+FORMAT_VERSIONS = (2, 3, 4, 5)  # read
 _SHARED = codec_id("ctxs")
 MAX_HEADER_BYTES = 16 << 20
 MAX_BASE_BYTES = 1024
@@ -137,7 +139,9 @@ def pack_segment(
     by ``none`` chunks here is written with no chunk at all (its table entry covers it). A segment
     with ``ctxs`` chunks is format 3 and carries their tensors' class ``records``; else format 2. With
     ``compress`` (the default), a segment of 8 chunks or more whose header is shorter so is format 4:
-    everything after the base id in one zstd frame, the chunk table as columns."""
+    everything after the base id in one zstd frame, the chunk table as columns. A segment whose
+    records are layout 2 (:data:`deltarl.codec.ctxs.LAYOUT_SHARES`, what the encoder writes) is
+    format 5: format 4's frame, with those records."""
     index = {spec.name: i for i, spec in enumerate(tensors)}
     whole = _unchanged_whole(tensors, chunks)
     raw_base = base.encode()
@@ -163,17 +167,24 @@ def pack_segment(
     if recorded and (records is None or any(tensors[t].name not in records for t in recorded)):
         raise ValueError("a segment with ctxs chunks needs their tensors' class records")
     have = records or {}
+    layouts = {have[tensors[t].name].layout for t in recorded}
+    if len(layouts) > 1:
+        raise ValueError("a segment's class records must all be of one layout")
+    shares = layouts == {LAYOUT_SHARES}
     recs = [struct.pack("<I", len(recorded)),
             *(leb128_encode(np.array([t], dtype=np.uint64)) + have[tensors[t].name].pack() for t in recorded)]
     rows = leb128_encode(fields.reshape(-1))
     body = b"".join([*head, *parts, struct.pack("<II", len(kept), len(rows)), rows, *(recs if recorded else [])])
     version = FORMAT_VERSION if recorded else 2
-    if compress and len(kept) >= _COMPRESS_MIN_CHUNKS:  # format 4 where it is shorter
+    if shares or (compress and len(kept) >= _COMPRESS_MIN_CHUNKS):  # format 4 where it is shorter; 5
         cols = column_table(fields)
         content = b"".join([*parts, struct.pack("<II", len(kept), len(cols)), cols, *recs])
         packed = b"".join([*head, zstd(content)])
-        if len(packed) < len(body) and len(content) <= MAX_HEADER_BYTES:  # a reader inflates at most the cap
-            body, version = packed, FORMAT_COMPRESSED
+        if len(content) > MAX_HEADER_BYTES:  # a reader inflates at most the cap
+            if shares:
+                raise FormatError(f"segment header of {len(content)} bytes exceeds the {MAX_HEADER_BYTES}-byte cap")
+        elif shares or len(packed) < len(body):
+            body, version = packed, FORMAT_SHARES if shares else FORMAT_COMPRESSED
     if len(body) > MAX_HEADER_BYTES:
         raise FormatError(f"segment header of {len(body)} bytes exceeds the {MAX_HEADER_BYTES}-byte cap")
     out = bytearray(_PREFIX.pack(MAGIC, version, 0, len(body), zlib.crc32(body)))
@@ -236,7 +247,7 @@ def read_segment_header(data: bytes | bytearray | memoryview, *, partial: bool =
     if not 0 < blen <= MAX_BASE_BYTES:
         raise FormatError(f"base id length {blen} out of bounds")
     base = r.text(blen, "base id")
-    if version == FORMAT_COMPRESSED:
+    if version in (FORMAT_COMPRESSED, FORMAT_SHARES):
         body = memoryview(_inflate(body[r.off :]))
         r = _Reader(body)
     (ntensors,) = r.take("<I")
@@ -248,9 +259,10 @@ def read_segment_header(data: bytes | bytearray | memoryview, *, partial: bool =
         raise FormatError("segment header has trailing bytes")
     room = len(mv) - _PREFIX.size - hlen - 4
     raw = body[r.off : r.off + tlen]
-    fields = table_columns(raw, nchunks, len(tensors)) if version == FORMAT_COMPRESSED else None
+    fields = table_columns(raw, nchunks, len(tensors)) if version in (FORMAT_COMPRESSED, FORMAT_SHARES) else None
     table = parse_chunk_table(raw, nchunks, tensors, _PREFIX.size + hlen, room, fields=fields)
-    classes = _records(body, r.off + tlen, tensors, table) if version != 2 else {}
+    layout = LAYOUT_SHARES if version == FORMAT_SHARES else LAYOUT_COUNTS
+    classes = _records(body, r.off + tlen, tensors, table, layout) if version != 2 else {}
     if not classes and bool((table.codec == _SHARED).any()):
         raise FormatError("a ctxs chunk in a format 2 segment (no class records)")
     return SegmentHeader(version, base, tuple(tensors), table, _PREFIX.size + hlen, tlen, classes)
@@ -303,9 +315,10 @@ def table_columns(raw: memoryview, nchunks: int, ntensors: int) -> np.ndarray:
     return cols.T.astype(np.uint64)
 
 
-def _records(body: memoryview, off: int, tensors: list[TensorSpec], table: ChunkTable) -> dict[str, ClassRecord]:
-    """Format 3's class records (after the chunk table): one per tensor with a ``ctxs`` chunk here,
-    by increasing tensor index; the body must end with them."""
+def _records(body: memoryview, off: int, tensors: list[TensorSpec], table: ChunkTable, layout: int
+             ) -> dict[str, ClassRecord]:  # fmt: skip
+    """The class records (after the chunk table; formats 3-5): one per tensor with a ``ctxs`` chunk
+    here, by increasing tensor index; the body must end with them."""
     if off + 4 > len(body):
         raise FormatError("segment header is truncated (class records)")
     (count,) = struct.unpack_from("<I", body, off)
@@ -318,7 +331,7 @@ def _records(body: memoryview, off: int, tensors: list[TensorSpec], table: Chunk
         index, off = read_varint(body, off, "class record")
         if index != t:
             raise FormatError(f"class record of tensor {index}, expected {t} (tensors with ctxs chunks, in order)")
-        out[tensors[t].name], off = parse_record(body, off, 8 * uint_dtype(tensors[t].dtype).itemsize)
+        out[tensors[t].name], off = parse_record(body, off, 8 * uint_dtype(tensors[t].dtype).itemsize, layout)
     if off != len(body):
         raise FormatError("segment header has trailing bytes")
     return out

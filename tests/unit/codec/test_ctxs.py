@@ -16,7 +16,7 @@ from deltarl.codec import BF16, encode_delta, read_segment_header, stage_delta, 
 from deltarl.codec import delta_layout as layout
 from deltarl.codec.chunk import Changes
 from deltarl.codec.classes import CELL_CLASS_FIELDS, CLASS_FIELDS, rank_classes
-from deltarl.codec.ctxs import ClassRecord, choose_record, decode, encode
+from deltarl.codec.ctxs import LAYOUT_COUNTS, LAYOUT_SHARES, ClassRecord, choose_record, decode, encode
 from deltarl.errors import FormatError
 from tests.unit.codec.test_regions import _cells_pair  # the same 16x16 pair as format 2's golden cells
 
@@ -36,6 +36,7 @@ SETTINGS = settings(max_examples=60, deadline=None,
 
 def test_golden_format3(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(layout, "TILE_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(layout, "RECORD_LAYOUT", LAYOUT_COUNTS)  # format 3's records (the encoder writes 5)
     old, new = _cells_pair()
     (seg,) = encode_delta(old, new, base="v0", codec="ctxs")
     assert seg.hex() == GOLDEN_V3
@@ -71,15 +72,19 @@ def draw_bits(draw: st.DrawFn, dtype: str, n: int, densities: list[float], steps
 
 
 def draw_record(draw: st.DrawFn, old: np.ndarray, new: np.ndarray, dtype: str, part: int, hint: int) -> ClassRecord:
-    """A record from a drawn part of the data (all, its first ``part`` elements or one: classes of a
-    cell may be missing from it), its Rice parameters sometimes drawn (any a writer may choose)."""
+    """A record of either layout from a drawn part of the data (all, its first ``part`` elements or
+    one: classes of a cell may be missing from it), its Rice parameters and shares sometimes drawn
+    (any a writer may choose)."""
     field = draw(st.sampled_from([CLASS_FIELDS[dtype], CELL_CLASS_FIELDS[dtype]]))
     sub = draw(st.sampled_from([slice(None), slice(0, max(1, part)), slice(0, 1)]))
-    rec = choose_record(old[sub], new[sub], dtype, hint, field)
+    kind = draw(st.sampled_from([LAYOUT_COUNTS, LAYOUT_SHARES]))
+    rec = choose_record(old[sub], new[sub], dtype, hint, field, kind)
     if draw(st.booleans()):
         m = rec.classes.size
         ks = [np.array(draw(st.lists(st.integers(0, 32), min_size=m, max_size=m)), dtype=np.int64) for _ in range(5)]
-        rec = ClassRecord(rec.shift, rec.cbits, rec.classes, *ks)
+        share = np.array(draw(st.lists(st.integers(0, 65535), min_size=m, max_size=m)), dtype=np.int64)
+        rec = ClassRecord(rec.shift, rec.cbits, rec.classes, *ks, share=share if kind == LAYOUT_SHARES else None,
+                          layout=kind)  # fmt: skip
     return rec
 
 
@@ -138,7 +143,7 @@ def test_auto_cuts_cells_into_ctxs_and_every_tp_part_stages(dtype: str, shape: t
     cells_ = [c for h in heads for c in h.chunks if c.cell >= 0]
     assert all(c.codec in ("ctxs", "sparse", "dense", "none") for c in cells_)
     # format 3 carries class records, 2 none; 4 (a table of 8 chunks or more, as columns) either
-    assert all(h.format_version in ((3, 4) if any(c.codec == "ctxs" for c in h.chunks) else (2, 4)) for h in heads)
+    assert all(h.format_version in ((5,) if any(c.codec == "ctxs" for c in h.chunks) else (2, 4)) for h in heads)
     for dim in (0, 1):
         n = shape[dim]
         tp = 2 if n % 128 == 0 else 1
@@ -230,7 +235,7 @@ def test_row_shards_coded_ctxs_carry_their_own_records() -> None:
         o, n = {"w": BF16(old[a:b].copy())}, {"w": BF16(new[a:b].copy())}
         segs += list(iter_encode_rows(o, n, {"w": (spec, a * 48)}, base="b", codec="ctxs", threads=1))
     heads = [read_segment_header(s) for s in segs]
-    assert all(h.format_version == 3 and "w" in h.classes for h in heads)
+    assert all(h.format_version == 5 and "w" in h.classes for h in heads)
     state = {"w": BF16(old.copy())}
     stage_delta(state, segs, base="b").commit()
     assert np.array_equal(state["w"].bits, new)

@@ -64,8 +64,9 @@ def _zero_cell(old: np.ndarray, cell: int) -> np.ndarray:
 ])  # fmt: skip
 def test_the_first_bad_chunk_of_a_pair_is_named(zeroed: list[int], broken: list[int], named: int, cols: int,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """Chunks whose base was zeroed fail in the scan, chunks with 127 extra classes in the parse;
-    either way the stager names the first in segment order, a pair's first or second."""
+    """Chunks whose base was zeroed fail in the scan, chunks whose unary stream (at the payload's end,
+    segment format 5) starts with 48 zero bits, longer than any code (or is all zeros), in the parse; either way the
+    stager names the first in segment order, a pair's first or second."""
     old, segs = _cells_delta(monkeypatch, cols)
     cells = _cells_of(segs[0])
     assert len(cells) >= 5
@@ -74,6 +75,8 @@ def test_the_first_bad_chunk_of_a_pair_is_named(zeroed: list[int], broken: list[
         old = _zero_cell(old, cells[k][0].cell)
     bad = bytearray(segs[0])
     for k in broken:
-        bad[cells[k][1]] = 0x7F
+        end = cells[k][1] + cells[k][0].nbytes
+        start = max(cells[k][1], end - 6)  # a payload of fewer bytes: all of it, no code ends
+        bad[start:end] = bytes(end - start)
     with pytest.raises(FormatError, match=rf"cell {cells[named][0].cell}\)"):
         stage_delta({"w": BF16(old)}, [_refix(bytes(bad)), *segs[1:]], base="b")

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from deltarl.codec import BF16, encode_delta, read_segment_header, stage_delta, state_digest
 from deltarl.codec import delta_layout as layout
+from deltarl.codec.ctxs import LAYOUT_COUNTS
 from deltarl.codec.chunk import zstd
 from deltarl.codec.chunk_table import FIELDS
 from deltarl.codec.segment import MAX_HEADER_BYTES, column_table, table_columns
@@ -54,6 +55,7 @@ def _pair() -> tuple[np.ndarray, np.ndarray]:
 
 def _encode(monkeypatch: pytest.MonkeyPatch) -> bytes:
     monkeypatch.setattr(layout, "TILE_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(layout, "RECORD_LAYOUT", LAYOUT_COUNTS)  # format 4's records (the encoder writes 5)
     monkeypatch.setattr(layout, "CELL_MIN_CHANGES", 1)
     old, new = _pair()
     (seg,) = encode_delta({"w": BF16(old)}, {"w": BF16(new)}, base="v0", codec="ctxs")

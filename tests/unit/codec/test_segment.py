@@ -147,7 +147,7 @@ def test_specific_errors() -> None:
     (seg,) = encode_delta(old, new, base="v0", codec="ctx")
     with pytest.raises(FormatError, match="magic"):
         read_segment_header(b"XXXX" + seg[4:])
-    for version in (b"\x01\x00", b"\x05\x00"):  # format 1 (40-byte chunk entries, no cells) is refused
+    for version in (b"\x01\x00", b"\x06\x00"):  # format 1 (40-byte chunk entries, no cells) and 6 are refused
         with pytest.raises(UnsupportedFormatVersion):
             read_segment_header(_refix(seg[:4] + version + seg[6:]))
     with pytest.raises(IntegrityError):
