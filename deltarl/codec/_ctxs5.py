@@ -92,10 +92,11 @@ def _take_bits(fw, st, buf, k):
 
 
 @register_jitable
-def take(ur, fw, st, buf, k, limit):
-    """The next value (parameter ``k``), or minus an error code; it must be below ``limit``. ``st`` =
-    (unary bytes read, unary bits buffered, forward bytes read, forward bits buffered), ``buf`` their
-    buffers; ``ur`` is the unary stream (the payload reversed), ``fw`` the payload."""
+def take(ur, fw, st, buf, m, limit):
+    """The next value (Golomb parameter ``m`` >= 1; a power of two is a Rice code), or minus an
+    error code; it must be below ``limit``. ``st`` = (unary bytes read, unary bits buffered, forward
+    bytes read, forward bits buffered), ``buf`` their buffers; ``ur`` is the unary stream (the payload
+    reversed), ``fw`` the payload."""
     while st[1] <= 56 and st[0] < ur.size:
         buf[0] |= np.uint64(ur[st[0]]) << np.uint64(56 - st[1])
         st[1] += 8
@@ -118,24 +119,30 @@ def take(ur, fw, st, buf, k, limit):
         if hi >= np.int64(1) << 31:
             return -np.int64(VALUE_RANGE)
         v = (hi << 32) | lo
-        if v < (np.int64(ESCAPE) << k):
+        if v < np.int64(ESCAPE) * m:
             return -np.int64(RICE_SMALL_ESCAPE)
     else:
-        v = np.int64(q) << k
-        if k > 0:
-            r = _take_bits(fw, st, buf, k)
+        b = bit_length(m - 1)
+        r = np.int64(0)
+        if b > 0:
+            cut = (np.int64(1) << b) - m
+            if b > 1:
+                r = _take_bits(fw, st, buf, b - 1)
+            if r >= 0 and r >= cut:
+                y = _take_bits(fw, st, buf, 1)
+                r = -1 if y < 0 else 2 * r + y - cut
             if r < 0:
                 return -np.int64(RICE_REMAINDER)
-            v |= r
+        v = np.int64(q) * m + r
     if v >= limit:
         return -np.int64(VALUE_RANGE)
     return v
 
 
 @register_jitable
-def parse(pay, changed, n_elems, width, cbits, rc, rkp, rkv, rkn, rsh):
+def parse(pay, changed, n_elems, width, cbits, rc, rmp, rkv, rkn, rsh):
     """Read one chunk's payload against its class record (``rc`` classes in record order, their
-    ``k_pos``, ``k_big_val``, ``k_n``, ``share``): (error, active, counts, n_big, gaps, big_gaps,
+    ``m_pos``, ``k_big_val``, ``k_n``, ``share``): (error, active, counts, n_big, gaps, big_gaps,
     big_vals, sign bit offset). Groups in group order (the record's classes with changes, then the
     extra classes ascending); ``gaps`` their rank gaps group after group; ``big_gaps`` the gaps of
     each group's large changes within the group."""
@@ -146,7 +153,7 @@ def parse(pay, changed, n_elems, width, cbits, rc, rkp, rkv, rkn, rsh):
     m = rc.size
     nclass = 1 << cbits
     kx = count_k(changed)
-    nx = take(ur, pay, st, buf, 0, nclass + 1)
+    nx = take(ur, pay, st, buf, np.int64(1), nclass + 1)
     if nx < 0:
         return -nx, none, none, none, none, none, none, 0
     inrec = np.zeros(nclass, np.bool_)
@@ -159,10 +166,10 @@ def parse(pay, changed, n_elems, width, cbits, rc, rkp, rkv, rkn, rsh):
     rest = np.int64(changed)
     last = -1
     for i in range(nx):
-        c = take(ur, pay, st, buf, cbits, nclass)
-        kp = take(ur, pay, st, buf, 5, 33)
-        kv = take(ur, pay, st, buf, 5, 33)
-        n = take(ur, pay, st, buf, kx, changed + 1)
+        c = take(ur, pay, st, buf, np.int64(1) << (cbits), nclass)
+        kp = take(ur, pay, st, buf, np.int64(1) << 5, 33)
+        kv = take(ur, pay, st, buf, np.int64(1) << 5, 33)
+        n = take(ur, pay, st, buf, np.int64(1) << (kx), changed + 1)
         if c < 0 or kp < 0 or kv < 0 or n < 0:
             return TABLE_BAD_ENTRY, none, none, none, none, none, none, 0
         if c <= last or inrec[c] or n < 1:
@@ -172,7 +179,7 @@ def parse(pay, changed, n_elems, width, cbits, rc, rkp, rkv, rkn, rsh):
         rest -= n
     cnt_r = np.zeros(m, np.int64)
     for r in range(1, m):
-        z = take(ur, pay, st, buf, rkn[r], 2 * changed + 2)
+        z = take(ur, pay, st, buf, np.int64(1) << (rkn[r]), 2 * changed + 2)
         if z < 0:
             return (TABLE_SUM if z == -VALUE_RANGE else -z), none, none, none, none, none, none, 0
         n = expected(changed, rsh[r]) + ((z >> 1) ^ -(z & 1))
@@ -195,10 +202,10 @@ def parse(pay, changed, n_elems, width, cbits, rc, rkp, rkv, rkn, rsh):
     a = 0
     for r in range(m):
         if cnt_r[r] > 0:
-            active[a], counts[a], kp_g[a], kv_g[a], mayflip[a] = rc[r], cnt_r[r], rkp[r], rkv[r], rkp[r] == 0
+            active[a], counts[a], kp_g[a], kv_g[a], mayflip[a] = rc[r], cnt_r[r], rmp[r], rkv[r], rmp[r] == 1
             a += 1
     for i in range(nx):
-        active[a], counts[a], kp_g[a], kv_g[a] = xc[i], xn[i], xkp[i], xkv[i]
+        active[a], counts[a], kp_g[a], kv_g[a] = xc[i], xn[i], np.int64(1) << xkp[i], xkv[i]
         a += 1
     gaps = np.empty(changed, np.int64)
     t = 0
@@ -206,18 +213,18 @@ def parse(pay, changed, n_elems, width, cbits, rc, rkp, rkv, rkn, rsh):
         n = counts[a]
         flip = 1
         if mayflip[a]:
-            flip = take(ur, pay, st, buf, 0, 2)
+            flip = take(ur, pay, st, buf, np.int64(1), 2)
             if flip < 0:
                 return -flip, none, none, none, none, none, none, 0
         if flip == 0:  # the class's unchanged elements are listed; every other rank is a change
-            u = take(ur, pay, st, buf, max(0, bit_length(n) - 5), n_elems - n + 1)
+            u = take(ur, pay, st, buf, np.int64(1) << max(0, bit_length(n) - 5), n_elems - n + 1)
             if u < 0:
                 return (GAP_OUTSIDE if u == -VALUE_RANGE else -u), none, none, none, none, none, none, 0
             k2 = rice_rule(n, u)
             prev_u = -1
             prev_c = -1
             for j in range(u):
-                g = take(ur, pay, st, buf, k2, n + u)
+                g = take(ur, pay, st, buf, np.int64(1) << (k2), n + u)
                 if g < 0 or prev_u + g + 1 > n + j:  # more than n changes before it
                     return (GAP_OUTSIDE if g >= 0 or g == -VALUE_RANGE else -g), none, none, none, none, none, none, 0
                 nxt = prev_u + g + 1
@@ -237,7 +244,7 @@ def parse(pay, changed, n_elems, width, cbits, rc, rkp, rkv, rkn, rsh):
                     return (GAP_OUTSIDE if g == -VALUE_RANGE else -g), none, none, none, none, none, none, 0
                 gaps[t] = g
                 t += 1
-    nb = take(ur, pay, st, buf, kx, changed + 1)
+    nb = take(ur, pay, st, buf, np.int64(1) << (kx), changed + 1)
     if nb < 0:
         return (TABLE_SUM if nb == -VALUE_RANGE else -nb), none, none, none, none, none, none, 0
     kbg = rice_rule(changed - nb, nb)
@@ -249,7 +256,7 @@ def parse(pay, changed, n_elems, width, cbits, rc, rkp, rkv, rkn, rsh):
     start = 0
     prev = -1
     for b in range(nb):
-        g = take(ur, pay, st, buf, kbg, changed)
+        g = take(ur, pay, st, buf, np.int64(1) << (kbg), changed)
         if g < 0 or w + g + 1 >= changed:
             return (BIG_GAP_OUTSIDE if g >= 0 or g == -VALUE_RANGE else -g), none, none, none, none, none, none, 0
         w += g + 1
@@ -266,7 +273,7 @@ def parse(pay, changed, n_elems, width, cbits, rc, rkp, rkv, rkn, rsh):
     b = 0
     for a in range(na):
         for _ in range(n_big[a]):
-            v = take(ur, pay, st, buf, kv_g[a], top)
+            v = take(ur, pay, st, buf, np.int64(1) << (kv_g[a]), top)
             if v < 0:
                 return -v, none, none, none, none, none, none, 0
             big_vals[b] = v
@@ -285,28 +292,42 @@ def parse(pay, changed, n_elems, width, cbits, rc, rkp, rkv, rkn, rsh):
 
 
 @register_jitable
-def _cost(v, k):
-    """Bits of one Rice code."""
-    q = v >> k
-    return ESCAPE + 1 + 64 if q >= ESCAPE else q + 1 + k
+def _remainder(r, m):
+    """(bits, width) of remainder ``r`` of a Golomb code with parameter ``m``: truncated binary."""
+    b = bit_length(m - 1)
+    cut = (np.int64(1) << b) - m
+    if b == 0:
+        return np.int64(0), 0
+    if r < cut:
+        return np.int64(r), b - 1
+    return np.int64(r + cut), b
 
 
 @register_jitable
-def _put(vals, ks, t, v, k):
+def _cost(v, m):
+    """Bits of one Golomb code."""
+    q = v // m
+    if q >= ESCAPE:
+        return ESCAPE + 1 + 64
+    return q + 1 + _remainder(v - q * m, m)[1]
+
+
+@register_jitable
+def _put(vals, ms, t, v, m):
     vals[t] = v
-    ks[t] = k
+    ms[t] = m
     return t + 1
 
 
 @register_jitable
-def pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, neg, pops, rix, rkp, rkv, rkn, rsh,
+def pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, neg, pops, rix, rmp, rkv, rkn, rsh,
          cbits):  # fmt: skip
     """One chunk's payload (uint8): its changes in class-major order as the ctx coder gives them
     (``active`` classes ascending, their counts, large counts, own ``k_pos`` / ``k_big_val``; per
     change its rank gap and sign; per large change its gap within its class and ``|d| - 2``),
     ``pops`` each class's elements in the chunk, and the class record (``rix``: a class's record
-    index or -1, then the record's ``k_pos``, ``k_big_val``, ``k_n``, ``share``)."""
-    m = rkp.size
+    index or -1, then the record's ``m_pos``, ``k_big_val``, ``k_n``, ``share``)."""
+    m = rmp.size
     na = active.size
     kx = count_k(changed)
     slot = np.full(m, -1, np.int64)
@@ -336,63 +357,63 @@ def pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, 
         b += n_big[a]
     cap = 8 + 4 * nx + m + na + changed + 2 * b
     for a in range(na):
-        if rix[active[a]] >= 0 and rkp[rix[active[a]]] == 0:
+        if rix[active[a]] >= 0 and rmp[rix[active[a]]] == 1:
             cap += pops[active[a]]
     vals = np.empty(cap, np.int64)
     ks = np.empty(cap, np.int64)
-    t = _put(vals, ks, 0, nx, 0)
+    t = _put(vals, ks, 0, nx, np.int64(1))
     for a in range(na):  # the extra classes, ascending
         if rix[active[a]] < 0:
-            t = _put(vals, ks, t, active[a], cbits)
-            t = _put(vals, ks, t, k_pos[a], 5)
-            t = _put(vals, ks, t, k_bv[a], 5)
-            t = _put(vals, ks, t, counts[a], kx)
+            t = _put(vals, ks, t, active[a], np.int64(1) << cbits)
+            t = _put(vals, ks, t, k_pos[a], np.int64(1) << 5)
+            t = _put(vals, ks, t, k_bv[a], np.int64(1) << 5)
+            t = _put(vals, ks, t, counts[a], np.int64(1) << kx)
     for r in range(1, m):
         n = counts[slot[r]] if slot[r] >= 0 else 0
         d = n - expected(changed, rsh[r])
-        t = _put(vals, ks, t, 2 * d if d >= 0 else -2 * d - 1, rkn[r])
+        t = _put(vals, ks, t, 2 * d if d >= 0 else -2 * d - 1, np.int64(1) << rkn[r])
     ranks = np.empty(changed, np.int64)
     for o in range(na):
         a = order[o]
         n = counts[a]
         s = cstart[a]
         r = rix[active[a]]
-        if r >= 0 and rkp[r] == 0:
+        if r >= 0 and rmp[r] == 1:
             plain = 2
             prev = -1
             for j in range(s, s + n):
-                plain += _cost(gaps[j], 0)
+                plain += _cost(gaps[j], 1)
                 prev += gaps[j] + 1
                 ranks[j] = prev
             u = pops[active[a]] - n
             k2 = rice_rule(n, u)
             ku = max(0, bit_length(n) - 5)
-            inv = 1 + _cost(u, ku)
+            inv = 1 + _cost(u, np.int64(1) << ku)
             j = s
             prev_u = -1
             for rank in range(n + u):  # the unchanged ranks: the holes between the changes'
                 if j < s + n and ranks[j] == rank:
                     j += 1
                 else:
-                    inv += _cost(rank - prev_u - 1, k2)
+                    inv += _cost(rank - prev_u - 1, np.int64(1) << k2)
                     prev_u = rank
             if inv < plain:
-                t = _put(vals, ks, t, 0, 0)
-                t = _put(vals, ks, t, u, ku)
+                t = _put(vals, ks, t, 0, np.int64(1) << 0)
+                t = _put(vals, ks, t, u, np.int64(1) << ku)
                 j = s
                 prev_u = -1
                 for rank in range(n + u):
                     if j < s + n and ranks[j] == rank:
                         j += 1
                     else:
-                        t = _put(vals, ks, t, rank - prev_u - 1, k2)
+                        t = _put(vals, ks, t, rank - prev_u - 1, np.int64(1) << k2)
                         prev_u = rank
                 continue
-            t = _put(vals, ks, t, 1, 0)
-        kp = rkp[r] if r >= 0 else k_pos[a]
+            t = _put(vals, ks, t, 1, np.int64(1) << 0)
+        kp = rmp[r] if r >= 0 else np.int64(1) << k_pos[a]
         for j in range(s, s + n):
             t = _put(vals, ks, t, gaps[j], kp)
-    t = _put(vals, ks, t, b, kx)
+    t = _put(vals, ks, t, b, np.int64(1) << kx)
     kbg = rice_rule(changed - b, b)
     goff = 0
     prev_g = -1
@@ -401,7 +422,7 @@ def pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, 
         w = -1
         for j in range(bstart[a], bstart[a] + n_big[a]):
             w += big_gaps[j] + 1
-            t = _put(vals, ks, t, goff + w - prev_g - 1, kbg)
+            t = _put(vals, ks, t, goff + w - prev_g - 1, np.int64(1) << kbg)
             prev_g = goff + w
         goff += counts[a]
     for o in range(na):
@@ -409,17 +430,17 @@ def pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, 
         r = rix[active[a]]
         kv = rkv[r] if r >= 0 else k_bv[a]
         for j in range(bstart[a], bstart[a] + n_big[a]):
-            t = _put(vals, ks, t, big_vals[j], kv)
+            t = _put(vals, ks, t, big_vals[j], np.int64(1) << kv)
     ubits = 0
     fbits = changed
     for i in range(t):
-        q = vals[i] >> ks[i]
+        q = vals[i] // ks[i]
         if q >= ESCAPE:
             ubits += ESCAPE + 1
             fbits += 64
         else:
             ubits += q + 1
-            fbits += ks[i]
+            fbits += _remainder(vals[i] - q * ks[i], ks[i])[1]
     nf = (fbits + 7) // 8
     nu = (ubits + 7) // 8
     out = np.zeros(nf + nu, np.uint8)
@@ -427,16 +448,16 @@ def pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, 
     fp = 0  # forward bit position
     for i in range(t):
         v = vals[i]
-        k = ks[i]
-        q = v >> k
+        m = ks[i]
+        q = v // m
         if q >= ESCAPE:
             up += ESCAPE
             fp = _write(out, fp, v >> 32, 32)
             fp = _write(out, fp, v & 0xFFFFFFFF, 32)
         else:
             up += q
-            if k > 0:
-                fp = _write(out, fp, v & ((np.int64(1) << k) - 1), k)
+            bits, width = _remainder(v - q * m, m)
+            fp = _write(out, fp, bits, width)
         out[nf + nu - 1 - (up >> 3)] |= np.uint8(0x80 >> (up & 7))
         up += 1
     for o in range(na):

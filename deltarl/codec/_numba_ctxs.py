@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from deltarl.codec import _ctxs5
 from deltarl.codec._numba_ctx import (
     BIG_GAP_OUTSIDE,
     GAP_OUTSIDE,
@@ -34,8 +35,6 @@ from deltarl.codec._numba_ctx import (
     ctx_scan2,
     outputs2,
 )
-
-from deltarl.codec import _ctxs5
 
 __all__ = ["ctxs5_prepare", "ctxs_cells", "ctxs_prepare"]
 

@@ -28,6 +28,7 @@ from deltarl.errors import FormatError
 # How a record's chunks are coded: per-class counts and stream lengths (segment formats 3 and 4), or
 # counts against the record's shares in one length-free code (format 5, :mod:`deltarl.codec._ctxs5`).
 LAYOUT_COUNTS, LAYOUT_SHARES = 1, 2
+_ROW2 = np.dtype([("c", "u1"), ("kv", "u1"), ("kn", "u1"), ("share", "<u2"), ("m", "<u4")])  # layout 2
 _ENTRY = struct.Struct("<BBBB")  # an extra class: class, k_pos, k_big_gap, k_big_val (then varint n, n_big)
 _U64 = np.uint64
 
@@ -53,6 +54,7 @@ class ClassRecord:
     k_n: np.ndarray
     k_n_big: np.ndarray
     share: np.ndarray | None = None  # layout 2: each class's changes per 65,536 of the sample's
+    m_pos: np.ndarray | None = None  # layout 2: the Golomb parameter of each class's rank gaps
     layout: int = LAYOUT_COUNTS
 
     def __eq__(self, other: object) -> bool:
@@ -62,17 +64,27 @@ class ClassRecord:
         return hash(self.pack())
 
     def pack(self) -> bytes:
-        """``u8 shift, u8 cbits, varint m``, then ``m`` times ``u8 class, k_pos, k_big_gap, k_big_val,
-        k_n, k_n_big`` and (layout 2) ``u16 share`` (docs/FORMAT.md, "Class records")."""
-        cols = np.stack([self.classes, self.k_pos, self.k_big_gap, self.k_big_val, self.k_n, self.k_n_big], axis=1)
-        rows = cols.astype(np.uint8)
+        """``u8 shift, u8 cbits, varint m``, then ``m`` rows (docs/FORMAT.md, "Class records"): layout 1
+        ``u8 class, k_pos, k_big_gap, k_big_val, k_n, k_n_big``; layout 2 ``u8 class, k_big_val,
+        k_n, u16 share, u32 m_pos``."""
         if self.layout == LAYOUT_SHARES:
-            rows = np.concatenate((rows, self.shares().astype("<u2").view(np.uint8).reshape(-1, 2)), axis=1)
+            rows = np.zeros(self.classes.size, dtype=_ROW2)
+            rows["c"], rows["kv"], rows["kn"], rows["share"], rows["m"] = (
+                self.classes, self.k_big_val, self.k_n, self.shares(), self.rank_param())
+        else:
+            cols = np.stack([self.classes, self.k_pos, self.k_big_gap, self.k_big_val, self.k_n, self.k_n_big], axis=1)
+            rows = cols.astype(np.uint8)
         return struct.pack("<BB", self.shift, self.cbits) + varint(len(self.classes)) + rows.tobytes()
 
     def shares(self) -> np.ndarray:
         """The classes' shares (zeros for a layout 1 record)."""
         return np.zeros(self.classes.size, np.int64) if self.share is None else self.share
+
+    def rank_param(self) -> np.ndarray:
+        """What a chunk's rank gaps are coded with: layout 2 ``m_pos`` (Golomb), layout 1 ``k_pos`` (Rice)."""
+        if self.layout == LAYOUT_SHARES:
+            return np.ones(self.classes.size, np.int64) if self.m_pos is None else self.m_pos
+        return self.k_pos
 
 
 def parse_record(raw: memoryview, off: int, width: int, layout: int = LAYOUT_COUNTS) -> tuple[ClassRecord, int]:
@@ -84,15 +96,25 @@ def parse_record(raw: memoryview, off: int, width: int, layout: int = LAYOUT_COU
     m, off = read_varint(raw, off + 2, "class record")
     if not 1 <= cbits <= 8 or shift + cbits > width:
         raise FormatError(f"class record field (shift {shift}, bits {cbits}) does not fit {width}-bit values")
-    row = 8 if layout == LAYOUT_SHARES else 6
+    row = _ROW2.itemsize if layout == LAYOUT_SHARES else 6
     if not 1 <= m <= 1 << cbits or off + row * m > len(raw):
         raise FormatError(f"class record of {m} classes is truncated or too long")
-    block = np.frombuffer(raw[off : off + row * m], dtype=np.uint8).reshape(m, row)
-    cols = block[:, :6].T.astype(np.int64)
+    block = bytes(raw[off : off + row * m])
+    share = m_pos = None
+    if layout == LAYOUT_SHARES:
+        rows = np.frombuffer(block, dtype=_ROW2)
+        zero = np.zeros(m, np.int64)
+        cols = np.stack([rows["c"], zero, zero, rows["kv"], rows["kn"], zero]).astype(np.int64)
+        share, m_pos = rows["share"].astype(np.int64), rows["m"].astype(np.int64)
+        if int(m_pos.min()) < 1:
+            raise FormatError("class record has a Golomb parameter of 0")
+    else:
+        cols = np.frombuffer(block, dtype=np.uint8).reshape(m, 6).T.astype(np.int64)
     if int(cols[0].max()) >= 1 << cbits or np.unique(cols[0]).size != m or int(cols[1:].max()) > 32:
         raise FormatError("class record has a repeated or out-of-range class, or a Rice parameter above 32")
-    share = block[:, 6:].copy().view("<u2").reshape(m).astype(np.int64) if row == 8 else None
-    return ClassRecord(int(shift), int(cbits), *cols, share=share, layout=layout), off + row * m
+    k_pos, k_big_gap, k_big_val, k_n, k_n_big = cols[1:]
+    return ClassRecord(int(shift), int(cbits), cols[0], k_pos, k_big_gap, k_big_val, k_n, k_n_big, share=share,
+                       m_pos=m_pos, layout=layout), off + row * m  # fmt: skip
 
 
 def choose_record(old: np.ndarray, new: np.ndarray, dtype: str, chunk_elems: int,
@@ -122,10 +144,12 @@ def choose_record(old: np.ndarray, new: np.ndarray, dtype: str, chunk_elems: int
     classes = np.flatnonzero(pop)
     classes = classes[np.lexsort((classes, -chg[classes]))]
     c, b = np.maximum(chg[classes], 1), np.maximum(nbig[classes], 1)
-    share = None
+    share = m_pos = None
     k_n = bitio.rice_k(chg[classes] * chunk_elems, np.full(classes.size, n))
     if layout == LAYOUT_SHARES:
         share = np.minimum((chg[classes] << 16) // max(hit.size, 1), 65535).astype(np.int64)
+        gap = (pop[classes] - chg[classes]) * 709  # Golomb's ceil(ln 2 x mean gap), in integers
+        m_pos = np.clip(-(-gap // (c * 1024)), 1, (1 << 32) - 1).astype(np.int64)
         spread = 13 * np.array([math.isqrt(int(e)) for e in (chg[classes] * chunk_elems) // n], dtype=np.int64)
         k_n = bitio.rice_k(spread, np.full(classes.size, 8))
     return ClassRecord(
@@ -135,7 +159,7 @@ def choose_record(old: np.ndarray, new: np.ndarray, dtype: str, chunk_elems: int
         bitio.rice_k(vsum[classes], b),
         k_n,
         bitio.rice_k(nbig[classes] * chunk_elems, np.full(classes.size, n)),
-        share=share, layout=layout,
+        share=share, m_pos=m_pos, layout=layout,
     )  # fmt: skip
 
 
@@ -184,7 +208,7 @@ def _pack5(a: ClassCode, record: ClassRecord, pops: np.ndarray) -> bytes:
 
     args = (a.active, a.counts, a.n_big, a.k_pos, a.k_bv, a.gaps.astype(np.int64), a.big_gaps.astype(np.int64),
             a.big_vals.astype(np.int64), a.neg.astype(np.uint8), pops.astype(np.int64), _record_index(record),
-            record.k_pos, record.k_big_val, record.k_n, record.shares())  # fmt: skip
+            record.rank_param(), record.k_big_val, record.k_n, record.shares())  # fmt: skip
     jit = kernels.ctx_jit()
     if jit is not None:
         from deltarl.codec import _numba_ctxs_encode
@@ -278,8 +302,9 @@ def decode(old: np.ndarray, payload: memoryview, changed: int, record: ClassReco
     jit = kernels.ctx_jit()
     if record.layout == LAYOUT_SHARES and jit is None:
         return _decode5_numpy(old, record, width, changed, payload)
-    p = None if record.layout == LAYOUT_SHARES else _parse(payload, changed, record)
+    p = _parsed(payload, changed, record)
     if jit is None:
+        assert p is not None  # layout 1
         return _decode_numpy(old, record, width, changed, p)
     state = _prepare(old, record, width, changed, p, payload)
     (a64,) = jit.words16(old)
@@ -318,7 +343,7 @@ def _prepare(old: np.ndarray, r: ClassRecord, width: int, changed: int, p: _Pars
 
     if p is None:  # layout 2
         err, *state = _numba_ctxs.ctxs5_prepare(
-            np.frombuffer(payload, dtype=np.uint8), old.size, width, changed, r.cbits, r.classes, r.k_pos,
+            np.frombuffer(payload, dtype=np.uint8), old.size, width, changed, r.cbits, r.classes, r.rank_param(),
             r.k_big_val, r.k_n, r.shares(),
         )  # fmt: skip
         _check(err)
@@ -425,7 +450,7 @@ def _decode5_numpy(old: np.ndarray, r: ClassRecord, width: int, changed: int, pa
 
     pay = np.frombuffer(payload, dtype=np.uint8)
     err, active, counts, n_big, gaps, bg, bv, sbase = _ctxs5.parse(
-        pay, changed, old.size, width, r.cbits, r.classes, r.k_pos, r.k_big_val, r.k_n, r.shares()
+        pay, changed, old.size, width, r.cbits, r.classes, r.rank_param(), r.k_big_val, r.k_n, r.shares()
     )
     _check(int(err))
     neg = np.unpackbits(pay, count=sbase + changed)[sbase:]
@@ -469,7 +494,7 @@ def decode_cells(span: np.ndarray, s0: int, record: ClassRecord, raw: np.ndarray
     err, bad = run(
         span, span64, s0, scratch, scratch64 if span.dtype.itemsize == 2 else scratch64[:0], raw,
         np.ascontiguousarray(np.column_stack((table, at)), dtype=np.int64), pos, old_v, new_v, record.shift,
-        record.cbits, width, record.classes, record.k_pos, record.k_big_gap, record.k_big_val, record.k_n,
+        record.cbits, width, record.classes, record.rank_param(), record.k_big_gap, record.k_big_val, record.k_n,
         record.k_n_big, record.shares(), record.layout,
     )  # fmt: skip
     if err:
@@ -509,7 +534,7 @@ def encode_cells(old: np.ndarray, new: np.ndarray, s0: int, record: ClassRecord,
     run: Any = _numba_ctxs_encode.ctxs_encode_cells
     out, rows = run(
         old, new, a64, b64, s0, np.ascontiguousarray(table, dtype=np.int64), record.shift, record.cbits, width,
-        record.classes, record.k_pos, record.k_big_gap, record.k_big_val, record.k_n, record.k_n_big,
+        record.classes, record.rank_param(), record.k_big_gap, record.k_big_val, record.k_n, record.k_n_big,
         record.shares(), record.layout, float(alone[0]), float(alone[1]),
         np.zeros((0, 2)) if others is None else np.ascontiguousarray(others, dtype=np.float64), weight, finite_mask,
         np.empty(max(64, int(table[:, 1].sum()) // 32 if table.size else 64), np.uint8),

@@ -83,8 +83,10 @@ def draw_record(draw: st.DrawFn, old: np.ndarray, new: np.ndarray, dtype: str, p
         m = rec.classes.size
         ks = [np.array(draw(st.lists(st.integers(0, 32), min_size=m, max_size=m)), dtype=np.int64) for _ in range(5)]
         share = np.array(draw(st.lists(st.integers(0, 65535), min_size=m, max_size=m)), dtype=np.int64)
-        rec = ClassRecord(rec.shift, rec.cbits, rec.classes, *ks, share=share if kind == LAYOUT_SHARES else None,
-                          layout=kind)  # fmt: skip
+        m_pos = np.array(draw(st.lists(st.integers(1, 1 << 20), min_size=m, max_size=m)), dtype=np.int64)
+        two = kind == LAYOUT_SHARES
+        rec = ClassRecord(rec.shift, rec.cbits, rec.classes, *ks, share=share if two else None,
+                          m_pos=m_pos if two else None, layout=kind)  # fmt: skip
     return rec
 
 

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from deltarl.codec import BF16, encode_delta, read_segment_header, stage_delta, state_digest
 from deltarl.codec import delta_layout as layout
-from deltarl.codec.ctxs import LAYOUT_COUNTS
 from deltarl.codec.chunk import zstd
 from deltarl.codec.chunk_table import FIELDS
+from deltarl.codec.ctxs import LAYOUT_COUNTS
 from deltarl.codec.segment import MAX_HEADER_BYTES, column_table, table_columns
 from deltarl.codec.stager import Stager
 from deltarl.errors import BaseMismatch, FormatError, TensorMismatch
