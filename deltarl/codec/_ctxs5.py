@@ -10,6 +10,10 @@ The payload is the forward stream (every code's remainder bits, 64 bits for an e
 one sign bit a change, zero padded to a byte) followed by the unary stream **reversed** (the
 payload's last byte is the unary stream's first): each stream ends where the other begins, so
 neither needs a length.
+
+Editing this file: numba's on-disk cache of a compiled caller is keyed by the caller's own source
+file, not by what it inlines, so clear ``deltarl/codec/__pycache__/*.nb*`` (an install replaces
+every file and so invalidates every entry).
 """
 # mypy: ignore-errors
 
@@ -76,84 +80,89 @@ def expected(changed, share):
 
 
 @register_jitable
-def _take_bits(fw, st, buf, k):
+def reader_start():
+    """(unary bytes read, unary bits buffered, unary buffer, forward bytes read, forward bits
+    buffered, forward buffer): the state :func:`take` keeps in a 6-slot int64 array (compiled) or
+    list (Python). Buffers hold at most 56 bits, right-aligned, so every value fits an int64."""
+    return np.zeros(6, np.int64)
+
+
+@register_jitable
+def _take_bits(fw, st, k):
     """The next ``k`` (1..32) bits of the forward stream, or -1 past its end."""
-    if st[3] < k:
-        while st[3] <= 56 and st[2] < fw.size:
-            buf[1] |= np.uint64(fw[st[2]]) << np.uint64(56 - st[3])
-            st[3] += 8
-            st[2] += 1
-        if st[3] < k:
-            return np.int64(-1)
-    v = np.int64(buf[1] >> np.uint64(64 - k))
-    buf[1] = buf[1] << np.uint64(k)
-    st[3] -= k
+    if st[4] < k:
+        while st[4] <= 48 and st[3] < len(fw):
+            st[5] = (st[5] << 8) | fw[st[3]]
+            st[4] += 8
+            st[3] += 1
+        if st[4] < k:
+            return -1
+    st[4] -= k
+    v = st[5] >> st[4]
+    st[5] &= (1 << st[4]) - 1
     return v
 
 
 @register_jitable
-def take(ur, fw, st, buf, m, limit):
+def take(ur, fw, st, m, limit):
     """The next value (Golomb parameter ``m`` >= 1; a power of two is a Rice code), or minus an
-    error code; it must be below ``limit``. ``st`` = (unary bytes read, unary bits buffered, forward
-    bytes read, forward bits buffered), ``buf`` their buffers; ``ur`` is the unary stream (the payload
-    reversed), ``fw`` the payload."""
-    while st[1] <= 56 and st[0] < ur.size:
-        buf[0] |= np.uint64(ur[st[0]]) << np.uint64(56 - st[1])
+    error code; it must be below ``limit``. ``ur`` is the unary stream (the payload reversed),
+    ``fw`` the payload, ``st`` the state of :func:`reader_start`."""
+    while st[1] <= 48 and st[0] < len(ur):
+        st[2] = (st[2] << 8) | ur[st[0]]
         st[1] += 8
         st[0] += 1
-    u = buf[0]
+    nb = st[1]
+    u = st[2]
     q = 0
-    while q <= ESCAPE and q < st[1] and ((u >> np.uint64(63 - q)) & np.uint64(1)) == 0:
+    while q <= ESCAPE and q < nb and ((u >> (nb - 1 - q)) & 1) == 0:
         q += 1
     if q > ESCAPE:
-        return -np.int64(RICE_LONG_RUN)
-    if q >= st[1]:
-        return -np.int64(RICE_FEW_CODES)
-    buf[0] = u << np.uint64(q + 1)
-    st[1] -= q + 1
+        return -RICE_LONG_RUN
+    if q >= nb:
+        return -RICE_FEW_CODES
+    st[1] = nb - q - 1
+    st[2] = u & ((1 << st[1]) - 1)
     if q == ESCAPE:
-        hi = _take_bits(fw, st, buf, 32)
-        lo = _take_bits(fw, st, buf, 32)
+        hi = _take_bits(fw, st, 32)
+        lo = _take_bits(fw, st, 32)
         if hi < 0 or lo < 0:
-            return -np.int64(RICE_REMAINDER)
-        if hi >= np.int64(1) << 31:
-            return -np.int64(VALUE_RANGE)
+            return -RICE_REMAINDER
+        if hi >= 1 << 31:
+            return -VALUE_RANGE
         v = (hi << 32) | lo
-        if v < np.int64(ESCAPE) * m:
-            return -np.int64(RICE_SMALL_ESCAPE)
+        if v < ESCAPE * m:
+            return -RICE_SMALL_ESCAPE
     else:
         b = bit_length(m - 1)
-        r = np.int64(0)
+        r = 0
         if b > 0:
-            cut = (np.int64(1) << b) - m
+            cut = (1 << b) - m
             if b > 1:
-                r = _take_bits(fw, st, buf, b - 1)
+                r = _take_bits(fw, st, b - 1)
             if r >= 0 and r >= cut:
-                y = _take_bits(fw, st, buf, 1)
+                y = _take_bits(fw, st, 1)
                 r = -1 if y < 0 else 2 * r + y - cut
             if r < 0:
-                return -np.int64(RICE_REMAINDER)
-        v = np.int64(q) * m + r
+                return -RICE_REMAINDER
+        v = q * m + r
     if v >= limit:
-        return -np.int64(VALUE_RANGE)
+        return -VALUE_RANGE
     return v
 
 
 @register_jitable
-def parse(pay, changed, n_elems, width, cbits, rc, rmp, rkv, rkn, rsh):
+def parse(ur, pay, st, changed, n_elems, width, cbits, rc, rmp, rkv, rkn, rsh):
     """Read one chunk's payload against its class record (``rc`` classes in record order, their
     ``m_pos``, ``k_big_val``, ``k_n``, ``share``): (error, active, counts, n_big, gaps, big_gaps,
     big_vals, sign bit offset). Groups in group order (the record's classes with changes, then the
     extra classes ascending); ``gaps`` their rank gaps group after group; ``big_gaps`` the gaps of
     each group's large changes within the group."""
     none = np.zeros(0, np.int64)
-    ur = pay[::-1].copy()
-    st = np.zeros(4, np.int64)
-    buf = np.zeros(2, np.uint64)
-    m = rc.size
+    m = len(rc)
     nclass = 1 << cbits
     kx = count_k(changed)
-    nx = take(ur, pay, st, buf, np.int64(1), nclass + 1)
+    nx = take(ur, pay, st, 1, nclass + 1)
     if nx < 0:
         return -nx, none, none, none, none, none, none, 0
     inrec = np.zeros(nclass, np.bool_)
@@ -163,13 +172,13 @@ def parse(pay, changed, n_elems, width, cbits, rc, rmp, rkv, rkn, rsh):
     xkp = np.zeros(nx, np.int64)
     xkv = np.zeros(nx, np.int64)
     xn = np.zeros(nx, np.int64)
-    rest = np.int64(changed)
+    rest = changed
     last = -1
     for i in range(nx):
-        c = take(ur, pay, st, buf, np.int64(1) << (cbits), nclass)
-        kp = take(ur, pay, st, buf, np.int64(1) << 5, 33)
-        kv = take(ur, pay, st, buf, np.int64(1) << 5, 33)
-        n = take(ur, pay, st, buf, np.int64(1) << (kx), changed + 1)
+        c = take(ur, pay, st, 1 << (cbits), nclass)
+        kp = take(ur, pay, st, 1 << 5, 33)
+        kv = take(ur, pay, st, 1 << 5, 33)
+        n = take(ur, pay, st, 1 << (kx), changed + 1)
         if c < 0 or kp < 0 or kv < 0 or n < 0:
             return TABLE_BAD_ENTRY, none, none, none, none, none, none, 0
         if c <= last or inrec[c] or n < 1:
@@ -179,7 +188,7 @@ def parse(pay, changed, n_elems, width, cbits, rc, rmp, rkv, rkn, rsh):
         rest -= n
     cnt_r = np.zeros(m, np.int64)
     for r in range(1, m):
-        z = take(ur, pay, st, buf, np.int64(1) << (rkn[r]), 2 * changed + 2)
+        z = take(ur, pay, st, 1 << (rkn[r]), 2 * changed + 2)
         if z < 0:
             return (TABLE_SUM if z == -VALUE_RANGE else -z), none, none, none, none, none, none, 0
         n = expected(changed, rsh[r]) + ((z >> 1) ^ -(z & 1))
@@ -205,7 +214,7 @@ def parse(pay, changed, n_elems, width, cbits, rc, rmp, rkv, rkn, rsh):
             active[a], counts[a], kp_g[a], kv_g[a], mayflip[a] = rc[r], cnt_r[r], rmp[r], rkv[r], rmp[r] == 1
             a += 1
     for i in range(nx):
-        active[a], counts[a], kp_g[a], kv_g[a] = xc[i], xn[i], np.int64(1) << xkp[i], xkv[i]
+        active[a], counts[a], kp_g[a], kv_g[a] = xc[i], xn[i], 1 << xkp[i], xkv[i]
         a += 1
     gaps = np.empty(changed, np.int64)
     t = 0
@@ -213,18 +222,18 @@ def parse(pay, changed, n_elems, width, cbits, rc, rmp, rkv, rkn, rsh):
         n = counts[a]
         flip = 1
         if mayflip[a]:
-            flip = take(ur, pay, st, buf, np.int64(1), 2)
+            flip = take(ur, pay, st, 1, 2)
             if flip < 0:
                 return -flip, none, none, none, none, none, none, 0
         if flip == 0:  # the class's unchanged elements are listed; every other rank is a change
-            u = take(ur, pay, st, buf, np.int64(1) << max(0, bit_length(n) - 5), n_elems - n + 1)
+            u = take(ur, pay, st, 1 << max(0, bit_length(n) - 5), n_elems - n + 1)
             if u < 0:
                 return (GAP_OUTSIDE if u == -VALUE_RANGE else -u), none, none, none, none, none, none, 0
             k2 = rice_rule(n, u)
             prev_u = -1
             prev_c = -1
             for j in range(u):
-                g = take(ur, pay, st, buf, np.int64(1) << (k2), n + u)
+                g = take(ur, pay, st, 1 << (k2), n + u)
                 if g < 0 or prev_u + g + 1 > n + j:  # more than n changes before it
                     return (GAP_OUTSIDE if g >= 0 or g == -VALUE_RANGE else -g), none, none, none, none, none, none, 0
                 nxt = prev_u + g + 1
@@ -239,12 +248,12 @@ def parse(pay, changed, n_elems, width, cbits, rc, rmp, rkv, rkn, rsh):
                 t += 1
         else:
             for _ in range(n):
-                g = take(ur, pay, st, buf, kp_g[a], n_elems)
+                g = take(ur, pay, st, kp_g[a], n_elems)
                 if g < 0:
                     return (GAP_OUTSIDE if g == -VALUE_RANGE else -g), none, none, none, none, none, none, 0
                 gaps[t] = g
                 t += 1
-    nb = take(ur, pay, st, buf, np.int64(1) << (kx), changed + 1)
+    nb = take(ur, pay, st, 1 << (kx), changed + 1)
     if nb < 0:
         return (TABLE_SUM if nb == -VALUE_RANGE else -nb), none, none, none, none, none, none, 0
     kbg = rice_rule(changed - nb, nb)
@@ -256,7 +265,7 @@ def parse(pay, changed, n_elems, width, cbits, rc, rmp, rkv, rkn, rsh):
     start = 0
     prev = -1
     for b in range(nb):
-        g = take(ur, pay, st, buf, np.int64(1) << (kbg), changed)
+        g = take(ur, pay, st, 1 << (kbg), changed)
         if g < 0 or w + g + 1 >= changed:
             return (BIG_GAP_OUTSIDE if g >= 0 or g == -VALUE_RANGE else -g), none, none, none, none, none, none, 0
         w += g + 1
@@ -269,21 +278,21 @@ def parse(pay, changed, n_elems, width, cbits, rc, rmp, rkv, rkn, rsh):
         prev = w - start
         n_big[a] += 1
     big_vals = np.empty(nb, np.int64)
-    top = (np.int64(1) << (width - 1)) - 1
+    top = (1 << (width - 1)) - 1
     b = 0
     for a in range(na):
         for _ in range(n_big[a]):
-            v = take(ur, pay, st, buf, np.int64(1) << (kv_g[a]), top)
+            v = take(ur, pay, st, 1 << (kv_g[a]), top)
             if v < 0:
                 return -v, none, none, none, none, none, none, 0
             big_vals[b] = v
             b += 1
     used = st[0] * 8 - st[1]
     ubytes = (used + 7) // 8
-    if used % 8 and (np.int64(ur[ubytes - 1]) & ((1 << (8 - used % 8)) - 1)) != 0:
+    if used % 8 and (ur[ubytes - 1] & ((1 << (8 - used % 8)) - 1)) != 0:
         return RICE_TRAILING, none, none, none, none, none, none, 0
-    sbase = st[2] * 8 - st[3]
-    if ubytes + (sbase + changed + 7) // 8 != pay.size:
+    sbase = st[3] * 8 - st[4]
+    if ubytes + (sbase + changed + 7) // 8 != len(pay):
         return RICE_REMAINDER, none, none, none, none, none, none, 0
     return OK, active, counts, n_big, gaps, big_gaps, big_vals, sbase
 
@@ -295,12 +304,12 @@ def parse(pay, changed, n_elems, width, cbits, rc, rmp, rkv, rkn, rsh):
 def _remainder(r, m):
     """(bits, width) of remainder ``r`` of a Golomb code with parameter ``m``: truncated binary."""
     b = bit_length(m - 1)
-    cut = (np.int64(1) << b) - m
+    cut = (1 << b) - m
     if b == 0:
-        return np.int64(0), 0
+        return 0, 0
     if r < cut:
-        return np.int64(r), b - 1
-    return np.int64(r + cut), b
+        return r, b - 1
+    return r + cut, b
 
 
 @register_jitable
@@ -361,17 +370,17 @@ def pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, 
             cap += pops[active[a]]
     vals = np.empty(cap, np.int64)
     ks = np.empty(cap, np.int64)
-    t = _put(vals, ks, 0, nx, np.int64(1))
+    t = _put(vals, ks, 0, nx, 1)
     for a in range(na):  # the extra classes, ascending
         if rix[active[a]] < 0:
-            t = _put(vals, ks, t, active[a], np.int64(1) << cbits)
-            t = _put(vals, ks, t, k_pos[a], np.int64(1) << 5)
-            t = _put(vals, ks, t, k_bv[a], np.int64(1) << 5)
-            t = _put(vals, ks, t, counts[a], np.int64(1) << kx)
+            t = _put(vals, ks, t, active[a], 1 << cbits)
+            t = _put(vals, ks, t, k_pos[a], 1 << 5)
+            t = _put(vals, ks, t, k_bv[a], 1 << 5)
+            t = _put(vals, ks, t, counts[a], 1 << kx)
     for r in range(1, m):
         n = counts[slot[r]] if slot[r] >= 0 else 0
         d = n - expected(changed, rsh[r])
-        t = _put(vals, ks, t, 2 * d if d >= 0 else -2 * d - 1, np.int64(1) << rkn[r])
+        t = _put(vals, ks, t, 2 * d if d >= 0 else -2 * d - 1, 1 << rkn[r])
     ranks = np.empty(changed, np.int64)
     for o in range(na):
         a = order[o]
@@ -388,32 +397,32 @@ def pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, 
             u = pops[active[a]] - n
             k2 = rice_rule(n, u)
             ku = max(0, bit_length(n) - 5)
-            inv = 1 + _cost(u, np.int64(1) << ku)
+            inv = 1 + _cost(u, 1 << ku)
             j = s
             prev_u = -1
             for rank in range(n + u):  # the unchanged ranks: the holes between the changes'
                 if j < s + n and ranks[j] == rank:
                     j += 1
                 else:
-                    inv += _cost(rank - prev_u - 1, np.int64(1) << k2)
+                    inv += _cost(rank - prev_u - 1, 1 << k2)
                     prev_u = rank
             if inv < plain:
-                t = _put(vals, ks, t, 0, np.int64(1) << 0)
-                t = _put(vals, ks, t, u, np.int64(1) << ku)
+                t = _put(vals, ks, t, 0, 1 << 0)
+                t = _put(vals, ks, t, u, 1 << ku)
                 j = s
                 prev_u = -1
                 for rank in range(n + u):
                     if j < s + n and ranks[j] == rank:
                         j += 1
                     else:
-                        t = _put(vals, ks, t, rank - prev_u - 1, np.int64(1) << k2)
+                        t = _put(vals, ks, t, rank - prev_u - 1, 1 << k2)
                         prev_u = rank
                 continue
-            t = _put(vals, ks, t, 1, np.int64(1) << 0)
-        kp = rmp[r] if r >= 0 else np.int64(1) << k_pos[a]
+            t = _put(vals, ks, t, 1, 1 << 0)
+        kp = rmp[r] if r >= 0 else 1 << k_pos[a]
         for j in range(s, s + n):
             t = _put(vals, ks, t, gaps[j], kp)
-    t = _put(vals, ks, t, b, np.int64(1) << kx)
+    t = _put(vals, ks, t, b, 1 << kx)
     kbg = rice_rule(changed - b, b)
     goff = 0
     prev_g = -1
@@ -422,7 +431,7 @@ def pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, 
         w = -1
         for j in range(bstart[a], bstart[a] + n_big[a]):
             w += big_gaps[j] + 1
-            t = _put(vals, ks, t, goff + w - prev_g - 1, np.int64(1) << kbg)
+            t = _put(vals, ks, t, goff + w - prev_g - 1, 1 << kbg)
             prev_g = goff + w
         goff += counts[a]
     for o in range(na):
@@ -430,7 +439,7 @@ def pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, 
         r = rix[active[a]]
         kv = rkv[r] if r >= 0 else k_bv[a]
         for j in range(bstart[a], bstart[a] + n_big[a]):
-            t = _put(vals, ks, t, big_vals[j], np.int64(1) << kv)
+            t = _put(vals, ks, t, big_vals[j], 1 << kv)
     ubits = 0
     fbits = changed
     for i in range(t):
@@ -463,15 +472,17 @@ def pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, 
     for o in range(na):
         a = order[o]
         for j in range(cstart[a], cstart[a] + counts[a]):
-            fp = _write(out, fp, np.int64(neg[j]), 1)
+            fp = _write(out, fp, neg[j], 1)
     return out
 
 
 @register_jitable
 def _write(out, fp, v, k):
-    """Write the low ``k`` bits of ``v`` MSB-first at bit ``fp`` of ``out``; the next bit position."""
-    for i in range(k - 1, -1, -1):
-        if (v >> i) & 1:
-            out[fp >> 3] |= np.uint8(0x80 >> (fp & 7))
-        fp += 1
+    """Write the low ``k`` (0..32) bits of ``v`` MSB-first at bit ``fp`` of ``out``; the next bit position."""
+    while k > 0:
+        room = 8 - (fp & 7)
+        n = min(k, room)
+        k -= n
+        out[fp >> 3] |= ((v >> k) & ((1 << n) - 1)) << (room - n)
+        fp += n
     return fp

@@ -192,8 +192,9 @@ def ctxs5_prepare(pay, n_elems, width, changed, cbits, rc, rkp, rkv, rkn, rsh):
     """A layout 2 (segment format 5) chunk: :func:`deltarl.codec._ctxs5.parse`, then the scan state:
     (error, g2, dd, ptr, rem) as ``ctx_prepare``."""
     nclass = 1 << cbits
-    err, active, counts, n_big, gaps, bg, bv, sbase = _ctxs5.parse(pay, changed, n_elems, width, cbits, rc, rkp,
-                                                                   rkv, rkn, rsh)  # fmt: skip
+    err, active, counts, n_big, gaps, bg, bv, sbase = _ctxs5.parse(pay[::-1].copy(), pay, _ctxs5.reader_start(),
+                                                                   changed, n_elems, width, cbits, rc, rkp, rkv,
+                                                                   rkn, rsh)  # fmt: skip
     na = active.size
     g2 = np.empty(changed + na + 2, np.int64)
     dd = np.empty(changed + na + 2, np.int64)

@@ -448,10 +448,12 @@ def _decode5_numpy(old: np.ndarray, r: ClassRecord, width: int, changed: int, pa
     """Layout 2 without numba: :func:`deltarl.codec._ctxs5.parse` as Python, then the numpy select."""
     from deltarl.codec import _ctxs5
 
-    pay = np.frombuffer(payload, dtype=np.uint8)
+    raw = bytes(payload)  # Python ints from bytes and a list for the reader's state: ~1 us a code
     err, active, counts, n_big, gaps, bg, bv, sbase = _ctxs5.parse(
-        pay, changed, old.size, width, r.cbits, r.classes, r.rank_param(), r.k_big_val, r.k_n, r.shares()
-    )
+        raw[::-1], raw, [0] * 6, changed, old.size, width, r.cbits, *(x.tolist() for x in (
+            r.classes, r.rank_param(), r.k_big_val, r.k_n, r.shares()))
+    )  # fmt: skip
+    pay = np.frombuffer(raw, dtype=np.uint8)
     _check(int(err))
     neg = np.unpackbits(pay, count=sbase + changed)[sbase:]
     up = np.argsort(active, kind="stable")  # the numpy select takes the classes ascending
