@@ -56,6 +56,20 @@ def rice_rule(total, count):
 
 
 @register_jitable
+def offsets(counts, n_big):
+    """Each group's first change and first large change in class-major order."""
+    cstart = np.empty(counts.size, np.int64)
+    bstart = np.empty(counts.size, np.int64)
+    c = 0
+    b = 0
+    for a in range(counts.size):
+        cstart[a], bstart[a] = c, b
+        c += counts[a]
+        b += n_big[a]
+    return cstart, bstart
+
+
+@register_jitable
 def bit_length(n):
     k = 0
     while n > 0:
@@ -356,14 +370,8 @@ def pack(changed, active, counts, n_big, k_pos, k_bv, gaps, big_gaps, big_vals, 
         if rix[active[a]] < 0:
             order[o] = a
             o += 1
-    cstart = np.empty(na, np.int64)
-    bstart = np.empty(na, np.int64)
-    c = 0
-    b = 0
-    for a in range(na):
-        cstart[a], bstart[a] = c, b
-        c += counts[a]
-        b += n_big[a]
+    cstart, bstart = offsets(counts, n_big)
+    b = bstart[na - 1] + n_big[na - 1] if na else 0
     cap = 8 + 4 * nx + m + na + changed + 2 * b
     for a in range(na):
         if rix[active[a]] >= 0 and rmp[rix[active[a]]] == 1:

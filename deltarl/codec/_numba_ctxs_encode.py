@@ -25,7 +25,7 @@ from deltarl.codec.bitio import RICE_ESCAPE
 
 __all__ = ["ctxs_encode_cells"]
 
-CELL_CTXS, CELL_OTHER = 1, 2  # ctxs.CELL_CTXS, ctxs.CELL_OTHER (ctxs imports this module, not the other way)
+CELL_CTXS, CELL_OTHER = 1, 2  # ctxs_cells.CELL_CTXS, ctxs_cells.CELL_OTHER (it imports this module, not the other way)
 
 
 @njit(cache=True, nogil=True)
@@ -76,14 +76,8 @@ def _pack(out, at, changed, active, counts, n_big, k_pos, k_bg, k_bv, gaps, big_
         if rix[active[a]] < 0:
             order[o], gkp[o], gkb[o], gkv[o] = a, k_pos[a], k_bg[a], k_bv[a]
             o += 1
-    cstart = np.empty(na, np.int64)
-    bstart = np.empty(na, np.int64)
-    c = 0
-    b = 0
-    for a in range(na):
-        cstart[a], bstart[a] = c, b
-        c += counts[a]
-        b += n_big[a]
+    cstart, bstart = _ctxs5.offsets(counts, n_big)
+    b = bstart[na - 1] + n_big[na - 1] if na else 0
     nhas = 0
     for r in range(m):
         nhas += cnt_r[r] > 0
@@ -357,8 +351,8 @@ def _finish(old, new, ch, changed, count, shift, mask, width, rix, rkp, rkb, rkv
             gi[t] = np.int64(gaps[t])
         for t in range(big_gaps.size):
             bgi[t], bvi[t] = np.int64(big_gaps[t]), np.int64(big_vals[t])
-        pay = _ctxs5.pack(changed, active, counts, n_big, k_pos, k_bv, gi, bgi, bvi, neg, pops, rix, rkp, rkv, rkn,
-                          rsh, _bits(mask))  # fmt: skip
+        pay = pack5(changed, active, counts, n_big, k_pos, k_bv, gi, bgi, bvi, neg, pops, rix, rkp, rkv, rkn, rsh,
+                    _bits(mask))  # one compiled pack (a dispatcher call), not a second inlined copy
         out = _grow(out, at + pay.size)
         out[at : at + pay.size] = pay
         return CELL_CTXS, 0, out, at + pay.size

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from deltarl.codec._ctxs5 import rice_rule as rice_k  # the integer Rice rule (bitio.rice_k), one definition
 from deltarl.codec._numba_bits import rice_decode, rice_encode
 
 __all__ = ["rice_decode", "rice_encode"]  # re-exported: kernels.jit() is this module
@@ -115,22 +116,6 @@ def class_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int) -> tupl
     a64, b64 = words16(old, new)
     k = _all_class_ranks(old, new, a64, b64, shift, mask, pos, cls, rank)
     return pos[:k].copy(), cls[:k].copy(), rank[:k].copy()
-
-
-@njit(cache=True, nogil=True)
-def rice_k(total, count):
-    """Integer Rice parameter rule shared with the numpy path (see bitio.rice_k)."""
-    if count == 0:
-        return 0
-    x = (total * 11) // (count * 16)
-    if x <= 1:
-        return 0
-    k = 0
-    y = x - 1
-    while y > 0:
-        k += 1
-        y >>= 1
-    return min(k, 32)
 
 
 def ctx_arrays(old: np.ndarray, new: np.ndarray, shift: int, mask: int, width: int) -> tuple:

@@ -22,7 +22,7 @@ import numpy as np
 from deltarl.codec import bitio, kernels
 from deltarl.codec.chunk import Changes, Decoded, varint
 from deltarl.codec.classes import CLASS_FIELDS, ClassCode, rank_classes
-from deltarl.codec.ctx import _DECODE_ERRORS
+from deltarl.codec.ctx import _DECODE_ERRORS, changes_numpy
 from deltarl.errors import FormatError
 
 # How a record's chunks are coded: per-class counts and stream lengths (segment formats 3 and 4), or
@@ -204,8 +204,6 @@ def _record_index(record: ClassRecord) -> np.ndarray:
 
 def _pack5(a: ClassCode, record: ClassRecord, pops: np.ndarray) -> bytes:
     """Layout 2 (segment format 5): :func:`deltarl.codec._ctxs5.pack`, run as Python or compiled."""
-    from deltarl.codec import _ctxs5
-
     args = (a.active, a.counts, a.n_big, a.k_pos, a.k_bv, a.gaps.astype(np.int64), a.big_gaps.astype(np.int64),
             a.big_vals.astype(np.int64), a.neg.astype(np.uint8), pops.astype(np.int64), _record_index(record),
             record.rank_param(), record.k_big_val, record.k_n, record.shares())  # fmt: skip
@@ -214,6 +212,8 @@ def _pack5(a: ClassCode, record: ClassRecord, pops: np.ndarray) -> bytes:
         from deltarl.codec import _numba_ctxs_encode
 
         return _numba_ctxs_encode.pack5(int(a.pos.size), *args, record.cbits).tobytes()
+    from deltarl.codec import _ctxs5
+
     return _ctxs5.pack(int(a.pos.size), *[np.asarray(x, np.int64) if x.dtype != np.uint8 else x for x in args],
                        record.cbits).tobytes()  # fmt: skip
 
@@ -301,15 +301,11 @@ def decode(old: np.ndarray, payload: memoryview, changed: int, record: ClassReco
     mask = (1 << record.cbits) - 1
     jit = kernels.ctx_jit()
     if record.layout == LAYOUT_SHARES and jit is None:
-        from deltarl.codec.ctxs_numpy import decode5_numpy
-
-        return decode5_numpy(old, record, width, changed, payload)
+        return _decode5_numpy(old, record, width, changed, payload)
     p = _parsed(payload, changed, record)
     if jit is None:
         assert p is not None  # layout 1
-        from deltarl.codec.ctxs_numpy import decode_numpy
-
-        return decode_numpy(old, record, width, changed, p)
+        return _decode_numpy(old, record, width, changed, p)
     state = _prepare(old, record, width, changed, p, payload)
     (a64,) = jit.words16(old)
     err, pos, old_v, new_v = jit.ctx_scan(old, a64, record.shift, mask, width, changed, 0, *state)
@@ -366,82 +362,105 @@ def _check(err: int) -> None:
         raise FormatError(_DECODE_ERRORS[int(err)].replace("ctx ", "ctxs ", 1))
 
 
-# Columns of :func:`decode_cells`' table, one row a cell chunk.
-CELL_COLUMNS = ("offset", "nbytes", "changed", "start", "count", "origin", "width")
+class _Reader:
+    """The numpy path's reader of a ctxs payload's shared Rice code (unary, escape and bit streams)."""
+
+    def __init__(self, p: _Parsed) -> None:
+        u = np.unpackbits(p.unary)
+        ones = np.flatnonzero(u)
+        if p.unary.size != (int(ones[-1]) // 8 + 1 if ones.size else 0):
+            raise FormatError("ctxs unary stream has trailing bits or bytes")
+        self.q = np.diff(ones, prepend=-1) - 1
+        if self.q.size and int(self.q.max()) > bitio.RICE_ESCAPE:
+            raise FormatError("ctxs unary code longer than the escape length")
+        self.esc, self.bits, self.nbytes = p.escapes.astype(_U64), np.unpackbits(p.bits).astype(_U64), p.bits.size
+        self.nbits = self.bits.size
+        self.bits = np.concatenate((self.bits, np.zeros(1, dtype=_U64)))  # an index past the end reads 0
+        self.qi = self.ei = self.bi = 0
+
+    def take(self, ks: np.ndarray, limit: int, what: str) -> np.ndarray:
+        n = ks.size
+        if self.qi + n > self.q.size:
+            raise FormatError("ctxs unary stream holds fewer codes than expected")
+        q = self.q[self.qi : self.qi + n]
+        self.qi += n
+        esc = q == bitio.RICE_ESCAPE
+        w = np.where(esc, 0, ks)
+        if self.bi + int(w.sum()) > self.nbits:
+            raise FormatError("ctxs remainder stream has the wrong length")
+        j = np.arange(33)
+        live = j[None, :] < w[:, None]
+        idx = np.minimum(self.bi + (np.cumsum(w) - w)[:, None] + j[None, :], self.bits.size - 1)
+        shifts = np.where(live, w[:, None] - 1 - j[None, :], 0).astype(_U64)
+        rem = (np.where(live, self.bits[idx], _U64(0)) << shifts).sum(axis=1, dtype=_U64)
+        self.bi += int(w.sum())
+        out = (q.astype(_U64) << ks.astype(_U64)) | rem.astype(_U64)
+        ne = int(esc.sum())
+        if self.ei + ne > self.esc.size:
+            raise FormatError("ctxs escape stream does not match the escaped codes")
+        ev = self.esc[self.ei : self.ei + ne]
+        self.ei += ne
+        if ne and bool((ev < (_U64(bitio.RICE_ESCAPE) << ks[esc].astype(_U64))).any()):
+            raise FormatError("ctxs escaped value small enough for a plain code")
+        out[esc] = ev
+        if n and int(out.max()) >= limit:
+            raise FormatError(f"ctxs {what} out of range")
+        return out.astype(np.int64)
+
+    def signs(self, changed: int) -> np.ndarray:
+        if self.qi != self.q.size or self.ei != self.esc.size:
+            raise FormatError("ctxs unary or escape stream has trailing codes")
+        if (self.bi + changed + 7) // 8 != self.nbytes:
+            raise FormatError("ctxs remainder stream has the wrong length")
+        return self.bits[self.bi : self.bi + changed].astype(np.uint8)
 
 
-def decode_cells(span: np.ndarray, s0: int, record: ClassRecord, raw: np.ndarray, table: np.ndarray
-                 ) -> tuple[Decoded | None, int]:  # fmt: skip
-    """Decode many cell chunks of one tensor in one numba call, each against its own base region of
-    the host bits ``span`` (rows ``s0`` elements apart): ``table`` (int64, one row a chunk, columns
-    :data:`CELL_COLUMNS`: payload offset and bytes in ``raw``, changes, first element in the cell's
-    row-major order, elements, the cell's first element in ``span``, its row width in elements).
-    Returns (positions as ``span`` offsets with old and new bits, -1), or (None, index of the first
-    chunk that failed: :func:`decode` of it says why). None and -1 when numba is off."""
-    if kernels.ctx_jit() is None:
-        return None, -1
-    from deltarl.codec import _numba_ctxs
+def _decode_numpy(old: np.ndarray, r: ClassRecord, width: int, changed: int, p: _Parsed) -> Decoded:
+    rd = _Reader(p)
+    xc, xkp, xkb, xkv, xn, xnb = p.extra
+    cnt_r = np.zeros(r.classes.size, dtype=np.int64)
+    cnt_r[1:] = rd.take(r.k_n[1:], changed + 1, "class count")
+    cnt_r[0] = changed - int(cnt_r[1:].sum()) - int(xn.sum())
+    if cnt_r[0] < 0:
+        raise FormatError(_DECODE_ERRORS[6].replace("ctx ", "ctxs ", 1))
+    has = cnt_r > 0
+    big_r = rd.take(r.k_n_big[has], changed + 1, "large-value count")
+    if bool((big_r > cnt_r[has]).any()):
+        raise FormatError(_DECODE_ERRORS[5].replace("ctx ", "ctxs ", 1))
+    active = np.concatenate((r.classes[has], xc))
+    counts = np.concatenate((cnt_r[has], xn))
+    n_big = np.concatenate((big_r, xnb))
+    kp = np.concatenate((r.k_pos[has], xkp))
+    kb = np.concatenate((r.k_big_gap[has], xkb))
+    kv = np.concatenate((r.k_big_val[has], xkv))
+    gaps = rd.take(np.repeat(kp, counts), old.size, "rank gap")
+    bg = rd.take(np.repeat(kb, n_big), changed, "value gap")
+    bv = rd.take(np.repeat(kv, n_big), (1 << (width - 1)) - 1, "value difference")
+    neg = rd.signs(changed)
+    up = np.argsort(active, kind="stable")  # the numpy select takes the classes ascending
+    per, big = _regroup(counts, up), _regroup(n_big, up)
+    return changes_numpy(old, r.shift, (1 << r.cbits) - 1, width, (active[up], counts[up], n_big[up]),
+                         (gaps[per], bg[big], bv[big], neg[per]))  # fmt: skip
 
-    width = _width(span, record)
-    at = np.cumsum(table[:, 2]) - table[:, 2]
-    total = int(table[:, 2].sum()) if table.size else 0
-    most = int(table[:, 4].max()) if table.size else 0
-    half = (most + 3) // 4 * 4  # two chunks' bases side by side, the second 8-byte aligned too
-    scratch64 = np.empty(2 * half * span.dtype.itemsize // 8 + 1, dtype=_U64)
-    scratch = scratch64.view(span.dtype)[: 2 * half]
-    pos, old_v, new_v = np.empty(total, np.int64), np.empty(total, span.dtype), np.empty(total, span.dtype)
-    span64 = scratch64[:0]
-    if span.dtype.itemsize == 2 and span.size >= 4 and span.ctypes.data % 8 == 0 and span.flags.c_contiguous:
-        span64 = span[: span.size // 4 * 4].view(_U64)  # rows of cells read in place, 4 elements a load
-    run: Any = _numba_ctxs.ctxs_cells
-    err, bad = run(
-        span, span64, s0, scratch, scratch64 if span.dtype.itemsize == 2 else scratch64[:0], raw,
-        np.ascontiguousarray(np.column_stack((table, at)), dtype=np.int64), pos, old_v, new_v, record.shift,
-        record.cbits, width, record.classes, record.rank_param(), record.k_big_gap, record.k_big_val, record.k_n,
-        record.k_n_big, record.shares(), record.layout,
+
+
+def _decode5_numpy(old: np.ndarray, r: ClassRecord, width: int, changed: int, payload: memoryview) -> Decoded:
+    """Layout 2 without numba: :func:`deltarl.codec._ctxs5.parse` as Python, then the numpy select."""
+    from deltarl.codec import _ctxs5  # (numba's register_jitable: imported when a chunk needs it)
+
+
+    raw = bytes(payload)  # Python ints from bytes and a list for the reader's state: ~1 us a code
+    err, active, counts, n_big, gaps, bg, bv, sbase = _ctxs5.parse(
+        raw[::-1], raw, [0] * 6, changed, old.size, width, r.cbits, *(x.tolist() for x in (
+            r.classes, r.rank_param(), r.k_big_val, r.k_n, r.shares()))
     )  # fmt: skip
-    if err:
-        return None, int(bad)
-    return Decoded(pos, new_v, old_v), -1
-
-
-# Columns of :func:`encode_cells`' table, one row a cell chunk.
-ENCODE_COLUMNS = ("start", "count", "origin", "width", "band")
-# What :func:`encode_cells` made of a chunk: no change, a ``ctxs`` payload, or left to the caller.
-CELL_NONE, CELL_CTXS, CELL_OTHER = 0, 1, 2
-
-
-def encode_cells(old: np.ndarray, new: np.ndarray, s0: int, record: ClassRecord, table: np.ndarray, *,
-                 alone: tuple[float, float] = (0.0, np.inf), others: np.ndarray | None = None, weight: int = 1,
-                 finite_mask: int = 0) -> tuple[np.ndarray, list[bytes]] | None:  # fmt: skip
-    """Code many cell chunks of one tensor in one numba call (what :func:`encode` gives each, byte for
-    byte), each cut out of ``old`` / ``new`` (the tensor's row-major bits, rows ``s0`` elements apart):
-    ``table`` (int64, one row a chunk, columns :data:`ENCODE_COLUMNS`: first element in the cell's
-    row-major order, elements, the cell's first element in the tensor, its row width in elements, a
-    band: chunks of one band >= 0, the same whole rows of cells in one row band, are scanned side by
-    side, a tensor row at a time; -1 alone).
-    A chunk with changes is coded here when ``alone[0] * n <= weight * changed < alone[1] * n`` (of
-    its ``n`` elements) and no range ``(low, high)`` of ``others`` holds it, and none of its new values
-    has every bit of ``finite_mask`` set; else it is left to the caller. Returns (per chunk: kind
-    (``CELL_NONE``, ``CELL_CTXS``, ``CELL_OTHER``), changed, NaN / Inf count; the payloads,
-    empty where none), or None when numba is off."""
-    if kernels.ctx_jit() is None:
-        return None
-    from deltarl.codec import _numba_ctxs_encode
-
-    width = _width(old, record)
-    a64, b64 = (np.zeros(0, dtype=_U64),) * 2
-    n = old.size // 4 * 4
-    if old.dtype.itemsize == 2 and n and old.ctypes.data % 8 == 0 and new.ctypes.data % 8 == 0:
-        a64, b64 = old[:n].view(_U64), new[:n].view(_U64)  # 4 elements a load
-    run: Any = _numba_ctxs_encode.ctxs_encode_cells
-    out, rows = run(
-        old, new, a64, b64, s0, np.ascontiguousarray(table, dtype=np.int64), record.shift, record.cbits, width,
-        record.classes, record.rank_param(), record.k_big_gap, record.k_big_val, record.k_n, record.k_n_big,
-        record.shares(), record.layout, float(alone[0]), float(alone[1]),
-        np.zeros((0, 2)) if others is None else np.ascontiguousarray(others, dtype=np.float64), weight, finite_mask,
-        np.empty(max(64, int(table[:, 1].sum()) // 32 if table.size else 64), np.uint8),
-    )  # fmt: skip
-    raw = out[: int(rows[:, 3].max()) if rows.size else 0].tobytes()
-    payloads = [raw[a:b] for a, b in rows[:, 2:4].tolist()]
-    return rows[:, [0, 1, 4]], payloads
+    pay = np.frombuffer(raw, dtype=np.uint8)
+    _check(int(err))
+    neg = np.unpackbits(pay, count=sbase + changed)[sbase:]
+    up = np.argsort(active, kind="stable")  # the numpy select takes the classes ascending
+    per, big = _regroup(counts, up), _regroup(n_big, up)
+    try:
+        return changes_numpy(old, r.shift, (1 << r.cbits) - 1, width, (active[up], counts[up], n_big[up]),
+                             (gaps[per], bg[big], bv[big], neg[per]))  # fmt: skip
+    except FormatError as err:  # the numba path's words
+        raise FormatError(str(err).replace("ctx ", "ctxs ", 1)) from None

@@ -38,7 +38,7 @@ CELL_COARSE_CHANGES = 4096
 # Qwen3-30B-A3B-shaped layer at 1% (experts: ~245 changes a cell) is 1.11x format 1 where its
 # row-banded experts were 1.39x, and a TP 2 rank reads 0.62-0.65x of it where 0.68-0.72x
 # (benchmarks/sharded_read.py --moe-experts 32). The writer codes a tensor's cells in one numba call
-# a quarter (encode.py, ctxs.encode_cells): that layer encodes in 0.28 s at 64 where 0.52 s with the
+# a quarter (encode.py, ctxs_cells.encode_cells): that layer encodes in 0.28 s at 64 where 0.52 s with the
 # experts in row bands (288) and 0.11 s with no cells at all; one cell at a time it took 2.5-3.0 s.
 CELL_MIN_CHANGES = 64
 # A row-major tensor is cut at its grid's row bands only when a band will hold this many changes.

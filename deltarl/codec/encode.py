@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from deltarl.codec import ctxs, kernels, registry
+from deltarl.codec import ctxs_cells, kernels, registry
 from deltarl.codec.chunk import Changes
 from deltarl.codec.classes import rank_classes
 from deltarl.codec.ctxs import ClassRecord
@@ -249,7 +249,7 @@ Encoded = tuple[TensorSpec, int, int, int, tuple[str, int, bytes]]
 
 def _encode_cells(task: CellChunks, codec: str, finite: bool, record: ClassRecord | None) -> list[Encoded]:
     """A tiled tensor's cell chunks: those ``auto`` (or ``ctxs`` by name) codes ``ctxs`` in one numba
-    call (:func:`deltarl.codec.ctxs.encode_cells`, the bytes of :func:`encode_chunk`), the others
+    call (:func:`deltarl.codec.ctxs_cells.encode_cells`, the bytes of :func:`encode_chunk`), the others
     (``sparse`` or ``dense`` may code them, or a NaN / Inf to report), and every chunk without numba
     or a class record, chunk by chunk."""
     spec, grid, old, new = task.spec, task.grid, task.old, task.new
@@ -265,13 +265,13 @@ def _encode_cells(task: CellChunks, codec: str, finite: bool, record: ClassRecor
             rows = start % width == 0 and count % width == 0
             band = bands.setdefault((r0, start, count, width), len(bands)) if rows else -1
             table[i] = start, count, r0 * grid.row_elems + c0 * grid.inner, width, band
-        batch = ctxs.encode_cells(old, new, grid.row_elems, record, table, finite_mask=exponent_mask(spec.dtype) if finite else 0,
+        batch = ctxs_cells.encode_cells(old, new, grid.row_elems, record, table, finite_mask=exponent_mask(spec.dtype) if finite else 0,
                                   **_cells_rule(codec, old.dtype.itemsize))  # fmt: skip
     out: list[Encoded] = []
     for i, (cell, start, count) in enumerate(task.chunks):
-        if batch is None or batch[0][i, 0] == ctxs.CELL_OTHER:
+        if batch is None or batch[0][i, 0] == ctxs_cells.CELL_OTHER:
             res = _encode_named(spec, cell, start, count, old, new, codec, finite, False, record)
-        elif batch[0][i, 0] == ctxs.CELL_NONE:
+        elif batch[0][i, 0] == ctxs_cells.CELL_NONE:
             res = registry.NONE, 0, b""
         else:
             res = _CTXS.name, int(batch[0][i, 1]), batch[1][i]
@@ -280,7 +280,7 @@ def _encode_cells(task: CellChunks, codec: str, finite: bool, record: ClassRecor
 
 
 def _cells_rule(codec: str, itemsize: int) -> dict[str, Any]:
-    """When :func:`encode_chunk` codes a cell chunk ``ctxs`` (the :func:`ctxs.encode_cells` arguments):
+    """When :func:`encode_chunk` codes a cell chunk ``ctxs`` (the :func:`ctxs_cells.encode_cells` arguments):
     by name always; ``auto`` when ``ctx``'s range is the only one of its codecs' that holds the chunk's
     changes (8-bit elements weighing a change double, as there)."""
     if codec == _CTXS.name:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from deltarl.codec import ctxs, kernels, registry
+from deltarl.codec import ctxs_cells, kernels, registry
 from deltarl.codec.apply import StagedUpdate, _old_range, _old_reader, _Part
 from deltarl.codec.chunk import Decoded
 from deltarl.codec.ctxs import ClassRecord
@@ -295,7 +295,7 @@ class Stager:
         return self._checked(c, old, codec.decode(old, payload, c.changed, *more))
 
     def _decode_cells(self, b: _Cells) -> tuple[str, _Part]:
-        """One numba call for a tensor's ctxs cell chunks of one segment (:func:`ctxs.decode_cells`):
+        """One numba call for a tensor's ctxs cell chunks of one segment (:func:`ctxs_cells.decode_cells`):
         one part, positions as offsets in the tensor's span."""
         place = self._placement(b.tensor)
         g = place.grid
@@ -308,7 +308,7 @@ class Stager:
         r0, c0 = i * g.row_cell, j * g.col_cell
         c1 = np.minimum(g.cols, c0 + g.col_cell)
         table = np.column_stack((cols[:, :5], (r0 - ra) * place.s0 + c0 * g.inner - ca, (c1 - c0) * g.inner))
-        dec, bad = ctxs.decode_cells(span, place.s0, b.record, b.raw, table)
+        dec, bad = ctxs_cells.decode_cells(span, place.s0, b.record, b.raw, table)
         if dec is None:  # the chunk decoded alone says why
             k = max(bad, 0)
             c, off = b.header.chunk(int(b.rows[k])), int(cols[k, 0])

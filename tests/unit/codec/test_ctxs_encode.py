@@ -1,4 +1,4 @@
-"""The batched ``ctxs`` cell writer (``ctxs.encode_cells``, one numba call for a tensor's cells) gives
+"""The batched ``ctxs`` cell writer (``ctxs_cells.encode_cells``, one numba call for a tensor's cells) gives
 the bytes of the chunk-by-chunk path: any class record, any cells and chunk sizes, every dtype, both
 ``auto`` and ``ctxs`` by name, NaN / Inf refusals included; and whole deltas are the same bytes with
 the batch, chunk by chunk and on the numpy path."""
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltarl.codec import BF16, ctxs, encode_delta, kernels
+from deltarl.codec import BF16, ctxs_cells, encode_delta, kernels
 from deltarl.codec import delta_layout as layout
 from deltarl.codec.ctxs import ClassRecord, choose_record
 from deltarl.codec.delta_layout import CellChunks
@@ -56,7 +56,7 @@ def test_batched_cells_are_the_bytes_of_chunk_by_chunk(case: tuple, codec: str, 
         pytest.skip("numba is off")
     from deltarl.codec import _numba_ctxs_encode
 
-    assert (_numba_ctxs_encode.CELL_CTXS, _numba_ctxs_encode.CELL_OTHER) == (ctxs.CELL_CTXS, ctxs.CELL_OTHER)
+    assert (_numba_ctxs_encode.CELL_CTXS, _numba_ctxs_encode.CELL_OTHER) == (ctxs_cells.CELL_CTXS, ctxs_cells.CELL_OTHER)
     spec, old, new, rec, chunks = case
     if nan:  # a NaN among one cell's new values: both refuse it, naming the same chunk
         new = new.copy()
@@ -114,7 +114,7 @@ def test_deltas_are_the_same_bytes_batched_chunk_by_chunk_and_on_numpy(codec: st
     old, new = _state(5)
     batched = encode_delta(old, new, base="b", codec=codec, segment_bytes=2048)
     with monkeypatch.context() as m:
-        m.setattr(ctxs, "encode_cells", lambda *a, **k: None)
+        m.setattr(ctxs_cells, "encode_cells", lambda *a, **k: None)
         single = encode_delta(old, new, base="b", codec=codec, segment_bytes=2048)
     with monkeypatch.context() as m:
         m.setenv("DELTARL_NO_NUMBA", "1")
